@@ -1,0 +1,172 @@
+-- Private helpers that settle attempts, tasks and runs. Shared by complete_task, the reaper and
+-- cancel convergence. Every caller already holds the run's row lock (lock order: Run, then
+-- Dispatch, then Task/Attempt rows of that run).
+
+-- awp._settle_run(run): when no task of the run can still change, the run becomes
+-- `succeeded` (every task succeeded) or `failed`. Returns the run's status.
+CREATE OR REPLACE FUNCTION awp._settle_run(p_run_id text) RETURNS text
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_status text;
+  v_final  text;
+BEGIN
+  SELECT r.status INTO v_status FROM awp.runs r WHERE r.run_id = p_run_id;
+  IF v_status NOT IN ('pending', 'running') OR EXISTS (
+       SELECT 1 FROM awp.tasks t WHERE t.run_id = p_run_id
+          AND t.status IN ('waiting_dependencies', 'ready', 'queued', 'running', 'waiting_retry')) THEN
+    RETURN v_status;
+  END IF;
+  v_final := CASE WHEN EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = p_run_id AND t.status <> 'succeeded')
+                  THEN 'failed' ELSE 'succeeded' END;
+  UPDATE awp.runs r SET status = v_final, finished_at = awp._now(),
+                        started_at = coalesce(r.started_at, awp._now())
+   WHERE r.run_id = p_run_id;
+  PERFORM awp._log1(p_run_id, 'run', p_run_id, v_status, v_final,
+                    CASE v_final WHEN 'succeeded' THEN 'all tasks succeeded' ELSE 'a task failed' END);
+  PERFORM awp._wake('awp_coordinator', 'run_finished');
+  RETURN v_final;
+END $$;
+COMMENT ON FUNCTION awp._settle_run(text) IS 'Finishes a run (succeeded/failed) once none of its tasks can change.';
+
+-- awp._skip_descendants(run, task): every task that transitively depends on a failed task
+-- (all of them still waiting) becomes `skipped`.
+CREATE OR REPLACE FUNCTION awp._skip_descendants(p_run_id text, p_task_key text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_keys text[];
+BEGIN
+  WITH RECURSIVE d(task_key) AS (
+    SELECT unnest(t.dependants) FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key
+    UNION
+    SELECT unnest(t.dependants) FROM awp.tasks t JOIN d ON t.run_id = p_run_id AND t.task_key = d.task_key
+  ), u AS (
+    UPDATE awp.tasks t SET status = 'skipped', finished_at = awp._now(), updated_at = awp._now()
+      FROM d
+     WHERE t.run_id = p_run_id AND t.task_key = d.task_key AND t.status = 'waiting_dependencies'
+    RETURNING t.task_key, t.ordinal
+  )
+  SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_keys FROM u;
+  PERFORM awp._log(p_run_id, 'task', v_keys, array_fill('waiting_dependencies'::text, ARRAY[coalesce(cardinality(v_keys), 0)]),
+                   'skipped', format('dependency %s failed', p_task_key));
+END $$;
+COMMENT ON FUNCTION awp._skip_descendants(text, text) IS 'Skips every waiting descendant of a failed task.';
+
+-- awp._end_attempt(run, task, attempt, attempt_status, retryable, output, error_code,
+--                  error_message, reason): settles a running attempt and then its task:
+--   succeeded                 -> task succeeded, dependants whose dependencies all succeeded become ready;
+--   failed/timed_out/interrupted, retryable and attempts left
+--                             -> task waiting_retry (ready_at = now + interval_ms);
+--   otherwise                 -> task failed, descendants skipped.
+-- Finally settles the run. Returns the task's new status.
+CREATE OR REPLACE FUNCTION awp._end_attempt(p_run_id text, p_task_key text, p_attempt integer,
+                                            p_attempt_status text, p_retryable boolean,
+                                            p_output jsonb, p_error_code text, p_error_message text,
+                                            p_reason text)
+RETURNS text
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_now   timestamptz := awp._now();
+  t       awp.tasks;
+  v_to    text;
+  v_ready text[];
+BEGIN
+  UPDATE awp.attempts a
+     SET status = p_attempt_status, finished_at = v_now, output = p_output,
+         error_code = p_error_code, error_message = p_error_message
+   WHERE a.run_id = p_run_id AND a.task_key = p_task_key AND a.attempt = p_attempt AND a.status = 'running';
+  PERFORM awp._log1(p_run_id, 'attempt', p_task_key || '#' || p_attempt, 'running', p_attempt_status, p_reason);
+
+  SELECT * INTO t FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = p_task_key FOR UPDATE;
+  IF p_attempt_status = 'succeeded' THEN
+    v_to := 'succeeded';
+  ELSIF p_retryable AND t.attempts < t.max_attempts THEN
+    v_to := 'waiting_retry';
+  ELSE
+    v_to := 'failed';
+  END IF;
+  UPDATE awp.tasks x
+     SET status = v_to, updated_at = v_now,
+         ready_at = CASE WHEN v_to = 'waiting_retry' THEN v_now + make_interval(secs => t.interval_ms / 1000.0) END,
+         finished_at = CASE WHEN v_to IN ('succeeded', 'failed') THEN v_now END
+   WHERE x.run_id = p_run_id AND x.task_key = p_task_key;
+  PERFORM awp._log1(p_run_id, 'task', p_task_key, t.status, v_to, p_reason);
+
+  IF v_to = 'succeeded' AND cardinality(t.dependants) > 0 THEN
+    WITH u AS (
+      UPDATE awp.tasks x
+         SET pending_deps = x.pending_deps - 1,
+             status = CASE WHEN x.pending_deps = 1 THEN 'ready' ELSE x.status END,
+             updated_at = v_now
+       WHERE x.run_id = p_run_id AND x.task_key = ANY (t.dependants) AND x.status = 'waiting_dependencies'
+      RETURNING x.task_key, x.status, x.ordinal
+    )
+    SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_ready FROM u WHERE u.status = 'ready';
+    PERFORM awp._log(p_run_id, 'task', v_ready,
+                     array_fill('waiting_dependencies'::text, ARRAY[coalesce(cardinality(v_ready), 0)]),
+                     'ready', 'dependencies succeeded');
+  ELSIF v_to = 'failed' THEN
+    PERFORM awp._skip_descendants(p_run_id, p_task_key);
+  END IF;
+  PERFORM awp._settle_run(p_run_id);
+  RETURN v_to;
+END $$;
+COMMENT ON FUNCTION awp._end_attempt(text, text, integer, text, boolean, jsonb, text, text, text) IS 'Settles a running attempt, its task (retry/fail/succeed, unlock or skip dependants) and the run.';
+
+-- awp._converge_cancel(run): converges a run whose cancellation was requested: pending and
+-- leased dispatches canceled, running attempts canceled, unfinished tasks canceled, run canceled.
+-- The caller holds the run lock; dispatches are locked in dispatch_id order.
+CREATE OR REPLACE FUNCTION awp._converge_cancel(p_run_id text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_now    timestamptz := awp._now();
+  v_status text;
+  v_keys   text[];
+  v_from   text[];
+BEGIN
+  SELECT r.status INTO v_status FROM awp.runs r
+   WHERE r.run_id = p_run_id AND r.cancel_requested_at IS NOT NULL AND r.status IN ('pending', 'running');
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  WITH l AS (
+    SELECT d.dispatch_id, d.status FROM awp.dispatches d
+     WHERE d.run_id = p_run_id AND d.status IN ('pending', 'leased')
+     ORDER BY d.dispatch_id FOR UPDATE
+  ), u AS (
+    UPDATE awp.dispatches d SET status = 'canceled', finished_at = v_now
+      FROM l WHERE d.dispatch_id = l.dispatch_id
+    RETURNING d.dispatch_id, l.status AS from_status
+  )
+  SELECT array_agg(u.dispatch_id ORDER BY u.dispatch_id), array_agg(u.from_status ORDER BY u.dispatch_id)
+    INTO v_keys, v_from FROM u;
+  PERFORM awp._log(p_run_id, 'dispatch', v_keys, v_from, 'canceled', 'run canceled');
+
+  WITH u AS (
+    UPDATE awp.attempts a SET status = 'canceled', finished_at = v_now
+     WHERE a.run_id = p_run_id AND a.status = 'running'
+    RETURNING a.task_key || '#' || a.attempt AS k
+  )
+  SELECT array_agg(u.k ORDER BY u.k) INTO v_keys FROM u;
+  PERFORM awp._log(p_run_id, 'attempt', v_keys,
+                   array_fill('running'::text, ARRAY[coalesce(cardinality(v_keys), 0)]), 'canceled', 'run canceled');
+
+  WITH l AS (
+    SELECT t.task_key, t.status, t.ordinal FROM awp.tasks t
+     WHERE t.run_id = p_run_id
+       AND t.status IN ('waiting_dependencies', 'ready', 'queued', 'running', 'waiting_retry')
+     FOR UPDATE
+  ), u AS (
+    UPDATE awp.tasks t SET status = 'canceled', finished_at = v_now, updated_at = v_now, ready_at = NULL
+      FROM l WHERE t.run_id = p_run_id AND t.task_key = l.task_key
+    RETURNING t.task_key, l.status AS from_status, l.ordinal
+  )
+  SELECT array_agg(u.task_key ORDER BY u.ordinal), array_agg(u.from_status ORDER BY u.ordinal)
+    INTO v_keys, v_from FROM u;
+  PERFORM awp._log(p_run_id, 'task', v_keys, v_from, 'canceled', 'run canceled');
+
+  UPDATE awp.runs r SET status = 'canceled', finished_at = v_now WHERE r.run_id = p_run_id;
+  PERFORM awp._log1(p_run_id, 'run', p_run_id, v_status, 'canceled', 'cancellation converged');
+  PERFORM awp._wake('awp_coordinator', 'run_canceled');
+  RETURN true;
+END $$;
+COMMENT ON FUNCTION awp._converge_cancel(text) IS 'Converges a requested cancellation: dispatches, attempts, tasks and the run become canceled.';

@@ -1,0 +1,111 @@
+-- awp.complete_task(worker_id, session_token, dispatch_id, lease_token, result): reports the
+-- result of a leased attempt. Fenced and idempotent (SPEC rule 7), checks in this order:
+--   1. session (AWSES); result shape and size limits (AWREQ)
+--   2. unknown dispatch, another worker's, or a wrong lease token         -> AWLST
+--   3. already completed: same result hash -> true again (no state change); different -> AWCNF
+--   4. not leased, lease expired, attempt deadline passed, run canceled/cancel requested or
+--      not running, attempt mismatch                                        -> AWLST
+-- Then settles dispatch (completed + result hash), attempt, task, dependants and run.
+-- Result: {"kind": success|temporary_failure|permanent_failure, "output": any,
+--          "error_code": text <= 128, "error_message": text <= 8 KiB}, output <= 64 KiB.
+-- Locks: Run, then Dispatch, then the task rows of that run.
+CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
+                                             p_lease_token text, p_result jsonb)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  w        awp.workers := awp._session(p_worker_id, p_session_token, false);
+  v_kind   text;
+  v_hash   bytea;
+  v_run_id text;
+  r        awp.runs;
+  d        awp.dispatches;
+  v_now    timestamptz;
+  v_task   text;
+BEGIN
+  PERFORM awp._check_result(p_result);
+  v_kind := p_result->>'kind';
+  v_hash := sha256(convert_to(jsonb_build_object(
+              'kind', v_kind, 'output', p_result->'output',
+              'error_code', p_result->'error_code', 'error_message', p_result->'error_message')::text, 'UTF8'));
+
+  SELECT x.run_id INTO v_run_id FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = format('no dispatch %s', p_dispatch_id);
+  END IF;
+  SELECT * INTO r FROM awp.runs x WHERE x.run_id = v_run_id FOR UPDATE;
+  SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id FOR UPDATE;
+  v_now := awp._now();
+
+  IF d.worker_id IS DISTINCT FROM p_worker_id OR d.lease_token_hash IS DISTINCT FROM awp._hash(p_lease_token) THEN
+    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST',
+      DETAIL = 'the dispatch is not leased to this worker with this lease token';
+  END IF;
+  IF d.status = 'completed' THEN
+    IF d.result_hash = v_hash THEN
+      RETURN true;
+    END IF;
+    RAISE EXCEPTION 'result conflict' USING ERRCODE = 'AWCNF',
+      DETAIL = 'this lease was already completed with a different result';
+  END IF;
+  IF d.status <> 'leased' THEN
+    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = format('the dispatch is %s', d.status);
+  ELSIF v_now >= d.attempt_deadline THEN
+    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = 'the attempt deadline has passed';
+  ELSIF v_now >= d.lease_expires_at THEN
+    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = 'the lease has expired';
+  ELSIF r.cancel_requested_at IS NOT NULL OR r.status <> 'running' THEN
+    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST',
+      DETAIL = format('the run is %s%s', r.status, CASE WHEN r.cancel_requested_at IS NOT NULL THEN ' (cancel requested)' ELSE '' END);
+  ELSIF NOT EXISTS (SELECT 1 FROM awp.attempts a JOIN awp.tasks t USING (run_id, task_key)
+                     WHERE a.dispatch_id = d.dispatch_id AND a.status = 'running'
+                       AND a.attempt = d.attempt AND t.attempts = d.attempt AND t.status = 'running') THEN
+    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = 'the attempt is no longer current';
+  END IF;
+
+  UPDATE awp.dispatches x SET status = 'completed', result_hash = v_hash, finished_at = v_now
+   WHERE x.dispatch_id = p_dispatch_id;
+  PERFORM awp._log1(r.run_id, 'dispatch', d.dispatch_id, 'leased', 'completed', 'completed by ' || p_worker_id);
+  PERFORM awp._end_attempt(r.run_id, d.task_key, d.attempt,
+                           CASE v_kind WHEN 'success' THEN 'succeeded' ELSE 'failed' END,
+                           v_kind = 'temporary_failure',
+                           p_result->'output', p_result->>'error_code', p_result->>'error_message',
+                           v_kind);
+  PERFORM awp._wake('awp_coordinator', 'completed');
+  RETURN true;
+END $$;
+COMMENT ON FUNCTION awp.complete_task(text, text, text, text, jsonb) IS 'Reports a lease''s result (fenced, idempotent): true when applied; AWSES/AWREQ/AWLST/AWCNF.';
+
+-- awp._check_result(result): AWREQ unless result is a valid, size-limited result object.
+CREATE OR REPLACE FUNCTION awp._check_result(p jsonb) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_bad text;
+BEGIN
+  IF p IS NULL OR jsonb_typeof(p) <> 'object' THEN
+    PERFORM awp._bad_request('invalid result', 'result must be a JSON object');
+  END IF;
+  SELECT string_agg(k, ', ' ORDER BY k) INTO v_bad FROM jsonb_object_keys(p) k
+   WHERE k NOT IN ('kind', 'output', 'error_code', 'error_message');
+  IF v_bad IS NOT NULL THEN
+    PERFORM awp._bad_request('invalid result', 'result has unknown fields: ' || v_bad);
+  END IF;
+  IF jsonb_typeof(p->'kind') IS DISTINCT FROM 'string'
+     OR p->>'kind' NOT IN ('success', 'temporary_failure', 'permanent_failure') THEN
+    PERFORM awp._bad_request('invalid result',
+      'result.kind must be one of success, temporary_failure, permanent_failure');
+  END IF;
+  IF p ? 'output' AND octet_length((p->'output')::text) > 65536 THEN
+    PERFORM awp._bad_request('result output too large',
+      format('output is %s bytes, over the 65536-byte limit', octet_length((p->'output')::text)));
+  END IF;
+  IF p ? 'error_code' AND jsonb_typeof(p->'error_code') <> 'null'
+     AND (jsonb_typeof(p->'error_code') <> 'string' OR length(p->>'error_code') > 128) THEN
+    PERFORM awp._bad_request('invalid result', 'error_code must be a string of at most 128 characters');
+  END IF;
+  IF p ? 'error_message' AND jsonb_typeof(p->'error_message') <> 'null'
+     AND (jsonb_typeof(p->'error_message') <> 'string' OR octet_length(p->>'error_message') > 8192) THEN
+    PERFORM awp._bad_request('invalid result', 'error_message must be a string of at most 8192 bytes');
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._check_result(jsonb) IS 'Validates a result object (AWREQ).';

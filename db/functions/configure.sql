@@ -1,0 +1,49 @@
+-- awp.configure(lease_duration_ms, heartbeat_interval_ms, offline_after_heartbeats, dispatch_limit):
+-- changes the settings; a null leaves a setting as it is. Returns all settings as jsonb.
+-- Raises AWREQ when a value is out of range or the lease does not exceed the heartbeat interval.
+-- Locks: the settings row.
+CREATE OR REPLACE FUNCTION awp.configure(lease_duration_ms integer DEFAULT NULL,
+                                         heartbeat_interval_ms integer DEFAULT NULL,
+                                         offline_after_heartbeats integer DEFAULT NULL,
+                                         dispatch_limit integer DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  s awp.settings;
+BEGIN
+  SELECT * INTO s FROM awp.settings FOR UPDATE;
+  s.lease_duration_ms := coalesce(configure.lease_duration_ms, s.lease_duration_ms);
+  s.heartbeat_interval_ms := coalesce(configure.heartbeat_interval_ms, s.heartbeat_interval_ms);
+  s.offline_after_heartbeats := coalesce(configure.offline_after_heartbeats, s.offline_after_heartbeats);
+  s.dispatch_limit := coalesce(configure.dispatch_limit, s.dispatch_limit);
+  IF s.lease_duration_ms NOT BETWEEN 100 AND 86400000 THEN
+    PERFORM awp._bad_request('invalid lease_duration_ms', 'lease_duration_ms must be from 100 to 86400000');
+  ELSIF s.heartbeat_interval_ms NOT BETWEEN 10 AND 3600000 THEN
+    PERFORM awp._bad_request('invalid heartbeat_interval_ms', 'heartbeat_interval_ms must be from 10 to 3600000');
+  ELSIF s.offline_after_heartbeats NOT BETWEEN 1 AND 1000 THEN
+    PERFORM awp._bad_request('invalid offline_after_heartbeats', 'offline_after_heartbeats must be from 1 to 1000');
+  ELSIF s.dispatch_limit NOT BETWEEN 1 AND 1000000 THEN
+    PERFORM awp._bad_request('invalid dispatch_limit', 'dispatch_limit must be from 1 to 1000000');
+  ELSIF s.lease_duration_ms <= s.heartbeat_interval_ms THEN
+    PERFORM awp._bad_request('lease must exceed heartbeat interval',
+      format('lease_duration_ms (%s) must exceed heartbeat_interval_ms (%s)',
+             s.lease_duration_ms, s.heartbeat_interval_ms));
+  END IF;
+  UPDATE awp.settings x
+     SET lease_duration_ms = s.lease_duration_ms, heartbeat_interval_ms = s.heartbeat_interval_ms,
+         offline_after_heartbeats = s.offline_after_heartbeats, dispatch_limit = s.dispatch_limit;
+  PERFORM awp._wake('awp_coordinator', 'configured');
+  RETURN awp.get_settings();
+END $$;
+COMMENT ON FUNCTION awp.configure(integer, integer, integer, integer) IS 'Changes settings (named arguments; null keeps a value); returns them as jsonb; AWREQ when invalid.';
+
+-- awp.get_settings(): the settings as jsonb.
+CREATE OR REPLACE FUNCTION awp.get_settings() RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
+  SELECT jsonb_build_object('lease_duration_ms', s.lease_duration_ms,
+                            'heartbeat_interval_ms', s.heartbeat_interval_ms,
+                            'offline_after_heartbeats', s.offline_after_heartbeats,
+                            'dispatch_limit', s.dispatch_limit)
+    FROM awp.settings s
+$$;
+COMMENT ON FUNCTION awp.get_settings() IS 'The current settings as jsonb.';

@@ -1,0 +1,257 @@
+-- Workflow definitions: validation (awp._normalize_definition), awp.apply_workflow and
+-- awp.create_workflow_version. A definition is validated completely before anything is written;
+-- every violation raises AWREQ with a DETAIL naming what is wrong (limits, duplicate keys,
+-- unknown dependency, cycle with its path, unknown executor, oversize input).
+-- Locks: the workflows row FOR UPDATE (serialises versions of one workflow).
+
+-- awp._int_ok(value, lo, hi): is a JSON value an integer within [lo, hi]?
+CREATE OR REPLACE FUNCTION awp._int_ok(p jsonb, p_lo bigint, p_hi bigint) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
+  SELECT CASE WHEN jsonb_typeof(p) = 'number'
+              THEN (p::text)::numeric = trunc((p::text)::numeric)
+                   AND (p::text)::numeric BETWEEN p_lo AND p_hi
+              ELSE false END
+$$;
+COMMENT ON FUNCTION awp._int_ok(jsonb, bigint, bigint) IS 'True when a JSON value is an integer in a range.';
+
+-- awp._bad_request(message, detail): raise AWREQ.
+CREATE OR REPLACE FUNCTION awp._bad_request(p_message text, p_detail text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWREQ', DETAIL = coalesce(p_detail, p_message);
+END $$;
+COMMENT ON FUNCTION awp._bad_request(text, text) IS 'Raises invalid_request (AWREQ).';
+
+-- awp._normalize_definition(definition): the validated definition with every default filled in.
+CREATE OR REPLACE FUNCTION awp._normalize_definition(p jsonb) RETURNS jsonb
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_err    text;
+  v_n      integer;
+  v_tasks  jsonb;
+  v_keys   text[];
+  v_index  jsonb;
+  -- graph (1-based node numbers in definition order)
+  v_indeg  integer[];
+  v_out    integer[];   -- dependants, grouped by dependency
+  v_ostart integer[];
+  v_dep    integer[];   -- dependencies, grouped by dependant
+  v_dstart integer[];
+  v_queue  integer[];
+  v_head   integer := 1;
+  v_tail   integer := 0;
+  v_u      integer;
+  v_j      integer;
+  v_seen   integer[];
+  v_path   integer[];
+  v_step   integer;
+BEGIN
+  IF p IS NULL OR jsonb_typeof(p) <> 'object' THEN
+    PERFORM awp._bad_request('definition must be a JSON object');
+  END IF;
+  SELECT string_agg(k, ', ' ORDER BY k) INTO v_err
+    FROM jsonb_object_keys(p) k WHERE k NOT IN ('id', 'concurrency', 'tasks');
+  IF v_err IS NOT NULL THEN
+    PERFORM awp._bad_request('definition has unknown fields', 'unknown fields: ' || v_err);
+  END IF;
+  IF jsonb_typeof(p->'id') IS DISTINCT FROM 'string' OR (p->>'id') !~ '^[A-Za-z0-9._-]{1,128}$' THEN
+    PERFORM awp._bad_request('invalid workflow id',
+      'id must be a string of 1-128 characters from [A-Za-z0-9._-]');
+  END IF;
+  IF p ? 'concurrency' AND NOT awp._int_ok(p->'concurrency', 1, 10000) THEN
+    PERFORM awp._bad_request('invalid concurrency', 'concurrency must be an integer from 1 to 10000');
+  END IF;
+  IF jsonb_typeof(p->'tasks') IS DISTINCT FROM 'array' THEN
+    PERFORM awp._bad_request('invalid tasks', 'tasks must be an array of 1-10000 task objects');
+  END IF;
+  v_n := jsonb_array_length(p->'tasks');
+  IF v_n < 1 OR v_n > 10000 THEN
+    PERFORM awp._bad_request('invalid tasks',
+      format('tasks must hold 1-10000 tasks, got %s', v_n));
+  END IF;
+
+  -- Per-task shape: the first offending task, in definition order.
+  SELECT format('tasks[%s]%s: %s', e.o - 1,
+                CASE WHEN jsonb_typeof(e.t->'key') = 'string' THEN format(' (key %s)', e.t->>'key') ELSE '' END,
+                e.err)
+    INTO v_err
+    FROM (SELECT o, t,
+            CASE
+              WHEN jsonb_typeof(t) <> 'object' THEN 'must be an object'
+              WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(t) k
+                            WHERE k NOT IN ('key', 'executor', 'action', 'input', 'depends_on', 'retry', 'timeout_ms'))
+                THEN 'unknown fields: ' || (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(t) k
+                            WHERE k NOT IN ('key', 'executor', 'action', 'input', 'depends_on', 'retry', 'timeout_ms'))
+              WHEN jsonb_typeof(t->'key') IS DISTINCT FROM 'string'
+                   OR length(t->>'key') NOT BETWEEN 1 AND 128 OR (t->>'key') ~ '[[:cntrl:]/]'
+                THEN 'key must be a string of 1-128 characters without "/" or control characters'
+              WHEN jsonb_typeof(t->'executor') IS DISTINCT FROM 'string'
+                THEN 'executor must be a string'
+              WHEN NOT (t->>'executor') = ANY (awp._executor_kinds())
+                THEN format('unknown executor %s (known: %s)', t->>'executor', array_to_string(awp._executor_kinds(), ', '))
+              WHEN t ? 'action' AND (jsonb_typeof(t->'action') IS DISTINCT FROM 'string'
+                                     OR length(t->>'action') NOT BETWEEN 1 AND 256)
+                THEN 'action must be a string of 1-256 characters'
+              WHEN t ? 'input' AND octet_length((t->'input')::text) > 65536
+                THEN format('input is %s bytes, over the 65536-byte limit', octet_length((t->'input')::text))
+              WHEN t ? 'depends_on' AND jsonb_typeof(t->'depends_on') IS DISTINCT FROM 'array'
+                THEN 'depends_on must be an array of task keys'
+              WHEN t ? 'depends_on' AND EXISTS (SELECT 1 FROM jsonb_array_elements(t->'depends_on') d
+                                                 WHERE jsonb_typeof(d) <> 'string')
+                THEN 'depends_on must be an array of task keys'
+              WHEN t ? 'depends_on' AND (SELECT count(DISTINCT d) <> count(*) FROM jsonb_array_elements_text(t->'depends_on') d)
+                THEN 'depends_on names a task twice'
+              WHEN t ? 'retry' AND jsonb_typeof(t->'retry') IS DISTINCT FROM 'object'
+                THEN 'retry must be an object'
+              WHEN t ? 'retry' AND EXISTS (SELECT 1 FROM jsonb_object_keys(t->'retry') k
+                                            WHERE k NOT IN ('max_attempts', 'interval_ms'))
+                THEN 'retry has unknown fields (allowed: max_attempts, interval_ms)'
+              WHEN t->'retry' ? 'max_attempts' AND NOT awp._int_ok(t->'retry'->'max_attempts', 1, 100)
+                THEN 'retry.max_attempts must be an integer from 1 to 100'
+              WHEN t->'retry' ? 'interval_ms' AND NOT awp._int_ok(t->'retry'->'interval_ms', 0, 86400000)
+                THEN 'retry.interval_ms must be an integer from 0 to 86400000'
+              WHEN t ? 'timeout_ms' AND NOT awp._int_ok(t->'timeout_ms', 1, 86400000)
+                THEN 'timeout_ms must be an integer from 1 to 86400000'
+            END AS err
+          FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o)) e
+   WHERE e.err IS NOT NULL
+   ORDER BY e.o
+   LIMIT 1;
+  IF v_err IS NOT NULL THEN
+    PERFORM awp._bad_request('invalid task', v_err);
+  END IF;
+
+  SELECT array_agg(t->>'key' ORDER BY o) INTO v_keys
+    FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o);
+  SELECT string_agg(k, ', ' ORDER BY k) INTO v_err
+    FROM (SELECT k FROM unnest(v_keys) k GROUP BY k HAVING count(*) > 1) d;
+  IF v_err IS NOT NULL THEN
+    PERFORM awp._bad_request('duplicate task keys', 'duplicate task keys: ' || v_err);
+  END IF;
+  SELECT jsonb_object_agg(k, o) INTO v_index FROM unnest(v_keys) WITH ORDINALITY AS u(k, o);
+
+  SELECT format('task %s depends on unknown task %s', t->>'key', d) INTO v_err
+    FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o),
+         jsonb_array_elements_text(coalesce(t->'depends_on', '[]')) d
+   WHERE NOT v_index ? d
+   ORDER BY o
+   LIMIT 1;
+  IF v_err IS NOT NULL THEN
+    PERFORM awp._bad_request('unknown dependency', v_err);
+  END IF;
+
+  -- Cycle check: Kahn's algorithm over compact arrays, O(tasks + edges).
+  -- v_out: dependants grouped by dependency; v_dep: dependencies grouped by dependant;
+  -- v_ostart/v_dstart: where each node's group starts (length n + 1).
+  WITH edges AS MATERIALIZED (
+    SELECT (v_index->>d)::integer AS src, x.o::integer AS dst
+      FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o),
+           jsonb_array_elements_text(coalesce(t->'depends_on', '[]')) d
+  ), outdeg AS (SELECT src, count(*) AS n FROM edges GROUP BY src),
+     indeg AS (SELECT dst, count(*) AS n FROM edges GROUP BY dst)
+  SELECT (SELECT coalesce(array_agg(dst ORDER BY src, dst), '{}') FROM edges),
+         (SELECT coalesce(array_agg(src ORDER BY dst, src), '{}') FROM edges),
+         (SELECT array_agg(coalesce(o.n, 0)::integer ORDER BY g)
+            FROM generate_series(1, v_n + 1) g LEFT JOIN outdeg o ON o.src = g),
+         (SELECT array_agg(coalesce(i.n, 0)::integer ORDER BY g)
+            FROM generate_series(1, v_n) g LEFT JOIN indeg i ON i.dst = g)
+    INTO v_out, v_dep, v_ostart, v_indeg;
+  v_dstart := v_indeg || 0;
+  v_j := 1;
+  FOR v_u IN 1 .. v_n + 1 LOOP
+    v_step := v_ostart[v_u]; v_ostart[v_u] := v_j; v_j := v_j + v_step;
+  END LOOP;
+  v_j := 1;
+  FOR v_u IN 1 .. v_n + 1 LOOP
+    v_step := v_dstart[v_u]; v_dstart[v_u] := v_j; v_j := v_j + v_step;
+  END LOOP;
+
+  v_queue := array_fill(0, ARRAY[v_n]);
+  FOR v_u IN 1 .. v_n LOOP
+    IF v_indeg[v_u] = 0 THEN
+      v_tail := v_tail + 1; v_queue[v_tail] := v_u;
+    END IF;
+  END LOOP;
+  WHILE v_head <= v_tail LOOP
+    v_u := v_queue[v_head]; v_head := v_head + 1;
+    FOR v_j IN v_ostart[v_u] .. v_ostart[v_u + 1] - 1 LOOP
+      v_step := v_out[v_j];
+      v_indeg[v_step] := v_indeg[v_step] - 1;
+      IF v_indeg[v_step] = 0 THEN
+        v_tail := v_tail + 1; v_queue[v_tail] := v_step;
+      END IF;
+    END LOOP;
+  END LOOP;
+
+  IF v_tail < v_n THEN
+    -- Some task is on a cycle: walk dependencies among unfinished tasks until one repeats.
+    v_seen := array_fill(0, ARRAY[v_n]);
+    v_path := '{}';
+    SELECT min(g) INTO v_u FROM generate_series(1, v_n) g WHERE v_indeg[g] > 0;
+    v_step := 0;
+    WHILE v_seen[v_u] = 0 LOOP
+      v_step := v_step + 1;
+      v_seen[v_u] := v_step;
+      v_path := v_path || v_u;
+      FOR v_j IN v_dstart[v_u] .. v_dstart[v_u + 1] - 1 LOOP
+        IF v_indeg[v_dep[v_j]] > 0 THEN
+          v_u := v_dep[v_j];
+          EXIT;
+        END IF;
+      END LOOP;
+    END LOOP;
+    SELECT string_agg(v_keys[n], ' -> ' ORDER BY i) INTO v_err
+      FROM unnest(v_path[v_seen[v_u]:] || v_u) WITH ORDINALITY AS c(n, i);
+    PERFORM awp._bad_request('dependency cycle', 'dependency cycle: ' || v_err);
+  END IF;
+
+  SELECT jsonb_agg(jsonb_build_object(
+           'key', t->>'key',
+           'executor', t->>'executor',
+           'action', coalesce(t->>'action', t->>'key'),
+           'input', coalesce(t->'input', '{}'::jsonb),
+           'depends_on', coalesce(t->'depends_on', '[]'::jsonb),
+           'retry', jsonb_build_object(
+              'max_attempts', coalesce((t->'retry'->>'max_attempts')::integer, 1),
+              'interval_ms', coalesce((t->'retry'->>'interval_ms')::integer, 1000)),
+           'timeout_ms', coalesce((t->>'timeout_ms')::integer, 300000)) ORDER BY o)
+    INTO v_tasks
+    FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o);
+  RETURN jsonb_build_object('id', p->>'id',
+                            'concurrency', coalesce((p->>'concurrency')::integer, 10),
+                            'tasks', v_tasks);
+END $$;
+COMMENT ON FUNCTION awp._normalize_definition(jsonb) IS 'Validates a workflow definition (AWREQ with details) and fills in defaults.';
+
+-- awp.apply_workflow(definition): like create_workflow_version, plus whether a version was created.
+CREATE OR REPLACE FUNCTION awp.apply_workflow(p_definition jsonb)
+RETURNS TABLE (workflow_id text, version integer, created boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  v_def    jsonb := awp._normalize_definition(p_definition);
+  v_id     text := v_def->>'id';
+  v_hash   text := encode(sha256(convert_to(v_def::text, 'UTF8')), 'hex');
+  v_latest record;
+  v_now    timestamptz := awp._now();
+BEGIN
+  INSERT INTO awp.workflows AS w (workflow_id, created_at) VALUES (v_id, v_now) ON CONFLICT DO NOTHING;
+  PERFORM 1 FROM awp.workflows w WHERE w.workflow_id = v_id FOR UPDATE;
+  SELECT wv.version, wv.definition_hash INTO v_latest
+    FROM awp.workflow_versions wv WHERE wv.workflow_id = v_id ORDER BY wv.version DESC LIMIT 1;
+  IF FOUND AND v_latest.definition_hash = v_hash THEN
+    RETURN QUERY SELECT v_id, v_latest.version, false;
+    RETURN;
+  END IF;
+  INSERT INTO awp.workflow_versions AS wv (workflow_id, version, definition, definition_hash, task_count, created_at)
+  VALUES (v_id, coalesce(v_latest.version, 0) + 1, v_def, v_hash, jsonb_array_length(v_def->'tasks'), v_now);
+  RETURN QUERY SELECT v_id, coalesce(v_latest.version, 0) + 1, true;
+END $$;
+COMMENT ON FUNCTION awp.apply_workflow(jsonb) IS 'Validates a definition and stores it as a new version unless identical to the latest; returns (workflow_id, version, created).';
+
+-- awp.create_workflow_version(definition): SPEC section 4.
+CREATE OR REPLACE FUNCTION awp.create_workflow_version(p_definition jsonb)
+RETURNS TABLE (workflow_id text, version integer)
+LANGUAGE sql SECURITY DEFINER SET search_path = '' AS $$
+  SELECT a.workflow_id, a.version FROM awp.apply_workflow(p_definition) a
+$$;
+COMMENT ON FUNCTION awp.create_workflow_version(jsonb) IS 'Validates a workflow definition (AWREQ) and returns its new version, or the latest version when the definition is identical.';

@@ -1,0 +1,198 @@
+-- Read functions for DBAs and the gateway's GET routes. None changes state; none returns a
+-- token or a token hash. Unknown ids raise AWNTF (rather than returning a row of NULLs).
+
+-- awp._worker_rows(worker_id): worker summary rows (all workers when null).
+CREATE OR REPLACE FUNCTION awp._worker_rows(p_worker_id text)
+RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
+               max_concurrency integer, active_leases integer, last_heartbeat_at timestamptz,
+               registered_at timestamptz, stopped_at timestamptz)
+LANGUAGE sql STABLE SET search_path = '' AS $$
+  SELECT w.worker_id, w.display_name, w.status, w.executor_kinds, w.max_concurrency,
+         (SELECT count(*)::integer FROM awp.dispatches d WHERE d.worker_id = w.worker_id AND d.status = 'leased'),
+         w.last_heartbeat_at, w.registered_at, w.stopped_at
+    FROM awp.workers w
+   WHERE p_worker_id IS NULL OR w.worker_id = p_worker_id
+   ORDER BY w.registered_at, w.worker_id
+$$;
+COMMENT ON FUNCTION awp._worker_rows(text) IS 'Worker summary rows, never a token.';
+
+CREATE OR REPLACE FUNCTION awp.list_workers()
+RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
+               max_concurrency integer, active_leases integer, last_heartbeat_at timestamptz,
+               registered_at timestamptz, stopped_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
+  SELECT * FROM awp._worker_rows(NULL)
+$$;
+COMMENT ON FUNCTION awp.list_workers() IS 'All worker sessions with their active lease counts (no tokens).';
+
+CREATE OR REPLACE FUNCTION awp.get_worker(p_worker_id text)
+RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
+               max_concurrency integer, active_leases integer, last_heartbeat_at timestamptz,
+               registered_at timestamptz, stopped_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  RETURN QUERY SELECT * FROM awp._worker_rows(p_worker_id);
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'worker not found' USING ERRCODE = 'AWNTF', DETAIL = format('no worker %s', p_worker_id);
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp.get_worker(text) IS 'One worker session (no tokens); AWNTF when unknown.';
+
+-- awp._run_rows(run_id, workflow_id, status, after_run_id, limit): run rows, newest first.
+CREATE OR REPLACE FUNCTION awp._run_rows(p_run_id text, p_workflow_id text, p_status text,
+                                         p_after text, p_limit integer)
+RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status text, revision bigint,
+               cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
+               finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb)
+LANGUAGE sql STABLE SET search_path = '' AS $$
+  SELECT r.run_id, r.workflow_id, r.workflow_version, r.status, r.revision, r.cancel_requested_at,
+         r.created_at, r.started_at, r.finished_at, r.concurrency, r.idempotency_key,
+         (SELECT coalesce(jsonb_object_agg(c.status, c.n), '{}')
+            FROM (SELECT t.status, count(*) AS n FROM awp.tasks t WHERE t.run_id = r.run_id GROUP BY 1) c)
+    FROM awp.runs r
+   WHERE (p_run_id IS NULL OR r.run_id = p_run_id)
+     AND (p_workflow_id IS NULL OR r.workflow_id = p_workflow_id)
+     AND (p_status IS NULL OR r.status = p_status)
+     AND (p_after IS NULL OR (r.created_at, r.run_id) <
+          (SELECT a.created_at, a.run_id FROM awp.runs a WHERE a.run_id = p_after))
+   ORDER BY r.created_at DESC, r.run_id DESC
+   LIMIT p_limit
+$$;
+COMMENT ON FUNCTION awp._run_rows(text, text, text, text, integer) IS 'Run rows, newest first, with keyset paging.';
+
+CREATE OR REPLACE FUNCTION awp.get_run(p_run_id text)
+RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status text, revision bigint,
+               cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
+               finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  RETURN QUERY SELECT * FROM awp._run_rows(p_run_id, NULL, NULL, NULL, 1);
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'run not found' USING ERRCODE = 'AWNTF', DETAIL = format('no run %s', p_run_id);
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp.get_run(text) IS 'One run with its revision and task counts by status; AWNTF when unknown.';
+
+-- awp.list_runs(workflow_id, status, after_run_id, limit): newest first; page on with the last
+-- run_id of a page as p_after. limit 1-1000 (AWREQ otherwise).
+CREATE OR REPLACE FUNCTION awp.list_runs(p_workflow_id text DEFAULT NULL, p_status text DEFAULT NULL,
+                                         p_after text DEFAULT NULL, p_limit integer DEFAULT 50)
+RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status text, revision bigint,
+               cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
+               finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1000 THEN
+    PERFORM awp._bad_request('invalid limit', 'limit must be from 1 to 1000');
+  END IF;
+  IF p_status IS NOT NULL AND p_status NOT IN ('pending', 'running', 'succeeded', 'failed', 'canceled') THEN
+    PERFORM awp._bad_request('invalid status', 'status must be a run status');
+  END IF;
+  RETURN QUERY SELECT * FROM awp._run_rows(NULL, p_workflow_id, p_status, p_after, p_limit);
+END $$;
+COMMENT ON FUNCTION awp.list_runs(text, text, text, integer) IS 'Runs, newest first, filtered by workflow and status, keyset-paged after a run id.';
+
+CREATE OR REPLACE FUNCTION awp._require_run(p_run_id text) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM awp.runs r WHERE r.run_id = p_run_id) THEN
+    RAISE EXCEPTION 'run not found' USING ERRCODE = 'AWNTF', DETAIL = format('no run %s', p_run_id);
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._require_run(text) IS 'AWNTF unless the run exists.';
+
+CREATE OR REPLACE FUNCTION awp.run_tasks(p_run_id text)
+RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestamptz, executor text,
+               action text, depends_on text[], max_attempts integer, timeout_ms integer,
+               updated_at timestamptz, finished_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  PERFORM awp._require_run(p_run_id);
+  RETURN QUERY
+  SELECT t.task_key, t.status, t.attempts, t.ready_at, t.executor, t.action, t.depends_on,
+         t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at
+    FROM awp.tasks t WHERE t.run_id = p_run_id ORDER BY t.ordinal;
+END $$;
+COMMENT ON FUNCTION awp.run_tasks(text) IS 'The tasks of a run in definition order with their status and attempts made; AWNTF when unknown.';
+
+CREATE OR REPLACE FUNCTION awp.task_attempts(p_run_id text, p_task_key text)
+RETURNS TABLE (attempt integer, status text, worker_id text, dispatch_id text, started_at timestamptz,
+               finished_at timestamptz, output jsonb, error_code text, error_message text,
+               fencing_token bigint, deadline timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key) THEN
+    PERFORM awp._require_run(p_run_id);
+    RAISE EXCEPTION 'task not found' USING ERRCODE = 'AWNTF',
+      DETAIL = format('run %s has no task %s', p_run_id, p_task_key);
+  END IF;
+  RETURN QUERY
+  SELECT a.attempt, a.status, a.worker_id, a.dispatch_id, a.started_at, a.finished_at, a.output,
+         a.error_code, a.error_message, a.fencing_token, a.deadline
+    FROM awp.attempts a WHERE a.run_id = p_run_id AND a.task_key = p_task_key ORDER BY a.attempt;
+END $$;
+COMMENT ON FUNCTION awp.task_attempts(text, text) IS 'The attempts of one task, oldest first; AWNTF when unknown.';
+
+CREATE OR REPLACE FUNCTION awp.run_events(p_run_id text, p_after_sequence bigint DEFAULT 0,
+                                          p_limit integer DEFAULT NULL)
+RETURNS TABLE (sequence bigint, revision bigint, entity_type text, entity_key text, from_status text,
+               to_status text, reason text, occurred_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  PERFORM awp._require_run(p_run_id);
+  RETURN QUERY
+  SELECT e.sequence, e.revision, e.entity_type, e.entity_key, e.from_status, e.to_status, e.reason, e.occurred_at
+    FROM awp.events e
+   WHERE e.run_id = p_run_id AND e.sequence > coalesce(p_after_sequence, 0)
+   ORDER BY e.sequence
+   LIMIT p_limit;
+END $$;
+COMMENT ON FUNCTION awp.run_events(text, bigint, integer) IS 'The events of a run after a sequence number, in order; AWNTF when unknown.';
+
+CREATE OR REPLACE FUNCTION awp.list_workflows()
+RETURNS TABLE (workflow_id text, latest_version integer, created_at timestamptz, updated_at timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
+  SELECT w.workflow_id, max(v.version), w.created_at, max(v.created_at)
+    FROM awp.workflows w JOIN awp.workflow_versions v ON v.workflow_id = w.workflow_id
+   GROUP BY w.workflow_id, w.created_at
+   ORDER BY w.workflow_id
+$$;
+COMMENT ON FUNCTION awp.list_workflows() IS 'Workflows with their latest version.';
+
+CREATE OR REPLACE FUNCTION awp.get_workflow(p_workflow_id text)
+RETURNS TABLE (workflow_id text, latest_version integer, created_at timestamptz, updated_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  RETURN QUERY SELECT * FROM awp.list_workflows() w WHERE w.workflow_id = p_workflow_id;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'workflow not found' USING ERRCODE = 'AWNTF', DETAIL = format('no workflow %s', p_workflow_id);
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp.get_workflow(text) IS 'One workflow with its latest version; AWNTF when unknown.';
+
+CREATE OR REPLACE FUNCTION awp.workflow_versions(p_workflow_id text)
+RETURNS TABLE (workflow_id text, version integer, definition_hash text, task_count integer,
+               created_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  RETURN QUERY SELECT v.workflow_id, v.version, v.definition_hash, v.task_count, v.created_at
+                 FROM awp.workflow_versions v WHERE v.workflow_id = p_workflow_id ORDER BY v.version;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'workflow not found' USING ERRCODE = 'AWNTF', DETAIL = format('no workflow %s', p_workflow_id);
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp.workflow_versions(text) IS 'The versions of a workflow; AWNTF when unknown.';
+
+CREATE OR REPLACE FUNCTION awp.get_workflow_version(p_workflow_id text, p_version integer)
+RETURNS TABLE (workflow_id text, version integer, definition_hash text, task_count integer,
+               created_at timestamptz, definition jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  RETURN QUERY SELECT v.workflow_id, v.version, v.definition_hash, v.task_count, v.created_at, v.definition
+                 FROM awp.workflow_versions v WHERE v.workflow_id = p_workflow_id AND v.version = p_version;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'workflow version not found' USING ERRCODE = 'AWNTF',
+      DETAIL = format('workflow %s has no version %s', p_workflow_id, p_version);
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp.get_workflow_version(text, integer) IS 'One workflow version with its definition; AWNTF when unknown.';

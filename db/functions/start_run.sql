@@ -1,0 +1,83 @@
+-- awp.start_run(workflow_id, version, idempotency_key): creates a run of a workflow version
+-- (the latest when version is null) with one task per definition task: roots `ready`, the
+-- others `waiting_dependencies`. The same idempotency key for the same workflow returns the
+-- same run. Raises AWNTF for an unknown workflow or version, AWREQ for a bad key.
+-- Locks: inserts only (the unique index serialises two starts with one key); wakes the coordinator.
+CREATE OR REPLACE FUNCTION awp.start_run(p_workflow_id text, p_version integer DEFAULT NULL,
+                                         p_idempotency_key text DEFAULT NULL)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  v_def    jsonb;
+  v_ver    integer;
+  v_run_id text;
+  v_now    timestamptz := awp._now();
+BEGIN
+  IF p_idempotency_key IS NOT NULL AND length(p_idempotency_key) NOT BETWEEN 1 AND 255 THEN
+    PERFORM awp._bad_request('invalid idempotency key', 'idempotency key must have 1-255 characters');
+  END IF;
+  IF p_idempotency_key IS NOT NULL THEN
+    SELECT r.run_id INTO v_run_id FROM awp.runs r
+     WHERE r.workflow_id = p_workflow_id AND r.idempotency_key = p_idempotency_key;
+    IF FOUND THEN
+      RETURN v_run_id;
+    END IF;
+  END IF;
+  SELECT wv.version, wv.definition INTO v_ver, v_def
+    FROM awp.workflow_versions wv
+   WHERE wv.workflow_id = p_workflow_id AND (p_version IS NULL OR wv.version = p_version)
+   ORDER BY wv.version DESC LIMIT 1;
+  IF NOT FOUND THEN
+    IF NOT EXISTS (SELECT 1 FROM awp.workflows w WHERE w.workflow_id = p_workflow_id) THEN
+      RAISE EXCEPTION 'workflow not found' USING ERRCODE = 'AWNTF',
+        DETAIL = format('no workflow %s', p_workflow_id);
+    END IF;
+    RAISE EXCEPTION 'workflow version not found' USING ERRCODE = 'AWNTF',
+      DETAIL = format('workflow %s has no version %s', p_workflow_id, p_version);
+  END IF;
+
+  v_run_id := awp._new_id('run');
+  INSERT INTO awp.runs (run_id, workflow_id, workflow_version, concurrency, idempotency_key, created_at)
+  VALUES (v_run_id, p_workflow_id, v_ver, (v_def->>'concurrency')::integer, p_idempotency_key, v_now)
+  ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+  IF NOT FOUND THEN   -- a concurrent start with the same key won
+    SELECT r.run_id INTO v_run_id FROM awp.runs r
+     WHERE r.workflow_id = p_workflow_id AND r.idempotency_key = p_idempotency_key;
+    RETURN v_run_id;
+  END IF;
+
+  WITH defs AS (
+    SELECT x.o::integer AS ordinal, x.t
+      FROM jsonb_array_elements(v_def->'tasks') WITH ORDINALITY AS x(t, o)
+  ), deps AS (
+    SELECT d.t->>'key' AS task_key, array_agg(e.dep ORDER BY e.i) AS depends_on
+      FROM defs d, jsonb_array_elements_text(d.t->'depends_on') WITH ORDINALITY AS e(dep, i)
+     GROUP BY 1
+  ), dependants AS (
+    SELECT e.dep AS task_key, array_agg(d.t->>'key' ORDER BY d.ordinal) AS dependants
+      FROM defs d, jsonb_array_elements_text(d.t->'depends_on') AS e(dep)
+     GROUP BY 1
+  )
+  INSERT INTO awp.tasks (run_id, task_key, ordinal, executor, action, input, depends_on, dependants,
+                         pending_deps, max_attempts, interval_ms, timeout_ms, status, updated_at)
+  SELECT v_run_id, d.t->>'key', d.ordinal, d.t->>'executor', d.t->>'action', d.t->'input',
+         coalesce(dp.depends_on, '{}'), coalesce(dn.dependants, '{}'),
+         coalesce(cardinality(dp.depends_on), 0),
+         (d.t->'retry'->>'max_attempts')::integer, (d.t->'retry'->>'interval_ms')::integer,
+         (d.t->>'timeout_ms')::integer,
+         CASE WHEN dp.depends_on IS NULL THEN 'ready' ELSE 'waiting_dependencies' END, v_now
+    FROM defs d
+    LEFT JOIN deps dp ON dp.task_key = d.t->>'key'
+    LEFT JOIN dependants dn ON dn.task_key = d.t->>'key';
+
+  PERFORM awp._log1(v_run_id, 'run', v_run_id, NULL, 'pending', 'run started');
+  PERFORM awp._log(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
+                   'ready', 'task created')
+     FROM awp.tasks t WHERE t.run_id = v_run_id AND t.status = 'ready';
+  PERFORM awp._log(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
+                   'waiting_dependencies', 'task created')
+     FROM awp.tasks t WHERE t.run_id = v_run_id AND t.status = 'waiting_dependencies';
+  PERFORM awp._wake('awp_coordinator', 'run_started');
+  RETURN v_run_id;
+END $$;
+COMMENT ON FUNCTION awp.start_run(text, integer, text) IS 'Starts a run of a workflow version (latest when null); the same idempotency key returns the same run; AWNTF when unknown.';
