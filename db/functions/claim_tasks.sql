@@ -6,8 +6,9 @@
 -- Raises AWSES (session, checked first), AWDRN (worker draining), AWREQ (slots < 1),
 -- AWCAP (slots above the worker's free capacity, computed here from its leases).
 -- Locks: the worker row, then Run and Dispatch together with
--- `FOR UPDATE OF r, d SKIP LOCKED`. When every candidate is locked by someone else it waits once
--- for the oldest instead of answering empty (a busy run is a hot row, not an idle queue).
+-- `FOR UPDATE OF r, d SKIP LOCKED`. When every candidate is locked by someone else it waits for
+-- the oldest candidate's run row (and only that row) instead of answering empty: a busy run is a
+-- hot row, not an idle queue.
 CREATE OR REPLACE FUNCTION awp.claim_tasks(p_worker_id text, p_session_token text, p_slots integer)
 RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
                run_id text, task_key text, executor_kind text, action text, input jsonb,
@@ -27,6 +28,7 @@ DECLARE
   v_dl    timestamptz;
   v_exp   timestamptz;
   v_fence bigint;
+  v_busy  text;
 BEGIN
   IF w.status = 'draining' THEN
     RAISE EXCEPTION 'worker is draining' USING ERRCODE = 'AWDRN',
@@ -51,16 +53,28 @@ BEGIN
      ORDER BY d.created_at, d.dispatch_id
      LIMIT p_slots
      FOR UPDATE OF r, d SKIP LOCKED) q;
-  IF v_ids IS NULL AND EXISTS (
-       SELECT 1 FROM awp.dispatches d WHERE d.status = 'pending' AND d.executor_kind = ANY (w.executor_kinds)) THEN
-    SELECT array_agg(q.dispatch_id) INTO v_ids FROM (
-      SELECT d.dispatch_id
-        FROM awp.dispatches d JOIN awp.runs r ON r.run_id = d.run_id
-       WHERE d.status = 'pending' AND d.executor_kind = ANY (w.executor_kinds)
-         AND r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL
-       ORDER BY d.created_at, d.dispatch_id
-       LIMIT 1
-       FOR UPDATE OF r, d) q;
+  IF v_ids IS NULL THEN
+    -- Every candidate was locked: the oldest one's run is busy (a claim or complete holds it for
+    -- a moment). Wait for that run's lock alone (Run first, as everywhere), then take from it.
+    -- Waiting on the run row only keeps the lock order; a blocking multi-row lock would keep
+    -- locks on rows that failed their re-check and could deadlock with a complete.
+    SELECT d.run_id INTO v_busy
+      FROM awp.dispatches d JOIN awp.runs r ON r.run_id = d.run_id
+     WHERE d.status = 'pending' AND d.executor_kind = ANY (w.executor_kinds)
+       AND r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL
+     ORDER BY d.created_at, d.dispatch_id
+     LIMIT 1;
+    IF v_busy IS NOT NULL THEN
+      PERFORM 1 FROM awp.runs r WHERE r.run_id = v_busy FOR UPDATE;
+      SELECT array_agg(q.dispatch_id ORDER BY q.created_at, q.dispatch_id) INTO v_ids FROM (
+        SELECT d.dispatch_id, d.created_at
+          FROM awp.dispatches d JOIN awp.runs r ON r.run_id = d.run_id
+         WHERE r.run_id = v_busy AND d.status = 'pending' AND d.executor_kind = ANY (w.executor_kinds)
+           AND r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL
+         ORDER BY d.created_at, d.dispatch_id
+         LIMIT p_slots
+         FOR UPDATE OF r, d SKIP LOCKED) q;
+    END IF;
   END IF;
   IF v_ids IS NULL THEN
     RETURN;

@@ -5,8 +5,10 @@
 -- Locks: the workflows row FOR UPDATE (serialises versions of one workflow).
 
 -- awp._int_ok(value, lo, hi): is a JSON value an integer within [lo, hi]?
+-- No SET search_path on purpose: it names only pg_catalog objects, and without the SET clause
+-- PostgreSQL inlines it (validation calls it for every task of a 10,000-task definition).
 CREATE OR REPLACE FUNCTION awp._int_ok(p jsonb, p_lo bigint, p_hi bigint) RETURNS boolean
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
+LANGUAGE sql IMMUTABLE AS $$
   SELECT CASE WHEN jsonb_typeof(p) = 'number'
               THEN (p::text)::numeric = trunc((p::text)::numeric)
                    AND (p::text)::numeric BETWEEN p_lo AND p_hi
@@ -22,7 +24,8 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._bad_request(text, text) IS 'Raises invalid_request (AWREQ).';
 
--- awp._normalize_definition(definition): the validated definition with every default filled in.
+-- awp._normalize_definition(definition): the definition, validated (defaults are applied by
+-- awp.start_run; the stored definition is the one given, so its hash is that of the given JSON).
 CREATE OR REPLACE FUNCTION awp._normalize_definition(p jsonb) RETURNS jsonb
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
@@ -45,6 +48,7 @@ DECLARE
   v_seen   integer[];
   v_path   integer[];
   v_step   integer;
+  v_kinds  text[] := awp._executor_kinds();
 BEGIN
   IF p IS NULL OR jsonb_typeof(p) <> 'object' THEN
     PERFORM awp._bad_request('definition must be a JSON object');
@@ -87,8 +91,8 @@ BEGIN
                 THEN 'key must be a string of 1-128 characters without "/" or control characters'
               WHEN jsonb_typeof(t->'executor') IS DISTINCT FROM 'string'
                 THEN 'executor must be a string'
-              WHEN NOT (t->>'executor') = ANY (awp._executor_kinds())
-                THEN format('unknown executor %s (known: %s)', t->>'executor', array_to_string(awp._executor_kinds(), ', '))
+              WHEN NOT (t->>'executor') = ANY (v_kinds)
+                THEN format('unknown executor %s (known: %s)', t->>'executor', array_to_string(v_kinds, ', '))
               WHEN t ? 'action' AND (jsonb_typeof(t->'action') IS DISTINCT FROM 'string'
                                      OR length(t->>'action') NOT BETWEEN 1 AND 256)
                 THEN 'action must be a string of 1-256 characters'
@@ -99,8 +103,6 @@ BEGIN
               WHEN t ? 'depends_on' AND EXISTS (SELECT 1 FROM jsonb_array_elements(t->'depends_on') d
                                                  WHERE jsonb_typeof(d) <> 'string')
                 THEN 'depends_on must be an array of task keys'
-              WHEN t ? 'depends_on' AND (SELECT count(DISTINCT d) <> count(*) FROM jsonb_array_elements_text(t->'depends_on') d)
-                THEN 'depends_on names a task twice'
               WHEN t ? 'retry' AND jsonb_typeof(t->'retry') IS DISTINCT FROM 'object'
                 THEN 'retry must be an object'
               WHEN t ? 'retry' AND EXISTS (SELECT 1 FROM jsonb_object_keys(t->'retry') k
@@ -117,6 +119,15 @@ BEGIN
    WHERE e.err IS NOT NULL
    ORDER BY e.o
    LIMIT 1;
+  IF v_err IS NOT NULL THEN
+    PERFORM awp._bad_request('invalid task', v_err);
+  END IF;
+
+  SELECT format('tasks[%s] (key %s): depends_on names %s twice', x.o - 1, x.t->>'key', d) INTO v_err
+    FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o),
+         jsonb_array_elements_text(coalesce(x.t->'depends_on', '[]')) d
+   GROUP BY x.o, x.t->>'key', d HAVING count(*) > 1
+   ORDER BY x.o LIMIT 1;
   IF v_err IS NOT NULL THEN
     PERFORM awp._bad_request('invalid task', v_err);
   END IF;
@@ -186,13 +197,13 @@ BEGIN
   IF v_tail < v_n THEN
     -- Some task is on a cycle: walk dependencies among unfinished tasks until one repeats.
     v_seen := array_fill(0, ARRAY[v_n]);
-    v_path := '{}';
+    v_path := array_fill(0, ARRAY[v_n]);
     SELECT min(g) INTO v_u FROM generate_series(1, v_n) g WHERE v_indeg[g] > 0;
     v_step := 0;
     WHILE v_seen[v_u] = 0 LOOP
       v_step := v_step + 1;
       v_seen[v_u] := v_step;
-      v_path := v_path || v_u;
+      v_path[v_step] := v_u;
       FOR v_j IN v_dstart[v_u] .. v_dstart[v_u + 1] - 1 LOOP
         IF v_indeg[v_dep[v_j]] > 0 THEN
           v_u := v_dep[v_j];
@@ -201,27 +212,13 @@ BEGIN
       END LOOP;
     END LOOP;
     SELECT string_agg(v_keys[n], ' -> ' ORDER BY i) INTO v_err
-      FROM unnest(v_path[v_seen[v_u]:] || v_u) WITH ORDINALITY AS c(n, i);
+      FROM unnest(v_path[v_seen[v_u]:v_step] || v_u) WITH ORDINALITY AS c(n, i);
     PERFORM awp._bad_request('dependency cycle', 'dependency cycle: ' || v_err);
   END IF;
 
-  SELECT jsonb_agg(jsonb_build_object(
-           'key', t->>'key',
-           'executor', t->>'executor',
-           'action', coalesce(t->>'action', t->>'key'),
-           'input', coalesce(t->'input', '{}'::jsonb),
-           'depends_on', coalesce(t->'depends_on', '[]'::jsonb),
-           'retry', jsonb_build_object(
-              'max_attempts', coalesce((t->'retry'->>'max_attempts')::integer, 1),
-              'interval_ms', coalesce((t->'retry'->>'interval_ms')::integer, 1000)),
-           'timeout_ms', coalesce((t->>'timeout_ms')::integer, 300000)) ORDER BY o)
-    INTO v_tasks
-    FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o);
-  RETURN jsonb_build_object('id', p->>'id',
-                            'concurrency', coalesce((p->>'concurrency')::integer, 10),
-                            'tasks', v_tasks);
+  RETURN p;
 END $$;
-COMMENT ON FUNCTION awp._normalize_definition(jsonb) IS 'Validates a workflow definition (AWREQ with details) and fills in defaults.';
+COMMENT ON FUNCTION awp._normalize_definition(jsonb) IS 'Validates a workflow definition (AWREQ with details) and returns it.';
 
 -- awp.apply_workflow(definition): like create_workflow_version, plus whether a version was created.
 CREATE OR REPLACE FUNCTION awp.apply_workflow(p_definition jsonb)

@@ -1,7 +1,8 @@
 -- awp.start_run(workflow_id, version, idempotency_key): creates a run of a workflow version
 -- (the latest when version is null) with one task per definition task: roots `ready`, the
 -- others `waiting_dependencies`. The same idempotency key for the same workflow returns the
--- same run. Raises AWNTF for an unknown workflow or version, AWREQ for a bad key.
+-- same run. Defaults of SPEC section 1 are applied here (concurrency 10, max_attempts 1,
+-- interval_ms 1000, timeout_ms 300000, input {}, action = key). Raises AWNTF for an unknown workflow or version, AWREQ for a bad key.
 -- Locks: inserts only (the unique index serialises two starts with one key); wakes the coordinator.
 CREATE OR REPLACE FUNCTION awp.start_run(p_workflow_id text, p_version integer DEFAULT NULL,
                                          p_idempotency_key text DEFAULT NULL)
@@ -38,7 +39,7 @@ BEGIN
 
   v_run_id := awp._new_id('run');
   INSERT INTO awp.runs (run_id, workflow_id, workflow_version, concurrency, idempotency_key, created_at)
-  VALUES (v_run_id, p_workflow_id, v_ver, (v_def->>'concurrency')::integer, p_idempotency_key, v_now)
+  VALUES (v_run_id, p_workflow_id, v_ver, coalesce((v_def->>'concurrency')::integer, 10), p_idempotency_key, v_now)
   ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
   IF NOT FOUND THEN   -- a concurrent start with the same key won
     SELECT r.run_id INTO v_run_id FROM awp.runs r
@@ -51,20 +52,22 @@ BEGIN
       FROM jsonb_array_elements(v_def->'tasks') WITH ORDINALITY AS x(t, o)
   ), deps AS (
     SELECT d.t->>'key' AS task_key, array_agg(e.dep ORDER BY e.i) AS depends_on
-      FROM defs d, jsonb_array_elements_text(d.t->'depends_on') WITH ORDINALITY AS e(dep, i)
+      FROM defs d, jsonb_array_elements_text(coalesce(d.t->'depends_on', '[]')) WITH ORDINALITY AS e(dep, i)
      GROUP BY 1
   ), dependants AS (
     SELECT e.dep AS task_key, array_agg(d.t->>'key' ORDER BY d.ordinal) AS dependants
-      FROM defs d, jsonb_array_elements_text(d.t->'depends_on') AS e(dep)
+      FROM defs d, jsonb_array_elements_text(coalesce(d.t->'depends_on', '[]')) AS e(dep)
      GROUP BY 1
   )
   INSERT INTO awp.tasks (run_id, task_key, ordinal, executor, action, input, depends_on, dependants,
                          pending_deps, max_attempts, interval_ms, timeout_ms, status, updated_at)
-  SELECT v_run_id, d.t->>'key', d.ordinal, d.t->>'executor', d.t->>'action', d.t->'input',
+  SELECT v_run_id, d.t->>'key', d.ordinal, d.t->>'executor', coalesce(d.t->>'action', d.t->>'key'),
+         coalesce(d.t->'input', '{}'::jsonb),
          coalesce(dp.depends_on, '{}'), coalesce(dn.dependants, '{}'),
          coalesce(cardinality(dp.depends_on), 0),
-         (d.t->'retry'->>'max_attempts')::integer, (d.t->'retry'->>'interval_ms')::integer,
-         (d.t->>'timeout_ms')::integer,
+         coalesce((d.t->'retry'->>'max_attempts')::integer, 1),
+         coalesce((d.t->'retry'->>'interval_ms')::integer, 1000),
+         coalesce((d.t->>'timeout_ms')::integer, 300000),
          CASE WHEN dp.depends_on IS NULL THEN 'ready' ELSE 'waiting_dependencies' END, v_now
     FROM defs d
     LEFT JOIN deps dp ON dp.task_key = d.t->>'key'

@@ -1,0 +1,58 @@
+# AWP — every target is one line of intent; `make help` lists them.
+SHELL   := /bin/bash
+PYTHON  ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.awp-setup.stamp
+SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
+
+.DEFAULT_GOAL := help
+.PHONY: help setup pgtap test test-db test-py demo bench bench-quick chaos lint clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
+
+setup: $(STAMP) pgtap  ## venv + Python packages + pgTAP/pg_prove, idempotent
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+pgtap:  ## install pgTAP and pg_prove with apt-get, only when missing
+	@if command -v pg_prove >/dev/null && ls /usr/share/postgresql/*/extension/pgtap.control >/dev/null 2>&1; then exit 0; fi; \
+	major=$$(ls /usr/lib/postgresql 2>/dev/null | sort -V | tail -n1); \
+	if [ -z "$$major" ]; then echo "PostgreSQL is not installed: apt-get install -y postgresql-15 (or postgresql)" >&2; exit 1; fi; \
+	echo "installing pgTAP for PostgreSQL $$major and pg_prove"; \
+	$(SUDO) apt-get update -qq && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		postgresql-$$major-pgtap libtap-parser-sourcehandler-pgtap-perl
+
+test: test-db test-py  ## every test: pgTAP, then pytest
+
+test-db: setup  ## pgTAP tests (db/tests) with pg_prove on a throwaway cluster and a fresh migrated database
+	$(BIN)/python -m awp.testing pgprove db/tests
+
+test-py: setup  ## pytest against a throwaway cluster (or AWP_TEST_DSN)
+	$(BIN)/pytest python/tests
+
+demo: setup  ## start the local database, control plane and workers, and run a sample workflow
+	$(BIN)/awp demo
+
+bench: setup  ## full benchmark; results go to benchmarks/results/
+	$(BIN)/python benchmarks/run.py
+
+bench-quick: setup  ## a short benchmark run, for a smoke test
+	$(BIN)/python benchmarks/run.py --quick
+
+chaos: setup  ## kill workers and the control plane while runs progress; check every run finishes correctly
+	$(BIN)/python benchmarks/chaos.py
+
+lint: setup  ## ruff
+	$(BIN)/ruff check python $(wildcard benchmarks)
+	$(BIN)/ruff format --check python $(wildcard benchmarks)
+
+clean:  ## remove the venv and caches (the local cluster in .awp/ is kept: awp db down --purge)
+	rm -rf $(VENV) .pytest_cache .ruff_cache python/*.egg-info
+	find python benchmarks -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true

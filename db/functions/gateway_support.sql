@@ -1,0 +1,50 @@
+-- Small read functions the HTTP gateway needs besides the SQL API of SPEC section 4.
+-- None changes state, none returns a token or a hash.
+
+-- awp.check_worker_session(worker_id, session_token): the worker's status when the session is
+-- valid; AWSES otherwise. The gateway calls it before answering a malformed worker request, so an
+-- invalid session wins over every other error (SPEC section 5). Locks: none.
+CREATE OR REPLACE FUNCTION awp.check_worker_session(p_worker_id text, p_session_token text)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  RETURN (awp._session(p_worker_id, p_session_token, false)).status;
+END $$;
+COMMENT ON FUNCTION awp.check_worker_session(text, text) IS 'The status of a valid worker session; AWSES when unknown, offline or stopped.';
+
+-- awp.get_task(run_id, task_key): one task (the columns of awp.run_tasks) with its attempts
+-- (the rows of awp.task_attempts, oldest first) as a jsonb array. AWNTF when unknown. Locks: none.
+CREATE OR REPLACE FUNCTION awp.get_task(p_run_id text, p_task_key text)
+RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestamptz, executor text,
+               action text, depends_on text[], max_attempts integer, timeout_ms integer,
+               updated_at timestamptz, finished_at timestamptz, attempt_history jsonb)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  v_history jsonb;
+BEGIN
+  SELECT coalesce(jsonb_agg(to_jsonb(a) ORDER BY a.attempt), '[]'::jsonb) INTO v_history
+    FROM awp.task_attempts(p_run_id, p_task_key) a;
+  RETURN QUERY
+  SELECT t.task_key, t.status, t.attempts, t.ready_at, t.executor, t.action, t.depends_on,
+         t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, v_history
+    FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key;
+END $$;
+COMMENT ON FUNCTION awp.get_task(text, text) IS 'One task of a run with its attempts as a jsonb array; AWNTF when unknown.';
+
+-- awp.metrics_snapshot(): counts for the gateway's /metrics gauges:
+-- {"runs": {status: n}, "dispatches": {status: n}, "workers": {status: n}, "leases_active": n}.
+-- Terminal dispatches are not counted (the table only grows). Locks: none.
+CREATE OR REPLACE FUNCTION awp.metrics_snapshot()
+RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
+  SELECT jsonb_build_object(
+    'runs', (SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}') FROM
+               (SELECT r.status, count(*) AS n FROM awp.runs r GROUP BY 1) x),
+    'dispatches', (SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}') FROM
+               (SELECT d.status, count(*) AS n FROM awp.dispatches d
+                 WHERE d.status IN ('pending', 'leased') GROUP BY 1) x),
+    'workers', (SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}') FROM
+               (SELECT w.status, count(*) AS n FROM awp.workers w GROUP BY 1) x),
+    'leases_active', (SELECT count(*) FROM awp.dispatches d WHERE d.status = 'leased'))
+$$;
+COMMENT ON FUNCTION awp.metrics_snapshot() IS 'Counts of runs, live dispatches, workers by status and active leases, for /metrics.';

@@ -1,0 +1,207 @@
+-- The schema: tables, named CHECK constraints, the indexes that make broken states impossible,
+-- and the shape of every function (comment, search_path, SECURITY DEFINER, SPEC section 4 signatures).
+BEGIN;
+\ir _fixtures.sql.inc
+SELECT plan(104);
+
+-- ---------------------------------------------------------------- tables
+SELECT has_table('awp', t, 'table awp.' || t || ' exists')
+  FROM unnest(ARRAY['settings', 'workflows', 'workflow_versions', 'runs', 'tasks', 'attempts',
+                    'events', 'workers', 'dispatches']) t;
+SELECT has_sequence('awp', 'fencing_token_seq', 'the fencing token sequence exists');
+
+-- ---------------------------------------------------------------- named checks
+SELECT ok(EXISTS (SELECT 1 FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid
+                   WHERE t.relnamespace = 'awp'::regnamespace AND c.contype = 'c' AND c.conname = x.name
+                     AND t.relname = x.tbl),
+          format('CHECK %s exists on awp.%s', x.name, x.tbl))
+  FROM (VALUES ('runs', 'run_status_is_valid'), ('runs', 'run_finished_iff_terminal'),
+               ('runs', 'run_started_unless_pending'), ('runs', 'run_concurrency_in_range'),
+               ('tasks', 'task_status_is_valid'), ('tasks', 'task_finished_iff_terminal'),
+               ('tasks', 'task_waiting_retry_has_ready_at'), ('tasks', 'task_ready_has_no_pending_deps'),
+               ('tasks', 'task_running_has_attempt'), ('tasks', 'task_attempts_in_range'),
+               ('attempts', 'attempt_status_is_valid'), ('attempts', 'attempt_finished_iff_settled'),
+               ('dispatches', 'dispatch_status_is_valid'), ('dispatches', 'dispatch_leased_has_lease'),
+               ('dispatches', 'dispatch_pending_has_no_lease'), ('dispatches', 'dispatch_lease_within_deadline'),
+               ('dispatches', 'dispatch_completed_has_result'), ('dispatches', 'dispatch_finished_iff_final'),
+               ('workers', 'worker_status_is_valid'), ('workers', 'worker_stopped_has_stopped_at'),
+               ('workers', 'worker_offline_has_offline_at'), ('workers', 'worker_token_hash_is_sha256'),
+               ('events', 'event_entity_type_is_valid'), ('settings', 'lease_exceeds_heartbeat'))
+       AS x(tbl, name);
+
+-- The status sets are exactly those of SPEC section 2 (a check listing an extra or missing state fails).
+SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'run_status_is_valid'),
+          $$CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text])))$$,
+          'run statuses are the SPEC set');
+SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'dispatch_status_is_valid'),
+          $$CHECK ((status = ANY (ARRAY['pending'::text, 'leased'::text, 'completed'::text, 'expired'::text, 'canceled'::text])))$$,
+          'dispatch statuses are the SPEC set');
+
+-- ---------------------------------------------------------------- indexes
+SELECT has_index('awp', 'dispatches', 'dispatches_one_live_per_task_uq', 'one live dispatch per task index exists');
+SELECT ok((SELECT indisunique FROM pg_index WHERE indexrelid = 'awp.dispatches_one_live_per_task_uq'::regclass),
+          'dispatches_one_live_per_task_uq is unique');
+SELECT ok((SELECT indpred IS NOT NULL FROM pg_index WHERE indexrelid = 'awp.dispatches_one_live_per_task_uq'::regclass),
+          'dispatches_one_live_per_task_uq is partial');
+SELECT col_is_pk('awp', 'attempts', ARRAY['run_id', 'task_key', 'attempt'], 'attempts are keyed by (run, task, number)');
+SELECT has_index('awp', 'attempts', 'attempts_one_running_per_task_uq', 'one running attempt per task index exists');
+SELECT has_index('awp', 'dispatches', 'dispatches_fencing_token_uq', 'fencing tokens are unique');
+
+-- A live scenario to break: one leased task `a`, one ready task `b`.
+SELECT tests.freeze('2030-01-01 00:00:00+00') AS t0 \gset
+SELECT tests.make_run('wf', jsonb_build_array(tests.task('a'), tests.task('b', '{a}'), tests.task('c'))) AS run \gset
+SELECT * FROM tests.register_worker('w1') \gset w1_
+SELECT * FROM tests.claim_one(:'w1_worker_id', :'w1_token') \gset l_
+
+SELECT throws_ok(format($$INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)
+                         VALUES ('dsp_dup', %L, %L, 'mock', now())$$, :'run', :'l_task_key'),
+                 '23505', NULL, 'a second live dispatch for a task is rejected (pending next to leased)');
+SELECT throws_ok(format($$INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)
+                         VALUES ('dsp_c1', %L, 'c', 'mock', now()), ('dsp_c2', %L, 'c', 'mock', now())$$, :'run', :'run'),
+                 '23505', NULL, 'two pending dispatches for one task are rejected');
+SELECT lives_ok(format($$INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, finished_at)
+                         VALUES ('dsp_old', %L, %L, 'mock', now(), 'canceled', now())$$, :'run', :'l_task_key'),
+                'a finished dispatch next to the live one is allowed (the index is partial)');
+SELECT throws_ok(format($$INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token,
+                                                    status, started_at, deadline, finished_at)
+                         VALUES (%L, %L, 1, 'dsp_old', %L, 999999, 'canceled', now(), now(), now())$$,
+                        :'run', :'l_task_key', :'w1_worker_id'),
+                 '23505', NULL, 'a second attempt with the same number is rejected');
+SELECT throws_ok(format($$UPDATE awp.dispatches SET fencing_token = %s WHERE dispatch_id = 'dsp_old'$$, :'l_fencing_token'),
+                 '23505', NULL, 'a fencing token can never be issued twice');
+
+-- Illegal shapes.
+SELECT throws_ok(format($$UPDATE awp.runs SET status = 'paused' WHERE run_id = %L$$, :'run'), '23514', NULL,
+                 'an unknown run status is rejected');
+SELECT throws_ok(format($$UPDATE awp.runs SET status = 'succeeded' WHERE run_id = %L$$, :'run'), '23514', NULL,
+                 'a terminal run without finished_at is rejected');
+SELECT throws_ok(format($$UPDATE awp.tasks SET status = 'waiting_retry' WHERE run_id = %L AND task_key = 'c'$$, :'run'),
+                 '23514', NULL, 'waiting_retry without ready_at is rejected');
+SELECT throws_ok(format($$UPDATE awp.tasks SET status = 'ready' WHERE run_id = %L AND task_key = 'b'$$, :'run'),
+                 '23514', NULL, 'a task with unfinished dependencies cannot be ready');
+SELECT throws_ok(format($$UPDATE awp.tasks SET status = 'done' WHERE run_id = %L AND task_key = 'c'$$, :'run'),
+                 '23514', NULL, 'an unknown task status is rejected');
+SELECT throws_ok(format($$UPDATE awp.dispatches SET status = 'pending' WHERE dispatch_id = %L$$, :'l_dispatch_id'),
+                 '23514', NULL, 'a pending dispatch cannot keep a lease');
+SELECT throws_ok(format($$UPDATE awp.dispatches SET lease_token_hash = NULL WHERE dispatch_id = %L$$, :'l_dispatch_id'),
+                 '23514', NULL, 'a leased dispatch must have a lease token hash');
+SELECT throws_ok(format($$UPDATE awp.dispatches SET lease_expires_at = attempt_deadline + interval '1 ms' WHERE dispatch_id = %L$$, :'l_dispatch_id'),
+                 '23514', NULL, 'a lease may not outlive the attempt deadline');
+SELECT throws_ok(format($$UPDATE awp.dispatches SET status = 'completed', finished_at = now() WHERE dispatch_id = %L$$, :'l_dispatch_id'),
+                 '23514', NULL, 'a completed dispatch must have a result hash');
+SELECT throws_ok(format($$UPDATE awp.attempts SET status = 'succeeded' WHERE dispatch_id = %L$$, :'l_dispatch_id'),
+                 '23514', NULL, 'a settled attempt must have finished_at');
+SELECT throws_ok(format($$UPDATE awp.attempts SET status = 'lost', finished_at = now() WHERE dispatch_id = %L$$, :'l_dispatch_id'),
+                 '23514', NULL, 'an unknown attempt status is rejected');
+SELECT throws_ok(format($$UPDATE awp.workers SET status = 'stopped' WHERE worker_id = %L$$, :'w1_worker_id'),
+                 '23514', NULL, 'a stopped worker must have stopped_at');
+SELECT throws_ok(format($$UPDATE awp.workers SET status = 'sleeping' WHERE worker_id = %L$$, :'w1_worker_id'),
+                 '23514', NULL, 'an unknown worker status is rejected');
+SELECT throws_ok($$UPDATE awp.settings SET lease_duration_ms = heartbeat_interval_ms$$, '23514', NULL,
+                 'the settings row keeps the lease above the heartbeat interval');
+SELECT throws_ok($$INSERT INTO awp.settings (singleton) VALUES (false)$$, '23514', NULL,
+                 'settings is a singleton');
+
+-- ---------------------------------------------------------------- function shape
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
+                 WHERE p.pronamespace = 'awp'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL
+                 ORDER BY 1),
+          '{}'::text[], 'every awp function has a COMMENT');
+-- awp._int_ok is exempt on purpose: it names only pg_catalog objects and must stay inlinable
+-- (create_workflow_version.sql says why); any other function without the SET fails here.
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
+                 WHERE p.pronamespace = 'awp'::regnamespace
+                   AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)
+                   AND p.oid <> 'awp._int_ok(jsonb, bigint, bigint)'::regprocedure
+                 ORDER BY 1),
+          '{}'::text[], 'every awp function has SET search_path = ''''');
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
+                 WHERE p.pronamespace = 'awp'::regnamespace AND p.prosecdef
+                   AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)),
+          '{}'::text[], 'no SECURITY DEFINER function lacks SET search_path = ''''');
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
+                 WHERE p.pronamespace = 'awp'::regnamespace AND left(p.proname, 1) <> '_' AND NOT p.prosecdef
+                 ORDER BY 1),
+          '{}'::text[], 'every public awp function is SECURITY DEFINER');
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
+                 WHERE p.pronamespace = 'awp'::regnamespace AND p.proowner <> 'awp_owner'::regrole
+                 ORDER BY 1),
+          '{}'::text[], 'every awp function belongs to awp_owner');
+SELECT is(ARRAY(SELECT c.relname::text FROM pg_class c
+                 WHERE c.relnamespace = 'awp'::regnamespace AND c.relkind IN ('r', 'S')
+                   AND c.relowner <> 'awp_owner'::regrole ORDER BY 1),
+          '{}'::text[], 'every awp table and sequence belongs to awp_owner');
+SELECT cmp_ok((SELECT count(*) FROM pg_proc WHERE pronamespace = 'awp'::regnamespace AND left(proname, 1) <> '_'),
+              '>=', 17::bigint, 'the public surface is there (the checks above are not vacuous)');
+
+-- SPEC section 4 signatures.
+SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_string(args, ', ')))
+  FROM (VALUES ('create_workflow_version', ARRAY['jsonb']),
+               ('start_run', ARRAY['text', 'integer', 'text']),
+               ('request_cancel', ARRAY['text']),
+               ('register_worker', ARRAY['text', 'text[]', 'integer', 'integer']),
+               ('claim_tasks', ARRAY['text', 'text', 'integer']),
+               ('heartbeat', ARRAY['text', 'text', 'jsonb']),
+               ('complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb']),
+               ('drain_worker', ARRAY['text', 'text']),
+               ('get_run', ARRAY['text']),
+               ('run_tasks', ARRAY['text']),
+               ('task_attempts', ARRAY['text', 'text']),
+               ('run_events', ARRAY['text', 'bigint', 'integer']),
+               ('list_runs', ARRAY['text', 'text', 'text', 'integer']),
+               ('list_workers', ARRAY[]::text[]),
+               ('get_worker', ARRAY['text']),
+               ('coordinator_tick', ARRAY['boolean']),
+               ('configure', ARRAY['integer', 'integer', 'integer', 'integer'])) AS x(f, args);
+
+SELECT function_returns('awp', 'coordinator_tick', ARRAY['boolean'], 'jsonb', 'coordinator_tick returns jsonb');
+SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer'], 'jsonb', 'configure returns jsonb');
+SELECT function_returns('awp', 'start_run', ARRAY['text', 'integer', 'text'], 'text', 'start_run returns the run id');
+SELECT function_returns('awp', 'complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb'], 'boolean', 'complete_task returns applied');
+
+-- Result columns, in SPEC order (more trailing columns are allowed where SPEC says so).
+CREATE FUNCTION tests.out_columns(p regprocedure) RETURNS text[] LANGUAGE sql AS $$
+  SELECT array_agg(n ORDER BY i) FROM pg_proc p2,
+         unnest(p2.proargnames, p2.proargmodes) WITH ORDINALITY AS a(n, m, i)
+   WHERE p2.oid = p AND a.m IN ('o', 't')
+$$;
+SELECT is(tests.out_columns('awp.create_workflow_version(jsonb)'), ARRAY['workflow_id', 'version'],
+          'create_workflow_version returns (workflow_id, version)');
+SELECT is(tests.out_columns('awp.request_cancel(text)'), ARRAY['run_id', 'status', 'cancel_requested_at'],
+          'request_cancel returns (run_id, status, cancel_requested_at)');
+SELECT is(tests.out_columns('awp.register_worker(text, text[], integer, integer)'),
+          ARRAY['worker_id', 'session_token', 'heartbeat_interval_ms', 'lease_duration_ms', 'protocol_version'],
+          'register_worker returns the SPEC columns');
+SELECT is(tests.out_columns('awp.claim_tasks(text, text, integer)'),
+          ARRAY['dispatch_id', 'lease_token', 'workflow_id', 'workflow_version', 'run_id', 'task_key', 'executor_kind',
+                'action', 'input', 'attempt', 'attempt_deadline', 'lease_expires_at', 'lease_remaining_ms', 'fencing_token'],
+          'claim_tasks returns the SPEC lease columns');
+SELECT is(tests.out_columns('awp.heartbeat(text, text, jsonb)'), ARRAY['dispatch_id', 'status', 'lease_remaining_ms'],
+          'heartbeat returns (dispatch_id, status, lease_remaining_ms)');
+SELECT is((tests.out_columns('awp.get_run(text)'))[1:9],
+          ARRAY['run_id', 'workflow_id', 'workflow_version', 'status', 'revision', 'cancel_requested_at',
+                'created_at', 'started_at', 'finished_at'], 'get_run starts with the SPEC columns');
+SELECT is((tests.out_columns('awp.run_tasks(text)'))[1:4], ARRAY['task_key', 'status', 'attempts', 'ready_at'],
+          'run_tasks starts with the SPEC columns');
+SELECT is((tests.out_columns('awp.task_attempts(text, text)'))[1:9],
+          ARRAY['attempt', 'status', 'worker_id', 'dispatch_id', 'started_at', 'finished_at', 'output',
+                'error_code', 'error_message'], 'task_attempts starts with the SPEC columns');
+SELECT is(tests.out_columns('awp.run_events(text, bigint, integer)'),
+          ARRAY['sequence', 'revision', 'entity_type', 'entity_key', 'from_status', 'to_status', 'reason', 'occurred_at'],
+          'run_events returns the SPEC columns');
+SELECT is((tests.out_columns('awp.list_workers()'))[1:7],
+          ARRAY['worker_id', 'display_name', 'status', 'executor_kinds', 'max_concurrency', 'active_leases',
+                'last_heartbeat_at'], 'list_workers starts with the SPEC columns');
+SELECT is(tests.out_columns('awp.drain_worker(text, text)'), tests.out_columns('awp.get_worker(text)'),
+          'drain_worker returns the worker summary row');
+SELECT is((SELECT array_agg(n ORDER BY i) FROM pg_proc p, unnest(p.proargnames) WITH ORDINALITY a(n, i)
+            WHERE p.oid = 'awp.configure(integer, integer, integer, integer)'::regprocedure),
+          ARRAY['lease_duration_ms', 'heartbeat_interval_ms', 'offline_after_heartbeats', 'dispatch_limit'],
+          'configure has the fixed argument names');
+SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.start_run(text, integer, text)'::regprocedure),
+          2::smallint, 'start_run: version and idempotency_key are optional');
+SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.register_worker(text, text[], integer, integer)'::regprocedure),
+          1::smallint, 'register_worker: protocol_version is optional');
+
+SELECT * FROM finish();
+ROLLBACK;

@@ -1,0 +1,169 @@
+"""The ``awp`` command. ``main`` is a plain click group: other modules add their commands to it.
+
+Adding a command from another module, e.g. ``awp/gateway_cli.py``::
+
+    from awp.cli import main
+
+    @main.command()
+    def serve() -> None: ...
+
+and import that module at the bottom of this file (``_COMMAND_MODULES``) so the entry point sees it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+import psycopg
+
+from awp import __version__
+from awp.localdb import (
+    DEFAULT_DBNAME,
+    ClusterError,
+    default_database_url,
+    find_project_dir,
+    project_cluster,
+    purge_project_cluster,
+)
+from awp.migrate import MigrationError, migrate
+from awp.pgbin import PostgresNotFound
+
+_EXTERNAL = "AWP_DATABASE_URL is set: using that server; the local cluster is not touched."
+
+
+@click.group()
+@click.version_option(__version__, prog_name="awp")
+@click.option("-v", "--verbose", count=True, help="Debug log output.")
+def main(verbose: int) -> None:
+    """AWP: a PostgreSQL-centred runtime and scheduler for multi-step workflows."""
+    level = logging.DEBUG if verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+@main.group()
+@click.option(
+    "--project-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="AWP_PROJECT_DIR",
+    default=None,
+    help="Project whose .awp/ holds the local cluster [default: nearest dir with .awp/, else cwd].",
+)
+@click.pass_context
+def db(ctx: click.Context, project_dir: Path | None) -> None:
+    """The database: a local cluster under .awp/ (port AWP_DB_PORT, default 54329), or AWP_DATABASE_URL."""
+    ctx.obj = (project_dir or find_project_dir()).absolute()
+
+
+def _fail(message: str) -> None:
+    raise click.ClickException(message)
+
+
+@db.command()
+@click.option("--migrate/--no-migrate", "run_migrate", default=True, help="Apply db/ after starting.")
+@click.pass_obj
+def up(project_dir: Path, run_migrate: bool) -> None:
+    """Create (first time) and start the local cluster, create database 'awp', print its DSN."""
+    if os.environ.get("AWP_DATABASE_URL"):
+        click.echo(_EXTERNAL)
+        return
+    try:
+        cluster = project_cluster(project_dir, create=True)
+        status = cluster.status()
+        if not status.initialized:
+            cluster.init()
+        if not status.running:
+            cluster.start(fsync=True)
+        dsn = cluster.create_database(DEFAULT_DBNAME, exist_ok=True)
+        if run_migrate:
+            applied = migrate(dsn)
+            click.echo(f"migrations applied: {', '.join(applied) or 'none (up to date)'}", err=True)
+    except (ClusterError, PostgresNotFound, MigrationError, FileNotFoundError, psycopg.Error) as e:
+        _fail(str(e))
+    click.echo(dsn)
+
+
+@db.command()
+@click.option("--purge", is_flag=True, help="Also delete the cluster's data.")
+@click.pass_obj
+def down(project_dir: Path, purge: bool) -> None:
+    """Stop the local cluster (data is kept unless --purge)."""
+    if os.environ.get("AWP_DATABASE_URL"):
+        click.echo(_EXTERNAL)
+        return
+    try:
+        if purge:
+            purge_project_cluster(project_dir)
+            click.echo("stopped; data deleted")
+            return
+        cluster = project_cluster(project_dir)
+        was_running = cluster.status().running
+        cluster.stop()
+    except (ClusterError, PostgresNotFound) as e:
+        _fail(str(e))
+    click.echo("stopped" if was_running else "not running")
+
+
+@db.command()
+@click.pass_obj
+def status(project_dir: Path) -> None:
+    """Show whether the database is reachable (exit 1 when it is not)."""
+    url = os.environ.get("AWP_DATABASE_URL")
+    if url:
+        try:
+            with psycopg.connect(url, connect_timeout=5) as conn:
+                version = conn.execute("SHOW server_version").fetchone()
+        except psycopg.Error as e:
+            _fail(f"AWP_DATABASE_URL is not reachable: {e}")
+        click.echo(f"external server (AWP_DATABASE_URL) reachable, PostgreSQL {version[0] if version else '?'}")
+        return
+    try:
+        cluster = project_cluster(project_dir)
+        st = cluster.status()
+    except (ClusterError, PostgresNotFound) as e:
+        _fail(str(e))
+    click.echo(f"data:    {cluster.datadir}")
+    if st.running:
+        state = f"running (pid {st.pid})"
+    else:
+        state = "stopped" if st.initialized else "not created (run: awp db up)"
+    click.echo(f"state:   {state}")
+    click.echo(f"dsn:     {cluster.dsn(DEFAULT_DBNAME)}")
+    if not st.running:
+        sys.exit(1)
+
+
+@db.command("migrate")
+@click.option("--database-url", envvar="AWP_DATABASE_URL", default=None, help="[default: the local cluster's]")
+@click.option("--sql-dir", type=click.Path(file_okay=False, path_type=Path), envvar="AWP_SQL_DIR", default=None)
+@click.option("--with-pgtap", is_flag=True, hidden=True)
+@click.pass_obj
+def migrate_cmd(project_dir: Path, database_url: str | None, sql_dir: Path | None, with_pgtap: bool) -> None:
+    """Apply new migrations and re-apply every function file."""
+    dsn = database_url or default_database_url(project_dir)
+    try:
+        applied = migrate(dsn, sql_dir=sql_dir, with_pgtap=with_pgtap)
+    except (MigrationError, FileNotFoundError, psycopg.Error, RuntimeError) as e:
+        _fail(str(e))
+    click.echo(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
+
+
+# Modules that register more commands on ``main`` (serve, worker, workflow, run, workers, demo): add yours.
+# A listed module that does not exist (yet) is skipped, so the CLI keeps working while the project grows.
+_COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def _load_command_modules() -> None:
+    for name in _COMMAND_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+
+
+_load_command_modules()

@@ -1,0 +1,115 @@
+"""Helpers for tests and ``make test-db``: throwaway clusters, fresh migrated databases, pg_prove.
+
+``AWP_TEST_DSN`` (a superuser DSN for an existing server) replaces the throwaway cluster: databases are
+then created and dropped on that server.
+
+    python -m awp.testing pgprove db/tests     # fresh cluster + migrated database with pgTAP, run pg_prove
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from psycopg.conninfo import conninfo_to_dict
+
+from awp.localdb import Cluster, ExternalServer, Server, free_port, give_to_server_user
+from awp.migrate import migrate
+from awp.pgbin import pg_bin
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def throwaway_cluster() -> Iterator[Server]:
+    """A fresh, fast (fsync off) cluster on a free port, destroyed on exit; or ``AWP_TEST_DSN``'s server."""
+    env = os.environ.get("AWP_TEST_DSN")
+    if env:
+        yield ExternalServer(env)
+        return
+    base = Path(tempfile.mkdtemp(prefix="awp-test-", dir="/tmp"))
+    try:
+        give_to_server_user(base)
+        cluster = Cluster(base / "data", free_port(), base / "run")
+        cluster.init(sync=False)
+        cluster.start(fsync=False)
+        try:
+            yield cluster
+        finally:
+            with contextlib.suppress(Exception):
+                cluster.stop(mode="immediate")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def database_name(hint: str) -> str:
+    """A valid, unique database name from ``hint`` (e.g. a test module's name)."""
+    stem = re.sub(r"[^a-z0-9_]+", "_", hint.lower()).strip("_")[:40] or "db"
+    return f"awp_{stem}_{secrets.token_hex(4)}"
+
+
+def fresh_database(server: Server | str, name: str, with_pgtap: bool = False, sql_dir: Path | None = None) -> str:
+    """Create database ``name`` on ``server`` (a Server or a DSN), migrate it, and return its DSN."""
+    if isinstance(server, str):
+        server = ExternalServer(server)
+    dsn = server.create_database(name)
+    try:
+        migrate(dsn, sql_dir=sql_dir, with_pgtap=with_pgtap)
+    except BaseException:
+        server.drop_database(name)
+        raise
+    return dsn
+
+
+def libpq_env(dsn: str) -> dict[str, str]:
+    """PG* environment variables equivalent to ``dsn`` (for psql and pg_prove)."""
+    params = conninfo_to_dict(dsn)
+    mapping = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER", "password": "PGPASSWORD", "dbname": "PGDATABASE"}
+    return {var: str(params[key]) for key, var in mapping.items() if params.get(key)}
+
+
+def run_pg_prove(test_dir: Path, extra_args: list[str] | None = None) -> int:
+    """Run pg_prove over ``test_dir`` against a fresh database migrated with pgTAP; return its exit code."""
+    if not test_dir.is_dir() or not any(test_dir.rglob("*.sql")):
+        log.warning("no pgTAP test files (*.sql) under %s: nothing to run", test_dir)
+        return 0
+    pg_prove = shutil.which("pg_prove")
+    if not pg_prove:
+        log.error("pg_prove not found: run `make setup` (apt-get install -y libtap-parser-sourcehandler-pgtap-perl)")
+        return 2
+    with throwaway_cluster() as server:
+        name = database_name("pgtap")
+        dsn = fresh_database(server, name, with_pgtap=True)
+        try:
+            env = {**os.environ, **libpq_env(dsn)}
+            cmd = [pg_prove, "--psql-bin", pg_bin("psql"), "--ext", ".sql", "-r", *(extra_args or []), str(test_dir)]
+            log.info("running %s", " ".join(cmd))
+            return subprocess.run(cmd, env=env).returncode
+        finally:
+            server.drop_database(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m awp.testing")
+    sub = parser.add_subparsers(dest="command", required=True)
+    prove = sub.add_parser("pgprove", help="run pgTAP tests with pg_prove against a fresh migrated database")
+    prove.add_argument("test_dir", type=Path, nargs="?", default=Path("db/tests"))
+    prove.add_argument("pg_prove_args", nargs=argparse.REMAINDER, help="passed to pg_prove (after --)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    extra = [a for a in args.pg_prove_args if a != "--"]
+    return run_pg_prove(args.test_dir, extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

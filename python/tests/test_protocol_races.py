@@ -1,0 +1,364 @@
+"""Races of the worker protocol, proven with several real connections to one PostgreSQL.
+
+pgTAP covers each function's branches inside one session; what only concurrency can show lives here:
+a dispatch is never handed out twice, the reaper never expires a lease renewed under its nose, a
+complete and a cancel (or a reap) never both win, limits hold under concurrent claims, and a mixed
+load never deadlocks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+
+def connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
+    return psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
+
+
+@pytest.fixture
+def db(db_dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+    """A superuser connection on a database emptied of runs and workers, with default settings."""
+    with connect(db_dsn) as c:
+        c.execute("TRUNCATE awp.events, awp.attempts, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE")
+        c.execute(
+            "SELECT awp.configure(lease_duration_ms => 15000, heartbeat_interval_ms => 5000,"
+            " offline_after_heartbeats => 3, dispatch_limit => 100)"
+        )
+        yield c
+
+
+def make_run(c: psycopg.Connection, n: int, concurrency: int, wid: str = "races", **task: Any) -> str:
+    tasks = [{"key": f"t{i}", "executor": "mock", **task} for i in range(n)]
+    c.execute(
+        "SELECT * FROM awp.create_workflow_version(%s)",
+        [json.dumps({"id": wid, "concurrency": concurrency, "tasks": tasks})],
+    )
+    return c.execute("SELECT awp.start_run(%s) AS id", [wid]).fetchone()["id"]
+
+
+def register(c: psycopg.Connection, name: str, max_concurrency: int) -> tuple[str, str]:
+    row = c.execute(
+        "SELECT worker_id, session_token FROM awp.register_worker(%s, ARRAY['mock'], %s)", [name, max_concurrency]
+    ).fetchone()
+    return row["worker_id"], row["session_token"]
+
+
+def claim(c: psycopg.Connection, worker: tuple[str, str], slots: int) -> list[dict[str, Any]]:
+    return c.execute("SELECT * FROM awp.claim_tasks(%s, %s, %s)", [*worker, slots]).fetchall()
+
+
+def complete(c: psycopg.Connection, worker: tuple[str, str], lease: dict[str, Any], kind: str = "success") -> bool:
+    row = c.execute(
+        "SELECT awp.complete_task(%s, %s, %s, %s, %s) AS applied",
+        [*worker, lease["dispatch_id"], lease["lease_token"], json.dumps({"kind": kind})],
+    ).fetchone()
+    return row["applied"]
+
+
+def heartbeat(c: psycopg.Connection, worker: tuple[str, str], leases: list[dict[str, Any]]) -> dict[str, str]:
+    body = json.dumps([{"dispatch_id": x["dispatch_id"], "lease_token": x["lease_token"]} for x in leases])
+    rows = c.execute("SELECT * FROM awp.heartbeat(%s, %s, %s)", [*worker, body]).fetchall()
+    return {r["dispatch_id"]: r["status"] for r in rows}
+
+
+def tick(c: psycopg.Connection) -> dict[str, int]:
+    return c.execute("SELECT awp.coordinator_tick() AS t").fetchone()["t"]
+
+
+def run_status(c: psycopg.Connection, run_id: str) -> str:
+    return c.execute("SELECT status FROM awp.get_run(%s)", [run_id]).fetchone()["status"]
+
+
+def assert_events_contiguous(c: psycopg.Connection) -> None:
+    gaps = c.execute(
+        "SELECT run_id, count(*) AS n, max(sequence) AS m FROM awp.events GROUP BY run_id"
+        " HAVING count(*) <> max(sequence) OR min(sequence) <> 1"
+    ).fetchall()
+    assert gaps == []
+
+
+def in_threads(n: int, target: Callable[[int], None]) -> None:
+    errors: list[BaseException] = []
+
+    def wrapped(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
+
+
+def test_concurrent_claims_never_hand_out_one_dispatch_twice(db, db_dsn):
+    db.execute("SELECT awp.configure(dispatch_limit => 300)")
+    run_id = make_run(db, 200, concurrency=200)
+    workers = [register(db, f"w{i}", 50) for i in range(8)]
+    assert tick(db)["dispatched"] == 200
+    got: list[list[str]] = [[] for _ in workers]
+
+    def claimer(i: int) -> None:
+        with connect(db_dsn) as c:
+            while len(got[i]) < 50:
+                leases = claim(c, workers[i], 5)
+                if not leases:
+                    return
+                got[i].extend(x["dispatch_id"] for x in leases)
+
+    in_threads(len(workers), claimer)
+    ids = [d for g in got for d in g]
+    assert len(ids) == 200
+    assert len(set(ids)) == 200
+    row = db.execute(
+        "SELECT count(*) FILTER (WHERE status = 'leased') AS leased, count(DISTINCT fencing_token) AS fences"
+        " FROM awp.dispatches WHERE run_id = %s",
+        [run_id],
+    ).fetchone()
+    assert row == {"leased": 200, "fences": 200}
+    assert db.execute("SELECT count(*) AS n FROM awp.attempts WHERE run_id = %s", [run_id]).fetchone()["n"] == 200
+    assert_events_contiguous(db)
+
+
+def test_lease_renewed_after_the_reapers_candidate_read_is_not_expired(db, db_dsn):
+    db.execute("SELECT awp.configure(heartbeat_interval_ms => 100, lease_duration_ms => 800)")
+    run_id = make_run(db, 1, concurrency=1)
+    worker = register(db, "w", 1)
+    tick(db)
+    [lease] = claim(db, worker, 1)
+    time.sleep(0.6)
+    with connect(db_dsn) as hb, connect(db_dsn) as reaper:
+        with hb.transaction():
+            assert heartbeat(hb, worker, [lease]) == {lease["dispatch_id"]: "renewed"}
+            time.sleep(0.4)  # the original expiry passes while the renewal is not yet committed
+            # The reaper's candidate is locked by the heartbeat: skipped, not expired.
+            assert reaper.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 0
+        # Committed renewal: the lease is valid again, nothing to reap.
+        assert reaper.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 0
+    assert complete(db, worker, lease)
+    assert run_status(db, run_id) == "succeeded"
+
+
+def test_heartbeat_does_not_wait_behind_a_reaper_holding_the_lease(db, db_dsn):
+    db.execute("SELECT awp.configure(heartbeat_interval_ms => 50, lease_duration_ms => 300)")
+    make_run(db, 1, concurrency=1, retry={"max_attempts": 2, "interval_ms": 0})
+    worker = register(db, "w", 1)
+    tick(db)
+    [lease] = claim(db, worker, 1)
+    time.sleep(0.4)
+    with connect(db_dsn) as reaper, connect(db_dsn) as hb:
+        hb.execute("SET statement_timeout = '2s'")
+        with reaper.transaction():
+            assert reaper.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 1
+            started = time.monotonic()
+            assert heartbeat(hb, worker, [lease]) == {lease["dispatch_id"]: "revoked"}
+            assert time.monotonic() - started < 2
+    with pytest.raises(psycopg.Error) as err:
+        complete(db, worker, lease)
+    assert err.value.sqlstate == "AWLST"
+
+
+@pytest.mark.parametrize("first", ["complete", "reaper"])
+def test_complete_and_reaper_never_both_win(db, db_dsn, first):
+    db.execute("SELECT awp.configure(heartbeat_interval_ms => 50, lease_duration_ms => 400)")
+    run_id = make_run(db, 1, concurrency=1, retry={"max_attempts": 3, "interval_ms": 0})
+    worker = register(db, "w", 1)
+    tick(db)
+    [lease] = claim(db, worker, 1)
+    result: dict[str, Any] = {}
+
+    def do_complete(c: psycopg.Connection) -> None:
+        try:
+            result["complete"] = complete(c, worker, lease)
+        except psycopg.Error as exc:
+            result["complete"] = exc.sqlstate
+
+    with connect(db_dsn) as a, connect(db_dsn) as b:
+        if first == "complete":
+            # Complete holds Run and Dispatch; the lease expires meanwhile; the reaper must skip it.
+            with a.transaction():
+                do_complete(a)
+                time.sleep(0.5)
+                assert b.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 0
+            assert result["complete"] is True
+            assert b.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 0
+            assert run_status(db, run_id) == "succeeded"
+        else:
+            time.sleep(0.5)
+            with a.transaction():
+                assert a.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 1
+                t = threading.Thread(target=do_complete, args=(b,))
+                t.start()
+                time.sleep(0.2)  # the complete now waits for the run lock
+            t.join(timeout=10)
+            assert result["complete"] == "AWLST"
+            attempts = db.execute("SELECT status FROM awp.task_attempts(%s, 't0')", [run_id]).fetchall()
+            assert [a["status"] for a in attempts] == ["interrupted"]
+    assert_events_contiguous(db)
+
+
+def test_cancel_and_complete_exactly_one_wins(db, db_dsn):
+    outcomes = set()
+    for i in range(12):
+        run_id = make_run(db, 1, concurrency=1, wid=f"cancel-race-{i}")
+        worker = register(db, f"w{i}", 1)
+        tick(db)
+        [lease] = claim(db, worker, 1)
+        barrier = threading.Barrier(2)
+        result: dict[str, Any] = {}
+
+        def racer(k: int) -> None:
+            with connect(db_dsn) as c:
+                barrier.wait()
+                if k == 0:
+                    c.execute("SELECT * FROM awp.request_cancel(%s)", [run_id])
+                    c.execute("SELECT awp.converge_cancellations()")
+                else:
+                    if random.random() < 0.5:
+                        time.sleep(0.001)
+                    try:
+                        result["complete"] = complete(c, worker, lease)
+                    except psycopg.Error as exc:
+                        result["complete"] = exc.sqlstate
+
+        in_threads(2, racer)
+        tick(db)
+        task = db.execute("SELECT status FROM awp.run_tasks(%s)", [run_id]).fetchone()["status"]
+        run = run_status(db, run_id)
+        if result["complete"] is True:
+            assert (task, run) == ("succeeded", "succeeded")
+        else:
+            assert result["complete"] == "AWLST"
+            assert (task, run) == ("canceled", "canceled")
+        outcomes.add(result["complete"])
+    assert_events_contiguous(db)
+    assert outcomes  # at least one race ran; both outcomes are legal
+
+
+def sample_limits(c: psycopg.Connection, dispatch_limit: int) -> list[str]:
+    """Every limit of SPEC rule 8 that is exceeded right now (an empty list when all hold)."""
+    bad = []
+    row = c.execute("SELECT count(*) AS n FROM awp.dispatches WHERE status IN ('pending', 'leased')").fetchone()
+    if row["n"] > dispatch_limit:
+        bad.append(f"global {row['n']} > {dispatch_limit}")
+    for r in c.execute(
+        "SELECT w.worker_id, w.max_concurrency, count(d.*) AS n FROM awp.workers w"
+        " JOIN awp.dispatches d ON d.worker_id = w.worker_id AND d.status = 'leased'"
+        " GROUP BY 1, 2 HAVING count(d.*) > w.max_concurrency"
+    ):
+        bad.append(f"worker {r}")
+    for r in c.execute(
+        "SELECT r.run_id, r.concurrency, count(t.*) AS n FROM awp.runs r"
+        " JOIN awp.tasks t ON t.run_id = r.run_id AND t.status IN ('queued', 'running')"
+        " GROUP BY 1, 2 HAVING count(t.*) > r.concurrency"
+    ):
+        bad.append(f"run {r}")
+    return bad
+
+
+def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
+    db.execute("SELECT awp.configure(dispatch_limit => 7)")
+    runs = [make_run(db, 40, concurrency=3, wid=f"limits-{i}") for i in range(3)]
+    workers = [register(db, f"w{i}", 2) for i in range(6)]
+    stop = threading.Event()
+    violations: list[str] = []
+
+    def actor(i: int) -> None:
+        with connect(db_dsn) as c:
+            if i == 0:  # the coordinator
+                while not stop.is_set():
+                    tick(c)
+                return
+            if i == 1:  # the sampler
+                while not stop.is_set():
+                    with c.transaction():
+                        c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                        violations.extend(sample_limits(c, 7))
+                return
+            worker = workers[i - 2]
+            held: list[dict[str, Any]] = []
+            while not stop.is_set():
+                free = 2 - len(held)
+                if free:
+                    held += claim(c, worker, free)
+                if held:
+                    complete(c, worker, held.pop(0))
+
+    threading.Timer(4.0, stop.set).start()
+    in_threads(len(workers) + 2, actor)
+    assert violations == []
+    for _ in range(400):
+        if all(run_status(db, r) == "succeeded" for r in runs):
+            break
+        tick(db)
+        for w in workers:
+            for lease in claim(db, w, 2 - db.execute(
+                "SELECT active_leases FROM awp.get_worker(%s)", [w[0]]).fetchone()["active_leases"]):
+                complete(db, w, lease)
+    assert [run_status(db, r) for r in runs] == ["succeeded"] * 3
+    assert_events_contiguous(db)
+
+
+def test_mixed_concurrent_load_never_deadlocks(db, db_dsn):
+    db.execute(
+        "SELECT awp.configure(dispatch_limit => 50, heartbeat_interval_ms => 50, lease_duration_ms => 400)"
+    )
+    for i in range(4):
+        make_run(db, 60, concurrency=10, wid=f"mixed-{i}", retry={"max_attempts": 3, "interval_ms": 0})
+    workers = [register(db, f"w{i}", 4) for i in range(5)]
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def actor(i: int) -> None:
+        rnd = random.Random(i)
+        with connect(db_dsn) as c:
+            worker = workers[i % len(workers)]
+            held: list[dict[str, Any]] = []
+            while not stop.is_set():
+                try:
+                    if i == 0:
+                        tick(c)
+                    elif i == 1 and rnd.random() < 0.02:
+                        victim = c.execute(
+                            "SELECT run_id FROM awp.runs WHERE status = 'running' ORDER BY random() LIMIT 1"
+                        ).fetchone()
+                        if victim:
+                            c.execute("SELECT * FROM awp.request_cancel(%s)", [victim["run_id"]])
+                    else:
+                        if len(held) < 2:
+                            held += claim(c, worker, 1)
+                        if held and rnd.random() < 0.5:
+                            heartbeat(c, worker, held)
+                        if held and rnd.random() < 0.5:
+                            lease = held.pop(rnd.randrange(len(held)))
+                            kind = rnd.choice(["success", "success", "temporary_failure"])
+                            try:
+                                complete(c, worker, lease, kind)
+                            except psycopg.Error as exc:
+                                if exc.sqlstate != "AWLST":
+                                    raise
+                except psycopg.Error as exc:
+                    if exc.sqlstate in ("AWCAP",):
+                        held.clear()
+                        continue
+                    failures.append(f"{exc.sqlstate}: {exc}")
+                    return
+
+    threading.Timer(5.0, stop.set).start()
+    in_threads(7, actor)
+    assert failures == []
+    assert_events_contiguous(db)
