@@ -31,8 +31,9 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def throwaway_cluster() -> Iterator[Server]:
-    """A fresh, fast (fsync off) cluster on a free port, destroyed on exit; or ``AWP_TEST_DSN``'s server."""
+def throwaway_cluster(fsync: bool = False) -> Iterator[Server]:
+    """A fresh cluster on a free port (fsync off unless asked: tests want speed, benchmarks honesty),
+    destroyed on exit; or ``AWP_TEST_DSN``'s server."""
     env = os.environ.get("AWP_TEST_DSN")
     if env:
         yield ExternalServer(env)
@@ -42,7 +43,7 @@ def throwaway_cluster() -> Iterator[Server]:
         give_to_server_user(base)
         cluster = Cluster(base / "data", free_port(), base / "run")
         cluster.init(sync=False)
-        cluster.start(fsync=False)
+        cluster.start(fsync=fsync)
         try:
             yield cluster
         finally:

@@ -78,12 +78,9 @@ def run_status(c: psycopg.Connection, run_id: str) -> str:
     return c.execute("SELECT status FROM awp.get_run(%s)", [run_id]).fetchone()["status"]
 
 
-def assert_events_contiguous(c: psycopg.Connection) -> None:
-    gaps = c.execute(
-        "SELECT run_id, count(*) AS n, max(sequence) AS m FROM awp.events GROUP BY run_id"
-        " HAVING count(*) <> max(sequence) OR min(sequence) <> 1"
-    ).fetchall()
-    assert gaps == []
+def assert_invariants(c: psycopg.Connection) -> None:
+    """awp.check_invariants() finds nothing: events contiguous and matching statuses, limits held, …"""
+    assert c.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
 
 
 def in_threads(n: int, target: Callable[[int], None]) -> None:
@@ -131,7 +128,7 @@ def test_concurrent_claims_never_hand_out_one_dispatch_twice(db, db_dsn):
     ).fetchone()
     assert row == {"leased": 200, "fences": 200}
     assert db.execute("SELECT count(*) AS n FROM awp.attempts WHERE run_id = %s", [run_id]).fetchone()["n"] == 200
-    assert_events_contiguous(db)
+    assert_invariants(db)
 
 
 def test_lease_renewed_after_the_reapers_candidate_read_is_not_expired(db, db_dsn):
@@ -208,7 +205,7 @@ def test_complete_and_reaper_never_both_win(db, db_dsn, first):
             assert result["complete"] == "AWLST"
             attempts = db.execute("SELECT status FROM awp.task_attempts(%s, 't0')", [run_id]).fetchall()
             assert [a["status"] for a in attempts] == ["interrupted"]
-    assert_events_contiguous(db)
+    assert_invariants(db)
 
 
 def test_cancel_and_complete_exactly_one_wins(db, db_dsn):
@@ -245,7 +242,7 @@ def test_cancel_and_complete_exactly_one_wins(db, db_dsn):
             assert result["complete"] == "AWLST"
             assert (task, run) == ("canceled", "canceled")
         outcomes.add(result["complete"])
-    assert_events_contiguous(db)
+    assert_invariants(db)
     assert outcomes  # at least one race ran; both outcomes are legal
 
 
@@ -288,6 +285,7 @@ def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
                     with c.transaction():
                         c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                         violations.extend(sample_limits(c, 7))
+                        violations.extend(str(r) for r in c.execute("SELECT * FROM awp.check_invariants()"))
                 return
             worker = workers[i - 2]
             held: list[dict[str, Any]] = []
@@ -310,7 +308,7 @@ def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
                 "SELECT active_leases FROM awp.get_worker(%s)", [w[0]]).fetchone()["active_leases"]):
                 complete(db, w, lease)
     assert [run_status(db, r) for r in runs] == ["succeeded"] * 3
-    assert_events_contiguous(db)
+    assert_invariants(db)
 
 
 def test_mixed_concurrent_load_never_deadlocks(db, db_dsn):
@@ -361,4 +359,4 @@ def test_mixed_concurrent_load_never_deadlocks(db, db_dsn):
     threading.Timer(5.0, stop.set).start()
     in_threads(7, actor)
     assert failures == []
-    assert_events_contiguous(db)
+    assert_invariants(db)

@@ -1,0 +1,148 @@
+-- awp.check_invariants(run_ids): inspects the tables and returns one row per violated invariant,
+-- with the offending ids; no row means every invariant holds. For DBAs and for the fault tests,
+-- also while the system runs: it is one SQL statement, so it reads one snapshot.
+-- Checks (SPEC sections 2-3):
+--   run_tasks_terminal       a terminal run has only terminal tasks
+--   one_success_per_task     at most one succeeded attempt per task, from the completed dispatch
+--   attempt_dispatch_match   a settled-by-result attempt belongs to a completed dispatch; a running
+--                            attempt to a leased one; a leased dispatch has a running attempt
+--   accepted_after_expiry    no result accepted at or after its lease expiry or attempt deadline
+--   attempts_within_max      attempts per task <= max_attempts and tasks.attempts = attempts made
+--   started_before_deps      no attempt started before every dependency had succeeded
+--   task_dispatch_match      queued <-> one pending dispatch; running <-> one leased dispatch
+--   events_contiguous        per-run event sequences are 1..n
+--   events_match_status      each entity's last event names its current status
+--   illegal_transition       every event is a transition allowed by SPEC section 2
+--   run_concurrency          queued + running tasks of a run <= its concurrency
+--   worker_capacity          leases of a worker <= its max_concurrency
+--   dispatch_limit           pending + leased dispatches <= dispatch_limit
+-- Takes no locks; raises nothing.
+
+-- awp.transitions(): every allowed (entity_type, from_status, to_status); from NULL = creation.
+-- The one list of the state machines of SPEC section 2 (plus the run's "cancel requested" note,
+-- which keeps its status).
+CREATE OR REPLACE FUNCTION awp.transitions()
+RETURNS TABLE (entity_type text, from_status text, to_status text)
+LANGUAGE sql IMMUTABLE SECURITY DEFINER SET search_path = '' AS $$
+  VALUES ('run', NULL, 'pending'), ('run', 'pending', 'running'), ('run', 'pending', 'canceled'),
+         ('run', 'running', 'succeeded'), ('run', 'running', 'failed'), ('run', 'running', 'canceled'),
+         ('run', 'pending', 'pending'), ('run', 'running', 'running'),
+         ('task', NULL, 'ready'), ('task', NULL, 'waiting_dependencies'),
+         ('task', 'waiting_dependencies', 'ready'), ('task', 'waiting_dependencies', 'canceled'),
+         ('task', 'waiting_dependencies', 'skipped'),
+         ('task', 'ready', 'queued'), ('task', 'ready', 'canceled'), ('task', 'ready', 'skipped'),
+         ('task', 'queued', 'running'), ('task', 'queued', 'ready'), ('task', 'queued', 'canceled'),
+         ('task', 'running', 'succeeded'), ('task', 'running', 'waiting_retry'),
+         ('task', 'running', 'failed'), ('task', 'running', 'canceled'),
+         ('task', 'waiting_retry', 'ready'), ('task', 'waiting_retry', 'failed'),
+         ('task', 'waiting_retry', 'canceled'),
+         ('attempt', NULL, 'running'), ('attempt', 'running', 'succeeded'), ('attempt', 'running', 'failed'),
+         ('attempt', 'running', 'timed_out'), ('attempt', 'running', 'interrupted'),
+         ('attempt', 'running', 'canceled'),
+         ('dispatch', NULL, 'pending'), ('dispatch', 'pending', 'leased'), ('dispatch', 'pending', 'canceled'),
+         ('dispatch', 'leased', 'completed'), ('dispatch', 'leased', 'expired'), ('dispatch', 'leased', 'canceled')
+$$;
+COMMENT ON FUNCTION awp.transitions() IS 'The allowed state transitions of runs, tasks, attempts and dispatches (SPEC section 2).';
+
+CREATE OR REPLACE FUNCTION awp.check_invariants(p_run_ids text[] DEFAULT NULL)
+RETURNS TABLE (invariant text, run_id text, entity_key text, detail text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
+  WITH runs AS (
+    SELECT r.* FROM awp.runs r WHERE p_run_ids IS NULL OR r.run_id = ANY (p_run_ids)
+  ), tasks AS (
+    SELECT t.* FROM awp.tasks t JOIN runs r USING (run_id)
+  ), attempts AS (
+    SELECT a.* FROM awp.attempts a JOIN runs r USING (run_id)
+  ), dispatches AS (
+    SELECT d.* FROM awp.dispatches d JOIN runs r USING (run_id)
+  ), events AS (
+    SELECT e.* FROM awp.events e JOIN runs r USING (run_id)
+  ), last_events AS (
+    SELECT DISTINCT ON (e.run_id, e.entity_type, e.entity_key)
+           e.run_id, e.entity_type, e.entity_key, e.to_status
+      FROM events e
+     ORDER BY e.run_id, e.entity_type, e.entity_key, e.sequence DESC
+  ), current AS (
+    SELECT r.run_id, 'run' AS entity_type, r.run_id AS entity_key, r.status FROM runs r
+    UNION ALL SELECT t.run_id, 'task', t.task_key, t.status FROM tasks t
+    UNION ALL SELECT a.run_id, 'attempt', a.task_key || '#' || a.attempt, a.status FROM attempts a
+    UNION ALL SELECT d.run_id, 'dispatch', d.dispatch_id, d.status FROM dispatches d
+  )
+  SELECT 'run_tasks_terminal', t.run_id, t.task_key, format('run is %s, task is %s', r.status, t.status)
+    FROM runs r JOIN tasks t USING (run_id)
+   WHERE r.status IN ('succeeded', 'failed', 'canceled')
+     AND t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped')
+  UNION ALL
+  SELECT 'one_success_per_task', a.run_id, a.task_key, format('%s succeeded attempts', count(*))
+    FROM attempts a WHERE a.status = 'succeeded' GROUP BY a.run_id, a.task_key HAVING count(*) > 1
+  UNION ALL
+  SELECT 'attempt_dispatch_match', a.run_id, a.task_key || '#' || a.attempt,
+         format('attempt %s but dispatch %s is %s', a.status, d.dispatch_id, coalesce(d.status, 'missing'))
+    FROM attempts a LEFT JOIN dispatches d ON d.dispatch_id = a.dispatch_id
+   WHERE d.dispatch_id IS NULL
+      OR (a.status IN ('succeeded', 'failed') AND d.status <> 'completed')
+      OR (a.status = 'running' AND d.status <> 'leased')
+      OR (d.status = 'completed' AND a.status NOT IN ('succeeded', 'failed'))
+      OR a.attempt <> d.attempt OR a.worker_id <> d.worker_id
+  UNION ALL
+  SELECT 'attempt_dispatch_match', d.run_id, d.dispatch_id, 'leased dispatch without a running attempt'
+    FROM dispatches d
+   WHERE d.status = 'leased'
+     AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.dispatch_id = d.dispatch_id AND a.status = 'running')
+  UNION ALL
+  SELECT 'accepted_after_expiry', d.run_id, d.dispatch_id,
+         format('completed at %s, lease expired %s, deadline %s', d.finished_at, d.lease_expires_at, d.attempt_deadline)
+    FROM dispatches d
+   WHERE d.status = 'completed' AND (d.finished_at >= d.lease_expires_at OR d.finished_at >= d.attempt_deadline)
+  UNION ALL
+  SELECT 'attempts_within_max', t.run_id, t.task_key,
+         format('%s attempts made, tasks.attempts = %s, max_attempts = %s', count(a.*), t.attempts, t.max_attempts)
+    FROM tasks t LEFT JOIN attempts a ON a.run_id = t.run_id AND a.task_key = t.task_key
+   GROUP BY t.run_id, t.task_key, t.attempts, t.max_attempts
+  HAVING count(a.*) > t.max_attempts OR count(a.*) <> t.attempts
+  UNION ALL
+  SELECT 'started_before_deps', a.run_id, a.task_key || '#' || a.attempt, format('dependency %s', dep)
+    FROM attempts a JOIN tasks t ON t.run_id = a.run_id AND t.task_key = a.task_key,
+         unnest(t.depends_on) dep
+   WHERE NOT EXISTS (SELECT 1 FROM attempts x
+                      WHERE x.run_id = a.run_id AND x.task_key = dep AND x.status = 'succeeded'
+                        AND x.finished_at <= a.started_at)
+  UNION ALL
+  SELECT 'task_dispatch_match', t.run_id, t.task_key,
+         format('task %s with %s pending and %s leased dispatches', t.status,
+                count(d.*) FILTER (WHERE d.status = 'pending'), count(d.*) FILTER (WHERE d.status = 'leased'))
+    FROM tasks t LEFT JOIN dispatches d
+      ON d.run_id = t.run_id AND d.task_key = t.task_key AND d.status IN ('pending', 'leased')
+   GROUP BY t.run_id, t.task_key, t.status
+  HAVING count(d.*) FILTER (WHERE d.status = 'pending') <> (t.status = 'queued')::integer
+      OR count(d.*) FILTER (WHERE d.status = 'leased') <> (t.status = 'running')::integer
+  UNION ALL
+  SELECT 'events_contiguous', e.run_id, NULL, format('%s events, sequences %s..%s', count(*), min(e.sequence), max(e.sequence))
+    FROM events e GROUP BY e.run_id HAVING count(*) <> max(e.sequence) OR min(e.sequence) <> 1
+  UNION ALL
+  SELECT 'events_match_status', c.run_id, c.entity_type || ' ' || c.entity_key,
+         format('status %s, last event says %s', c.status, coalesce(l.to_status, 'nothing'))
+    FROM current c LEFT JOIN last_events l USING (run_id, entity_type, entity_key)
+   WHERE l.to_status IS DISTINCT FROM c.status
+  UNION ALL
+  SELECT 'illegal_transition', e.run_id, e.entity_type || ' ' || e.entity_key,
+         format('event %s: %s -> %s', e.sequence, coalesce(e.from_status, 'created'), e.to_status)
+    FROM events e
+   WHERE NOT EXISTS (SELECT 1 FROM awp.transitions() x
+                      WHERE x.entity_type = e.entity_type AND x.from_status IS NOT DISTINCT FROM e.from_status
+                        AND x.to_status = e.to_status)
+  UNION ALL
+  SELECT 'run_concurrency', r.run_id, NULL, format('%s queued + running > concurrency %s', count(*), r.concurrency)
+    FROM runs r JOIN tasks t ON t.run_id = r.run_id AND t.status IN ('queued', 'running')
+   GROUP BY r.run_id, r.concurrency HAVING count(*) > r.concurrency
+  UNION ALL
+  SELECT 'worker_capacity', NULL, w.worker_id, format('%s leases > max_concurrency %s', count(*), w.max_concurrency)
+    FROM awp.workers w JOIN awp.dispatches d ON d.worker_id = w.worker_id AND d.status = 'leased'
+   GROUP BY w.worker_id, w.max_concurrency HAVING count(*) > w.max_concurrency
+  UNION ALL
+  SELECT 'dispatch_limit', NULL, NULL, format('%s pending + leased > dispatch_limit %s', count(*), s.dispatch_limit)
+    FROM awp.dispatches d, awp.settings s
+   WHERE d.status IN ('pending', 'leased')
+   GROUP BY s.dispatch_limit HAVING count(*) > s.dispatch_limit
+$$;
+COMMENT ON FUNCTION awp.check_invariants(text[]) IS 'Every violated invariant (one row each, with ids); empty when all hold. Optional run filter.';
