@@ -152,9 +152,27 @@ def migrate_cmd(project_dir: Path, database_url: str | None, sql_dir: Path | Non
     click.echo(f"migrations applied: {', '.join(applied) or 'none (up to date)'}")
 
 
+@main.command()
+@click.argument("run_ids", nargs=-1)
+@click.option("--database-url", envvar="AWP_DATABASE_URL", default=None, help="[default: the local cluster's]")
+def check(run_ids: tuple[str, ...], database_url: str | None) -> None:
+    """Check the invariants of RUN_IDS (all runs when none): prints every violation, exit 1 if any."""
+    dsn = database_url or default_database_url(find_project_dir())
+    try:
+        with psycopg.connect(dsn) as conn:
+            rows = conn.execute("SELECT * FROM awp.check_invariants(%s)", [list(run_ids) or None]).fetchall()
+    except psycopg.Error as e:
+        _fail(str(e))
+    for invariant, run_id, key, detail in rows:
+        click.echo(f"{invariant}\trun={run_id or '-'}\t{key or '-'}\t{detail}")
+    click.echo(f"{len(rows)} violation(s)")
+    if rows:
+        sys.exit(1)
+
+
 # Modules that register more commands on ``main`` (serve, worker, workflow, run, workers, demo): add yours.
 # A listed module that does not exist (yet) is skipped, so the CLI keeps working while the project grows.
-_COMMAND_MODULES: tuple[str, ...] = ()
+_COMMAND_MODULES: tuple[str, ...] = ("awp.cli_user", "awp.serve")
 
 
 def _load_command_modules() -> None:
