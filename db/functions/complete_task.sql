@@ -5,7 +5,8 @@
 --   3. already completed: same result hash -> true again (no state change); different -> AWCNF
 --   4. not leased, lease expired, attempt deadline passed, run canceled/cancel requested or
 --      not running, attempt mismatch                                        -> AWLST
--- Then settles dispatch (completed + result hash), attempt, task, dependants and run.
+-- Then settles dispatch (completed + result hash), attempt, task, dependants and run, and may
+-- create the run's next dispatch at once (awp._dispatch_inline).
 -- Result: {"kind": success|temporary_failure|permanent_failure, "output": any,
 --          "error_code": text <= 128, "error_message": text <= 8 KiB}, output <= 64 KiB.
 -- Locks: Run, then Dispatch, then the task rows of that run.
@@ -71,7 +72,12 @@ BEGIN
                            v_kind = 'temporary_failure',
                            p_result->'output', p_result->>'error_code', p_result->>'error_message',
                            v_kind);
-  PERFORM awp._wake('awp_coordinator', 'completed');
+  -- Fast path (SPEC section 9): the freed slot or an unlocked dependant may be dispatched now;
+  -- the coordinator is woken unless that left nothing ready.
+  IF NOT awp._dispatch_inline(r.run_id)
+     OR EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready') THEN
+    PERFORM awp._wake('awp_coordinator', 'completed');
+  END IF;
   RETURN true;
 END $$;
 COMMENT ON FUNCTION awp.complete_task(text, text, text, text, jsonb) IS 'Reports a lease''s result (fenced, idempotent): true when applied; AWSES/AWREQ/AWLST/AWCNF.';
@@ -109,3 +115,33 @@ BEGIN
   END IF;
 END $$;
 COMMENT ON FUNCTION awp._check_result(jsonb) IS 'Validates a result object (AWREQ).';
+
+-- awp.complete_and_claim(worker_id, session_token, dispatch_id, lease_token, result, slots):
+-- complete_task, then claim_tasks for up to `slots` leases, in one transaction (SPEC section 9:
+-- a busy worker needs one round trip per task). The claim part asks only for what is free and
+-- claims nothing for a draining worker; errors of the complete part are raised as by complete_task.
+-- Returns the new leases (columns of awp.claim_tasks). Locks: the worker row (so the free slots
+-- it computes cannot be taken by a concurrent claim), then as complete_task, then as claim_tasks.
+CREATE OR REPLACE FUNCTION awp.complete_and_claim(p_worker_id text, p_session_token text, p_dispatch_id text,
+                                                  p_lease_token text, p_result jsonb, p_slots integer)
+RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
+               run_id text, task_key text, executor_kind text, action text, input jsonb,
+               attempt integer, attempt_deadline timestamptz, lease_expires_at timestamptz,
+               lease_remaining_ms bigint, fencing_token bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  w      awp.workers := awp._session(p_worker_id, p_session_token, true);  -- worker lock first, as in claim
+  v_free integer;
+BEGIN
+  PERFORM awp.complete_task(p_worker_id, p_session_token, p_dispatch_id, p_lease_token, p_result);
+  IF p_slots IS NULL OR p_slots < 1 THEN
+    RETURN;
+  END IF;
+  SELECT w.max_concurrency - count(*) INTO v_free
+    FROM awp.dispatches d WHERE d.worker_id = p_worker_id AND d.status = 'leased';
+  IF w.status <> 'active' OR v_free < 1 THEN
+    RETURN;
+  END IF;
+  RETURN QUERY SELECT * FROM awp.claim_tasks(p_worker_id, p_session_token, least(p_slots, v_free));
+END $$;
+COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, integer) IS 'complete_task, then claim_tasks for up to slots free leases, in one transaction; returns the new leases.';

@@ -174,79 +174,33 @@ COMMENT ON FUNCTION awp.withdraw_orphan_dispatches() IS 'Withdraws pending dispa
 CREATE OR REPLACE FUNCTION awp.create_dispatches() RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
-  s          awp.settings := awp._settings();
-  v_now      timestamptz := awp._now();
-  v_global   integer;
-  v_total    integer;
-  v_kinds    jsonb;
-  v_round    integer;
-  v_n        integer := 0;
-  r          record;
-  t          record;
-  v_inflight integer;
-  v_id       text;
+  b       record := awp._dispatch_budget();
+  v_kinds jsonb := b.kinds;
+  v_left  integer := least(b.global_free, b.worker_free);
+  v_round integer;
+  v_n     integer := 0;
+  v_kind  text;
+  v_run   text;
 BEGIN
-  SELECT s.dispatch_limit - count(*) INTO v_global
-    FROM awp.dispatches d WHERE d.status IN ('pending', 'leased');
-  WITH free AS (
-    SELECT w.worker_id, w.executor_kinds,
-           greatest(w.max_concurrency - (SELECT count(*) FROM awp.dispatches d
-                                          WHERE d.worker_id = w.worker_id AND d.status = 'leased'), 0) AS n
-      FROM awp.workers w WHERE w.status = 'active'
-  ), pending AS (
-    SELECT d.executor_kind, count(*) AS n FROM awp.dispatches d WHERE d.status = 'pending' GROUP BY 1
-  )
-  SELECT (SELECT coalesce(sum(n), 0) FROM free) - (SELECT coalesce(sum(n), 0) FROM pending),
-         (SELECT coalesce(jsonb_object_agg(k.kind, k.n), '{}') FROM (
-            SELECT u.kind, sum(f.n) - coalesce(max(p.n), 0) AS n
-              FROM free f, unnest(f.executor_kinds) AS u(kind)
-              LEFT JOIN pending p ON p.executor_kind = u.kind
-             GROUP BY u.kind) k)
-    INTO v_total, v_kinds;
-
   LOOP
     v_round := 0;
-    FOR r IN
-      SELECT x.run_id, x.status, x.concurrency FROM awp.runs x
+    FOR v_run IN
+      SELECT x.run_id FROM awp.runs x
        WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
          AND EXISTS (SELECT 1 FROM awp.tasks y WHERE y.run_id = x.run_id AND y.status = 'ready')
        ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id
     LOOP
-      EXIT WHEN v_global <= 0 OR v_total <= 0;
-      PERFORM 1 FROM awp.runs x WHERE x.run_id = r.run_id FOR UPDATE SKIP LOCKED;
+      EXIT WHEN v_left <= 0;
+      PERFORM 1 FROM awp.runs x WHERE x.run_id = v_run FOR UPDATE SKIP LOCKED;
       CONTINUE WHEN NOT FOUND;
-      SELECT count(*) INTO v_inflight FROM awp.tasks y
-       WHERE y.run_id = r.run_id AND y.status IN ('queued', 'running');
-      CONTINUE WHEN v_inflight >= r.concurrency;
-      SELECT y.task_key, y.executor INTO t FROM awp.tasks y
-       WHERE y.run_id = r.run_id AND y.status = 'ready'
-         AND coalesce((v_kinds->>y.executor)::integer, 0) > 0
-       ORDER BY y.ordinal LIMIT 1
-         FOR UPDATE;
-      CONTINUE WHEN NOT FOUND;
-
-      v_id := awp._new_id('dsp');
-      INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)
-      VALUES (v_id, r.run_id, t.task_key, t.executor, v_now);
-      UPDATE awp.tasks y SET status = 'queued', updated_at = v_now
-       WHERE y.run_id = r.run_id AND y.task_key = t.task_key;
-      UPDATE awp.runs x SET last_dispatch_seq = nextval('awp.dispatch_order_seq'),
-                            status = 'running', started_at = coalesce(x.started_at, v_now)
-       WHERE x.run_id = r.run_id;
-      IF r.status = 'pending' THEN
-        PERFORM awp._log1(r.run_id, 'run', r.run_id, 'pending', 'running', 'first dispatch');
-        r.status := 'running';
-      END IF;
-      PERFORM awp._log1(r.run_id, 'task', t.task_key, 'ready', 'queued', 'dispatch created');
-      PERFORM awp._log1(r.run_id, 'dispatch', v_id, NULL, 'pending', 'dispatch created');
-      PERFORM awp._wake('awp_dispatch', t.executor);
-      v_global := v_global - 1;
-      v_total := v_total - 1;
-      v_kinds := jsonb_set(v_kinds, ARRAY[t.executor], to_jsonb((v_kinds->>t.executor)::integer - 1));
+      v_kind := awp._dispatch_one(v_run, v_kinds);
+      CONTINUE WHEN v_kind IS NULL;
+      v_kinds := jsonb_set(v_kinds, ARRAY[v_kind], to_jsonb((v_kinds->>v_kind)::integer - 1));
+      v_left := v_left - 1;
       v_round := v_round + 1;
       v_n := v_n + 1;
     END LOOP;
-    EXIT WHEN v_round = 0 OR v_global <= 0 OR v_total <= 0;
+    EXIT WHEN v_round = 0 OR v_left <= 0;
   END LOOP;
   RETURN v_n;
 END $$;
