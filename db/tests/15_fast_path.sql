@@ -1,0 +1,51 @@
+-- The completion fast path (SPEC section 9): inline dispatch under every limit and the fairness
+-- rule, and awp.complete_and_claim (one transaction, one round trip per task).
+BEGIN;
+\ir _fixtures.sql.inc
+SELECT plan(11);
+
+SELECT tests.freeze('2026-01-01 00:00:00+00');
+SELECT tests.make_run('chain', jsonb_build_array(tests.task('a'), tests.task('b', '{a}'), tests.task('c', '{a}')), 1) AS run \gset
+SELECT * FROM tests.register_worker('w1', '{mock}', 2) \gset w1_
+SELECT * FROM tests.claim_one(:'w1_worker_id', :'w1_token') \gset l1_
+
+-- Completing a unlocks b and c; run concurrency 1 allows one of them at once, in definition order.
+SELECT ok(tests.complete(:'w1_worker_id', :'w1_token', :'l1_dispatch_id', :'l1_lease_token'), 'a completes');
+SELECT is(tests.task_statuses(:'run'), '{a=succeeded,b=queued,c=ready}'::text[],
+          'the completion dispatched the first unlocked dependant inline, within the run concurrency');
+SELECT is((SELECT count(*) FROM awp.dispatches WHERE run_id = :'run' AND status = 'pending'), 1::bigint,
+          'exactly one pending dispatch was created');
+
+-- complete_and_claim: completing b dispatches c inline and leases it in the same call.
+SELECT tests.end_tx();
+SELECT d.dispatch_id AS b_dispatch, d.lease_token AS b_lease
+  FROM awp.claim_tasks(:'w1_worker_id', :'w1_token', 1) d \gset
+SELECT tests.rev(:'run') AS rev_before \gset
+SELECT tests.end_tx();
+SELECT task_key, attempt FROM awp.complete_and_claim(:'w1_worker_id', :'w1_token', :'b_dispatch', :'b_lease',
+                                                     tests.result(), 1) \gset cc_
+SELECT is(:'cc_task_key'::text, 'c', 'complete_and_claim returns the lease of the task it just dispatched');
+SELECT is(tests.task_statuses(:'run'), '{a=succeeded,b=succeeded,c=running}'::text[], 'b succeeded, c running');
+SELECT is(tests.rev(:'run'), :rev_before::bigint + 1, 'one transaction, one revision');
+
+-- Errors of the complete part are raised as by complete_task, and nothing is claimed.
+SELECT throws_ok(format($$SELECT * FROM awp.complete_and_claim(%L, %L, %L, 'wrong-token', tests.result(), 1)$$,
+                        :'w1_worker_id', :'w1_token', :'b_dispatch'),
+                 'AWLST', NULL, 'complete_and_claim with a stale lease is lease_lost');
+
+-- A draining worker completes through complete_and_claim but is handed nothing new.
+SELECT tests.make_run('more', jsonb_build_array(tests.task('x'), tests.task('y')), 5) AS run2 \gset
+SELECT * FROM tests.register_worker('w2', '{mock}', 1) \gset w2_
+SELECT * FROM tests.claim_one(:'w2_worker_id', :'w2_token') \gset l2_
+SELECT * FROM awp.drain_worker(:'w2_worker_id', :'w2_token');
+SELECT is((SELECT count(*) FROM awp.complete_and_claim(:'w2_worker_id', :'w2_token', :'l2_dispatch_id',
+                                                        :'l2_lease_token', tests.result(), 1)),
+          0::bigint, 'a draining worker completes but claims nothing');
+SELECT is(tests.task_status(:'l2_run_id', :'l2_task_key'), 'succeeded', 'its completion was applied');
+
+-- The invariant checker is clean after all of it, and awp.transitions() lists SPEC section 2.
+SELECT is_empty('SELECT * FROM awp.check_invariants()', 'no invariant is violated');
+SELECT is((SELECT count(*) FROM awp.transitions()), 38::bigint, 'awp.transitions lists 38 allowed transitions');
+
+SELECT * FROM finish();
+ROLLBACK;
