@@ -2,10 +2,15 @@
 -- None of them is granted to awp_gateway; they run inside the SECURITY DEFINER callers.
 
 -- awp._now(): the one clock. Database time (clock_timestamp), unless a test froze it with
--- SET awp.test_now = '…' (pgTAP does; see db/tests). Takes no locks, raises nothing.
+-- SET awp.test_now = '…' (pgTAP does; see db/tests). The frozen clock is honoured only in a test
+-- database (one with the pgtap extension, which migrations install nowhere else), so no client
+-- of a real database can move time for its leases. Takes no locks, raises nothing.
 CREATE OR REPLACE FUNCTION awp._now() RETURNS timestamptz
 LANGUAGE sql VOLATILE SET search_path = '' AS $$
-  SELECT coalesce(nullif(current_setting('awp.test_now', true), '')::timestamptz, clock_timestamp())
+  SELECT CASE WHEN coalesce(current_setting('awp.test_now', true), '') <> ''
+                   AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'pgtap')
+              THEN current_setting('awp.test_now')::timestamptz
+              ELSE clock_timestamp() END
 $$;
 COMMENT ON FUNCTION awp._now() IS 'The database clock used by every rule; frozen by SET awp.test_now in tests.';
 

@@ -2,7 +2,7 @@
 -- or a sequence, nor run a private `_` helper; PUBLIC can do nothing in schema awp.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(25 + 4 * (SELECT count(*)::integer FROM pg_class
+SELECT plan(26 + 4 * (SELECT count(*)::integer FROM pg_class
                         WHERE relnamespace = 'awp'::regnamespace AND relkind IN ('r', 'p')));
 SELECT cmp_ok((SELECT count(*)::integer FROM pg_class WHERE relnamespace = 'awp'::regnamespace AND relkind IN ('r', 'p')),
               '>=', 9, 'the nine tables of SPEC section 1 (at least) are covered below');

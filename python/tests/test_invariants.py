@@ -26,9 +26,18 @@ def finished_run(db) -> dict[str, Any]:
     """A run of a -> b where a failed once (retry) and then everything succeeded."""
     db.execute(
         "SELECT * FROM awp.create_workflow_version(%s)",
-        [json.dumps({"id": "inv", "concurrency": 2, "tasks": [
-            {"key": "a", "executor": "mock", "retry": {"max_attempts": 2, "interval_ms": 0}},
-            {"key": "b", "executor": "mock", "depends_on": ["a"]}]})],
+        [
+            json.dumps(
+                {
+                    "id": "inv",
+                    "concurrency": 2,
+                    "tasks": [
+                        {"key": "a", "executor": "mock", "retry": {"max_attempts": 2, "interval_ms": 0}},
+                        {"key": "b", "executor": "mock", "depends_on": ["a"]},
+                    ],
+                }
+            )
+        ],
     )
     run_id = db.execute("SELECT awp.start_run('inv') AS r").fetchone()["r"]
     w = db.execute("SELECT * FROM awp.register_worker('w', ARRAY['mock'], 2)").fetchone()
@@ -86,14 +95,12 @@ def test_each_planted_violation_is_reported_with_its_ids(db, finished_run, invar
 
 def test_awp_check_exits_non_zero_on_a_violation(db, db_dsn, finished_run):
     env = {"AWP_DATABASE_URL": db_dsn, "PATH": "/usr/bin:/bin"}
-    ok = subprocess.run([AWP, "check", finished_run["run_id"]],
-                        capture_output=True, text=True, env=env, check=False)
+    ok = subprocess.run([AWP, "check", finished_run["run_id"]], capture_output=True, text=True, env=env, check=False)
     assert ok.returncode == 0, ok.stderr
     assert "0 violation(s)" in ok.stdout
     db.execute("UPDATE awp.runs SET status = 'failed' WHERE run_id = %s", [finished_run["run_id"]])
     try:
-        bad = subprocess.run([AWP, "check"], capture_output=True, text=True,
-                             env=env, check=False)
+        bad = subprocess.run([AWP, "check"], capture_output=True, text=True, env=env, check=False)
         assert bad.returncode == 1
         assert "events_match_status" in bad.stdout and finished_run["run_id"] in bad.stdout
     finally:
@@ -102,3 +109,13 @@ def test_awp_check_exits_non_zero_on_a_violation(db, db_dsn, finished_run):
 
 class _Rollback(Exception):
     """Raised inside a transaction block to undo a planted violation."""
+
+
+def test_a_client_cannot_freeze_the_clock_of_a_real_database(db):
+    """awp.test_now is honoured only in test databases (with pgTAP); this one has none."""
+    db.execute("SET awp.test_now = '2001-01-01 00:00:00+00'")
+    try:
+        year = db.execute("SELECT extract(year FROM awp._now())::int AS y").fetchone()["y"]
+    finally:
+        db.execute("RESET awp.test_now")
+    assert year > 2001

@@ -1,0 +1,36 @@
+-- awp.configure: defaults, named arguments, null keeps a value, validation (AWREQ).
+BEGIN;
+\ir _fixtures.sql.inc
+SELECT plan(19);
+
+SELECT is(awp.configure(), '{"lease_duration_ms": 15000, "heartbeat_interval_ms": 5000, "offline_after_heartbeats": 3, "dispatch_limit": 100}'::jsonb,
+          'the defaults are 15000 / 5000 / 3 / 100');
+SELECT is(awp.get_settings(), awp.configure(), 'get_settings returns the same');
+SELECT is(awp.configure(dispatch_limit => 7),
+          '{"lease_duration_ms": 15000, "heartbeat_interval_ms": 5000, "offline_after_heartbeats": 3, "dispatch_limit": 7}'::jsonb,
+          'a named argument changes only that setting');
+SELECT is(awp.configure(heartbeat_interval_ms => NULL, lease_duration_ms => 20000)->>'lease_duration_ms', '20000',
+          'named arguments in any order; null keeps');
+SELECT is(awp.configure(offline_after_heartbeats => 5)->>'dispatch_limit', '7', 'earlier changes persist');
+SELECT is((SELECT row(lease_duration_ms, heartbeat_interval_ms, offline_after_heartbeats, dispatch_limit)::text FROM awp.settings),
+          '(20000,5000,5,7)', 'the settings row holds the values');
+SELECT is(awp.configure(30000, 10000, 3, 100)->>'heartbeat_interval_ms', '10000', 'positional arguments work too');
+
+SELECT throws_ok($$SELECT awp.configure(lease_duration_ms => 10000)$$, 'AWREQ', NULL, 'a lease equal to the heartbeat interval is AWREQ');
+SELECT throws_ok($$SELECT awp.configure(heartbeat_interval_ms => 40000)$$, 'AWREQ', NULL, 'a heartbeat interval above the lease is AWREQ');
+SELECT lives_ok($$SELECT awp.configure(lease_duration_ms => 60000, heartbeat_interval_ms => 40000)$$,
+                'both changed together are checked against each other');
+SELECT throws_ok($$SELECT awp.configure(lease_duration_ms => 99)$$, 'AWREQ', NULL, 'lease_duration_ms 99 is AWREQ');
+SELECT throws_ok($$SELECT awp.configure(lease_duration_ms => 86400001)$$, 'AWREQ', NULL, 'lease_duration_ms above a day is AWREQ');
+SELECT throws_ok($$SELECT awp.configure(heartbeat_interval_ms => 9)$$, 'AWREQ', NULL, 'heartbeat_interval_ms 9 is AWREQ');
+SELECT throws_ok($$SELECT awp.configure(offline_after_heartbeats => 0)$$, 'AWREQ', NULL, 'offline_after_heartbeats 0 is AWREQ');
+SELECT throws_ok($$SELECT awp.configure(offline_after_heartbeats => 1001)$$, 'AWREQ', NULL, 'offline_after_heartbeats 1001 is AWREQ');
+SELECT throws_ok($$SELECT awp.configure(dispatch_limit => 0)$$, 'AWREQ', NULL, 'dispatch_limit 0 is AWREQ');
+SELECT throws_ok($$SELECT awp.configure(dispatch_limit => -5)$$, 'AWREQ', NULL, 'a negative dispatch_limit is AWREQ');
+SELECT is(awp.get_settings(), '{"lease_duration_ms": 60000, "heartbeat_interval_ms": 40000, "offline_after_heartbeats": 3, "dispatch_limit": 100}'::jsonb,
+          'rejected calls changed nothing');
+SELECT is((SELECT lease_duration_ms || '/' || heartbeat_interval_ms FROM awp.register_worker('w', '{mock}', 1)), '60000/40000',
+          'register_worker tells workers the configured durations');
+
+SELECT * FROM finish();
+ROLLBACK;
