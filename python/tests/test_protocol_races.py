@@ -304,17 +304,18 @@ def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
             break
         tick(db)
         for w in workers:
-            for lease in claim(db, w, 2 - db.execute(
-                "SELECT active_leases FROM awp.get_worker(%s)", [w[0]]).fetchone()["active_leases"]):
+            for lease in claim(
+                db,
+                w,
+                2 - db.execute("SELECT active_leases FROM awp.get_worker(%s)", [w[0]]).fetchone()["active_leases"],
+            ):
                 complete(db, w, lease)
     assert [run_status(db, r) for r in runs] == ["succeeded"] * 3
     assert_invariants(db)
 
 
 def test_mixed_concurrent_load_never_deadlocks(db, db_dsn):
-    db.execute(
-        "SELECT awp.configure(dispatch_limit => 50, heartbeat_interval_ms => 50, lease_duration_ms => 400)"
-    )
+    db.execute("SELECT awp.configure(dispatch_limit => 50, heartbeat_interval_ms => 50, lease_duration_ms => 400)")
     for i in range(4):
         make_run(db, 60, concurrency=10, wid=f"mixed-{i}", retry={"max_attempts": 3, "interval_ms": 0})
     workers = [register(db, f"w{i}", 4) for i in range(5)]

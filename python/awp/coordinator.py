@@ -1,0 +1,169 @@
+"""The coordinator loop inside ``awp serve`` (SPEC rule 12).
+
+Every gateway replica runs one :class:`Coordinator`. On a dedicated connection it tries
+``pg_try_advisory_lock(LOCK_KEY)``; the replica holding the lock is the active coordinator, the others
+are standbys that retry every interval and take over as soon as the holder's session ends (the lock
+is released by PostgreSQL when the process dies or its connection drops).
+
+The active coordinator runs ``awp.coordinator_tick(takeover)`` (``takeover`` true on its first pass,
+which restarts the workers' offline window), then waits for ``NOTIFY awp_coordinator`` (new run,
+completion, cancel, worker change) or the interval, whichever comes first. While a pass makes
+progress it runs the next one at once. A lost connection is logged and retried with backoff; the
+process never dies of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from awp.db import connect
+
+log = logging.getLogger(__name__)
+
+LOCK_KEY = 0x4157_505F_434F_4F52  # "AWP_COOR"
+CHANNEL = "awp_coordinator"
+MAX_QUICK_PASSES = 100  # passes in a row without waiting, even if every one made progress
+
+
+class Coordinator:
+    """Leader election by advisory lock plus the tick loop. ``active`` says whether this replica leads."""
+
+    def __init__(
+        self,
+        dsn: str,
+        interval_s: float = 1.0,
+        on_pass: Callable[[dict[str, int], float], None] | None = None,
+        on_active: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.interval_s = interval_s
+        self.on_pass = on_pass
+        self.on_active = on_active
+        self.active = False
+        self.passes = 0
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="awp-coordinator")
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop after the current pass, release the lock and close the connection."""
+        self._stopping.set()
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        finally:
+            if self._conn is not None:  # closing the session releases the advisory lock in any case
+                with contextlib.suppress(Exception):
+                    await self._conn.close()
+
+    def _set_active(self, active: bool) -> None:
+        if active != self.active:
+            self.active = active
+            log.info("coordinator %s", "active (advisory lock acquired)" if active else "standby")
+            if self.on_active is not None:
+                self.on_active(active)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            try:
+                self._conn = await connect(self.dsn)
+                backoff = 0.1
+                await self._standby(self._conn)
+                if not self._stopping.is_set():
+                    await self._lead(self._conn)
+            except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as e:
+                if not self._stopping.is_set():
+                    log.warning("coordinator lost its database connection (%s); retrying in %.1fs", e, backoff)
+            except psycopg.Error:
+                log.exception("coordinator database error; reconnecting in %.1fs", backoff)
+            finally:
+                self._set_active(False)
+                conn, self._conn = self._conn, None
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        if not conn.closed:
+                            await conn.execute("SELECT pg_advisory_unlock_all()")
+                        await conn.close()
+            if not self._stopping.is_set():
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _standby(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Return once this session holds the lock (or we are stopping)."""
+        retry = min(self.interval_s, 1.0)
+        while not self._stopping.is_set():
+            cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,))
+            row = await cur.fetchone()
+            if row is not None and row[0]:
+                return
+            await self._sleep(retry)
+
+    async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(f"LISTEN {CHANNEL}")
+        self._set_active(True)
+        takeover = True
+        quick = 0
+        while not self._stopping.is_set():
+            started = time.perf_counter()
+            try:
+                cur = await conn.execute("SELECT awp.coordinator_tick(%s)", (takeover,))
+                row = await cur.fetchone()
+            except (psycopg.OperationalError, psycopg.InterfaceError):
+                raise
+            except psycopg.Error:
+                # A bug or a transient conflict in one pass: keep the lock, try again after the interval.
+                log.exception("coordinator pass failed")
+                await self._wait_for_work(conn)
+                continue
+            takeover = False
+            counts: dict[str, int] = dict(row[0]) if row and row[0] else {}
+            self.passes += 1
+            if self.on_pass is not None:
+                self.on_pass(counts, time.perf_counter() - started)
+            if any(counts.values()):
+                log.debug("coordinator pass: %s", counts)
+            if any(counts.values()) and quick < MAX_QUICK_PASSES:
+                quick += 1
+                await self._drain_notifies(conn)
+                continue
+            quick = 0
+            await self._wait_for_work(conn)
+
+    async def _drain_notifies(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Drop wake-ups already received: the next pass covers them."""
+        async for _ in conn.notifies(timeout=0, stop_after=1000):
+            pass
+
+    async def _wait_for_work(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Wait for a NOTIFY, the interval, or stop; swallow a burst of notifications into one pass."""
+        deadline = time.monotonic() + self.interval_s
+        while not self._stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            got = False
+            async for _ in conn.notifies(timeout=min(remaining, 0.25), stop_after=1):
+                got = True
+            if got:
+                await self._drain_notifies(conn)
+                return

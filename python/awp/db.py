@@ -1,0 +1,266 @@
+"""Database access for the control plane: one psycopg ``AsyncConnectionPool`` and one method per SQL
+function of schema ``awp``. Rows come back as dicts with the SQL column names (SPEC section 4).
+
+Every method is one statement (one round trip, one transaction in autocommit mode). Errors are
+psycopg's: :mod:`awp.errors` maps them to HTTP answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+
+# libpq options for every gateway connection: UTC timestamps, and TCP keepalives so a dead server
+# or a cut network is noticed within seconds instead of hanging a connection.
+CONNECTION_KWARGS: dict[str, Any] = {
+    "options": "-c TimeZone=UTC",
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 3,
+    "keepalives_count": 3,
+    "application_name": "awp-gateway",
+}
+
+
+class Database:
+    """The pool plus one method per SQL function."""
+
+    def __init__(self, dsn: str, pool_size: int = 10, acquire_timeout: float = 5.0) -> None:
+        self.dsn = dsn
+        self.acquire_timeout = acquire_timeout
+        self.pool = AsyncConnectionPool(
+            dsn,
+            min_size=1,
+            max_size=max(1, pool_size),
+            open=False,
+            kwargs={**CONNECTION_KWARGS, "autocommit": True, "row_factory": dict_row},
+            timeout=acquire_timeout,
+            reconnect_timeout=3600 * 24 * 365,  # keep trying: an outage must never shrink the pool for good
+            name="awp-gateway",
+        )
+        self._checking = False
+
+    async def open(self) -> None:
+        """Open the pool without waiting for the database (it may be down; requests answer 503)."""
+        await self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    def connection_lost(self) -> None:
+        """Called after a connection error: drop every broken idle connection in the background."""
+        if self._checking:
+            return
+        self._checking = True
+
+        async def check() -> None:
+            try:
+                await self.pool.check()
+            except Exception:  # a check that fails is retried on the next error
+                log.debug("pool check failed", exc_info=True)
+            finally:
+                self._checking = False
+
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(check())
+
+    async def _rows(self, query: str, params: tuple[Any, ...] = ()) -> list[Row]:
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall()
+
+    async def _row(self, query: str, params: tuple[Any, ...] = ()) -> Row:
+        rows = await self._rows(query, params)
+        return rows[0]
+
+    async def _value(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        row = await self._row(query, params)
+        return next(iter(row.values()))
+
+    # -- health and metrics -----------------------------------------------------------------------
+
+    async def ping(self, timeout: float = 2.0) -> None:
+        """Raise unless the database answers within ``timeout`` seconds."""
+        async with self.pool.connection(timeout=timeout) as conn:
+            await conn.execute("SELECT 1")
+
+    async def metrics_snapshot(self) -> dict[str, Any]:
+        return await self._value("SELECT awp.metrics_snapshot() AS s")
+
+    # -- workflows --------------------------------------------------------------------------------
+
+    async def apply_workflow_idempotent(self, key: str, request_hash: str, definition: Any) -> Row:
+        return await self._row(
+            "SELECT * FROM awp.apply_workflow_idempotent(%s, %s, %s)", (key, request_hash, Jsonb(definition))
+        )
+
+    async def list_workflows(self) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.list_workflows()")
+
+    async def get_workflow(self, workflow_id: str) -> Row:
+        return await self._row("SELECT * FROM awp.get_workflow(%s)", (workflow_id,))
+
+    async def workflow_versions(self, workflow_id: str) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.workflow_versions(%s)", (workflow_id,))
+
+    async def get_workflow_version(self, workflow_id: str, version: int) -> Row:
+        return await self._row("SELECT * FROM awp.get_workflow_version(%s, %s)", (workflow_id, version))
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    async def start_run_idempotent(self, key: str, request_hash: str, workflow_id: str, version: int) -> Row:
+        return await self._row(
+            "SELECT * FROM awp.start_run_idempotent(%s, %s, %s, %s)", (key, request_hash, workflow_id, version)
+        )
+
+    async def list_runs(self, workflow_id: str | None, status: str | None, after: str | None, limit: int) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.list_runs(%s, %s, %s, %s)", (workflow_id, status, after, limit))
+
+    async def get_run(self, run_id: str) -> Row:
+        return await self._row("SELECT * FROM awp.get_run(%s)", (run_id,))
+
+    async def run_tasks(self, run_id: str) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.run_tasks(%s)", (run_id,))
+
+    async def get_task(self, run_id: str, task_key: str) -> Row:
+        return await self._row("SELECT * FROM awp.get_task(%s, %s)", (run_id, task_key))
+
+    async def run_events(self, run_id: str, after_sequence: int, limit: int) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.run_events(%s, %s, %s)", (run_id, after_sequence, limit))
+
+    async def request_cancel(self, run_id: str) -> Row:
+        return await self._row("SELECT * FROM awp.request_cancel(%s)", (run_id,))
+
+    # -- workers ----------------------------------------------------------------------------------
+
+    async def register_worker(
+        self, display_name: str, executor_kinds: list[str], max_concurrency: int, protocol_version: int
+    ) -> Row:
+        return await self._row(
+            "SELECT * FROM awp.register_worker(%s, %s::text[], %s, %s)",
+            (display_name, executor_kinds, max_concurrency, protocol_version),
+        )
+
+    async def check_worker_session(self, worker_id: str, session_token: str) -> str:
+        return await self._value("SELECT awp.check_worker_session(%s, %s) AS s", (worker_id, session_token))
+
+    async def claim_tasks(self, worker_id: str, session_token: str, slots: int) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.claim_tasks(%s, %s, %s)", (worker_id, session_token, slots))
+
+    async def heartbeat(self, worker_id: str, session_token: str, leases: list[dict[str, str]]) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.heartbeat(%s, %s, %s)", (worker_id, session_token, Jsonb(leases)))
+
+    async def complete_task(
+        self, worker_id: str, session_token: str, dispatch_id: str, lease_token: str, result: dict[str, Any]
+    ) -> bool:
+        return await self._value(
+            "SELECT awp.complete_task(%s, %s, %s, %s, %s) AS applied",
+            (worker_id, session_token, dispatch_id, lease_token, Jsonb(result)),
+        )
+
+    async def drain_worker(self, worker_id: str, session_token: str) -> Row:
+        return await self._row("SELECT * FROM awp.drain_worker(%s, %s)", (worker_id, session_token))
+
+    async def list_workers(self) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.list_workers()")
+
+    async def get_worker(self, worker_id: str) -> Row:
+        return await self._row("SELECT * FROM awp.get_worker(%s)", (worker_id,))
+
+
+async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
+    """A dedicated autocommit connection (LISTEN, advisory lock) with the gateway's options."""
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, **CONNECTION_KWARGS)
+
+
+class DispatchListener:
+    """One shared ``LISTEN awp_dispatch`` connection per gateway, feeding an in-process wake-up.
+
+    Long-polling claim requests wait on :meth:`wait` instead of querying. A NOTIFY (a dispatch became
+    pending) wakes every waiter at once; so does (re)connecting, since notifications may have been
+    missed meanwhile. The notification is only a hint: waiters re-check the database (``claim_tasks``)
+    after each wake-up and after their own short re-check period, so a lost hint costs latency, not work.
+    """
+
+    CHANNEL = "awp_dispatch"
+
+    def __init__(self, dsn: str, keepalive_s: float = 5.0) -> None:
+        self.dsn = dsn
+        self.keepalive_s = keepalive_s
+        self.connected = False
+        self._event = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def wake_all(self) -> None:
+        old, self._event = self._event, asyncio.Event()
+        old.set()
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a wake-up; True when woken."""
+        if self._closed:
+            return False
+        event = self._event
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="awp-dispatch-listener")
+
+    async def close(self) -> None:
+        self._closed = True
+        self.wake_all()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while not self._closed:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                conn = await connect(self.dsn)
+                await conn.execute(f"LISTEN {self.CHANNEL}")
+                self.connected = True
+                backoff = 0.1
+                log.info("listening on %s", self.CHANNEL)
+                self.wake_all()  # hints may have been missed while disconnected
+                while not self._closed:
+                    got = False
+                    async for _ in conn.notifies(timeout=self.keepalive_s, stop_after=1):
+                        got = True
+                    if got:
+                        self.wake_all()
+                    else:
+                        await conn.execute("SELECT 1")  # notice a dead connection
+            except (psycopg.Error, OSError) as e:
+                if not self._closed:
+                    log.warning("dispatch listener lost its connection (%s); reconnecting in %.1fs", e, backoff)
+            finally:
+                self.connected = False
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            if not self._closed:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)

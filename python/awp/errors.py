@@ -1,0 +1,82 @@
+"""The one table from database errors to HTTP answers, and the error the gateway raises.
+
+Functions in schema ``awp`` raise our own SQLSTATEs (SPEC section 4); callers branch on the SQLSTATE,
+never on message text. Anything else from the database is a bug or an outage: a lost connection is
+``503 unavailable``, every other error ``500 internal_error`` (logged with its cause, never shown).
+"""
+
+from __future__ import annotations
+
+import psycopg
+import psycopg_pool
+
+# SQLSTATE -> (HTTP status, error code)
+SQLSTATE_ERRORS: dict[str, tuple[int, str]] = {
+    "AWREQ": (400, "invalid_request"),
+    "AWPRO": (400, "worker_protocol_unsupported"),
+    "AWSES": (401, "worker_session_invalid"),
+    "AWNTF": (404, "not_found"),
+    "AWDRN": (409, "worker_draining"),
+    "AWCAP": (409, "worker_capacity_exceeded"),
+    "AWLST": (409, "lease_lost"),
+    "AWCNF": (409, "result_conflict"),
+    "AWIDM": (409, "idempotency_conflict"),
+}
+
+# Codes the gateway itself answers with (SPEC section 5), by HTTP status.
+GATEWAY_ERRORS: dict[int, str] = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "idempotency_conflict",
+    413: "payload_too_large",
+    500: "internal_error",
+    503: "unavailable",
+}
+
+ERROR_CODES: frozenset[str] = frozenset(code for _, code in SQLSTATE_ERRORS.values()) | frozenset(
+    GATEWAY_ERRORS.values()
+)
+
+
+class ApiError(Exception):
+    """An answer with an error body ``{"error": {"code", "message", "request_id"}}``."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+    @classmethod
+    def of(cls, status: int, message: str) -> ApiError:
+        """A gateway error with the standard code for ``status``."""
+        return cls(status, GATEWAY_ERRORS[status], message)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when ``exc`` means the database cannot be reached right now (answer 503, retry later)."""
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg.OperationalError | psycopg.InterfaceError):
+        sqlstate = getattr(exc, "sqlstate", None)
+        # 57014 query_canceled / 55P03 lock_not_available are OperationalErrors of a live connection.
+        return sqlstate is None or sqlstate.startswith(("08", "57P"))
+    return False
+
+
+def from_database_error(exc: psycopg.Error | psycopg_pool.PoolTimeout) -> ApiError | None:
+    """The API error for one of our SQLSTATEs, ``503 unavailable`` for a lost database, else None."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate in SQLSTATE_ERRORS:
+        status, code = SQLSTATE_ERRORS[sqlstate]
+        diag = getattr(exc, "diag", None)
+        primary = diag.message_primary if diag is not None else None
+        detail = diag.message_detail if diag is not None else None
+        message = primary or code
+        if detail and detail != primary:
+            message = f"{message}: {detail}"
+        return ApiError(status, code, message)
+    if is_connection_error(exc):
+        return ApiError.of(503, "the database is unavailable; retry later")
+    return None

@@ -1,0 +1,93 @@
+"""Prometheus metrics of one ``awp serve`` process, in their own registry (served at ``/metrics``).
+
+Counters and histograms are updated as requests and coordinator passes happen; the gauges of database
+state (runs, dispatches, workers by status, active leases) are refreshed from ``awp.metrics_snapshot()``
+at scrape time, so they cost one cheap query per scrape and nothing otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+RUN_STATUSES = ("pending", "running", "succeeded", "failed", "canceled")
+LIVE_DISPATCH_STATUSES = ("pending", "leased")
+WORKER_STATUSES = ("active", "draining", "stopped", "offline")
+COORDINATOR_COUNTS = ("canceled", "reaped", "offline", "promoted", "withdrawn", "dispatched")
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # no *_created series: they double the output for nothing
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "awp_http_requests", "HTTP requests answered", ["method", "route", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "awp_http_request_duration_seconds",
+            "HTTP request latency",
+            ["method", "route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.claims = Counter("awp_claims", "Claim requests answered, by result", ["result"], registry=r)
+        self.leases_issued = Counter("awp_leases_issued", "Leases handed out by this gateway", registry=r)
+        self.completions = Counter("awp_completions", "Completions by whether they applied", ["applied"], registry=r)
+        self.coordinator_active = Gauge(
+            "awp_coordinator_active", "1 when this replica is the active coordinator", registry=r
+        )
+        self.coordinator_passes = Counter("awp_coordinator_passes", "Coordinator passes run", registry=r)
+        self.coordinator_pass_seconds = Histogram(
+            "awp_coordinator_pass_duration_seconds",
+            "Duration of one coordinator pass",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+            registry=r,
+        )
+        self.coordinator_items = Counter(
+            "awp_coordinator_items", "Items handled by coordinator passes, by kind", ["kind"], registry=r
+        )
+        self.reaped_leases = Counter("awp_reaped_leases", "Leases reaped (expired or past deadline)", registry=r)
+        self.database_up = Gauge("awp_database_up", "1 when the last scrape reached the database", registry=r)
+        self.leases_active = Gauge("awp_leases_active", "Leased dispatches in the database", registry=r)
+        self.dispatches = Gauge("awp_dispatches", "Live dispatches in the database by status", ["status"], registry=r)
+        self.runs = Gauge("awp_runs", "Runs in the database by status", ["status"], registry=r)
+        self.workers = Gauge("awp_workers", "Worker sessions in the database by status", ["status"], registry=r)
+        for kind in COORDINATOR_COUNTS:
+            self.coordinator_items.labels(kind)
+        for result in ("empty", "leased"):
+            self.claims.labels(result)
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(method, route).observe(seconds)
+
+    def observe_pass(self, counts: dict[str, int], seconds: float) -> None:
+        self.coordinator_passes.inc()
+        self.coordinator_pass_seconds.observe(seconds)
+        for kind, n in counts.items():
+            if n:
+                self.coordinator_items.labels(kind).inc(n)
+        if counts.get("reaped"):
+            self.reaped_leases.inc(counts["reaped"])
+
+    def set_snapshot(self, snapshot: dict[str, Any] | None) -> None:
+        if snapshot is None:
+            self.database_up.set(0)
+            return
+        self.database_up.set(1)
+        self.leases_active.set(int(snapshot.get("leases_active", 0)))
+        for name, gauge, statuses in (
+            ("runs", self.runs, RUN_STATUSES),
+            ("dispatches", self.dispatches, LIVE_DISPATCH_STATUSES),
+            ("workers", self.workers, WORKER_STATUSES),
+        ):
+            counts = snapshot.get(name) or {}
+            for status in statuses:
+                gauge.labels(status).set(int(counts.get(status, 0)))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
