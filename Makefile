@@ -4,6 +4,7 @@ PYTHON  ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.awp-setup.stamp
+BENCH_STAMP := $(VENV)/.awp-bench.stamp
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .DEFAULT_GOAL := help
@@ -40,14 +41,17 @@ test-py: setup  ## pytest against a throwaway cluster (or AWP_TEST_DSN)
 demo: setup  ## start the local database, control plane and workers, and run a sample workflow
 	$(BIN)/awp demo
 
-bench: setup  ## full benchmark; results go to benchmarks/results/
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]' && touch $@
+
+bench: setup $(BENCH_STAMP)  ## full benchmark (about 10-15 min); results, table and chart go to benchmarks/results/
 	$(BIN)/python benchmarks/run.py
 
-bench-quick: setup  ## a short benchmark run, for a smoke test
+bench-quick: setup $(BENCH_STAMP)  ## a reduced benchmark (under 2 min), for a smoke test
 	$(BIN)/python benchmarks/run.py --quick
 
 chaos: setup  ## kill workers and the control plane while runs progress; check every run finishes correctly
-	$(BIN)/python benchmarks/chaos.py
+	AWP_CHAOS_SECONDS=$${AWP_CHAOS_SECONDS:-60} $(BIN)/pytest -s python/tests/test_chaos.py
 
 lint: setup  ## ruff
 	$(BIN)/ruff check python $(wildcard benchmarks)

@@ -78,11 +78,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._session(text, text, boolean) IS 'Checks a worker session (AWSES when invalid) and returns the worker row.';
 
--- awp._log(run, entity_type, keys, froms, to, reason): appends one event per key with contiguous
--- per-run sequence numbers, and bumps the run's revision exactly once per transaction.
--- The caller holds the run's row lock (lock order: Run first).
-CREATE OR REPLACE FUNCTION awp._log(p_run_id text, p_entity_type text, p_keys text[], p_from text[],
-                                    p_to text, p_reason text)
+-- awp._logn(run, entity_types, keys, froms, tos, reasons): appends one event per array element
+-- (parallel arrays) with contiguous per-run sequence numbers, and bumps the run's revision exactly
+-- once per transaction (runs.revision_xid remembers the transaction that bumped it last).
+-- The caller holds the run's row lock (lock order: Run first), so no other writer interleaves.
+CREATE OR REPLACE FUNCTION awp._logn(p_run_id text, p_types text[], p_keys text[], p_from text[],
+                                     p_to text[], p_reasons text[])
 RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
@@ -90,10 +91,12 @@ DECLARE
   v_xid  xid8 := pg_current_xact_id();
   v_rev  bigint;
   v_base bigint;
+  v_now  timestamptz;
 BEGIN
   IF v_n = 0 THEN
     RETURN;
   END IF;
+  v_now := awp._now();
   UPDATE awp.runs r
      SET revision = CASE WHEN r.revision_xid = v_xid THEN r.revision ELSE r.revision + 1 END,
          revision_xid = v_xid,
@@ -102,18 +105,28 @@ BEGIN
   RETURNING r.revision, r.last_sequence - v_n INTO v_rev, v_base;
   INSERT INTO awp.events (run_id, sequence, revision, entity_type, entity_key, from_status, to_status,
                           reason, occurred_at)
-  SELECT p_run_id, v_base + u.o, v_rev, p_entity_type, u.k, u.f, p_to, p_reason, awp._now()
-    FROM unnest(p_keys, coalesce(p_from, '{}'::text[])) WITH ORDINALITY AS u(k, f, o)
-   WHERE u.k IS NOT NULL;
+  SELECT p_run_id, v_base + u.o, v_rev, u.t, u.k, u.f, u.s, u.r, v_now
+    FROM unnest(p_types, p_keys, coalesce(p_from, '{}'::text[]), p_to, p_reasons) WITH ORDINALITY AS u(t, k, f, s, r, o);
 END $$;
-COMMENT ON FUNCTION awp._log(text, text, text[], text[], text, text) IS 'Appends events for a run and bumps its revision once per transaction.';
+COMMENT ON FUNCTION awp._logn(text, text[], text[], text[], text[], text[]) IS 'Appends events for a run (parallel arrays) and bumps its revision once per transaction.';
+
+-- awp._log(run, entity_type, keys, froms, to, reason): events of one entity type and target status.
+CREATE OR REPLACE FUNCTION awp._log(p_run_id text, p_entity_type text, p_keys text[], p_from text[],
+                                    p_to text, p_reason text)
+RETURNS void
+LANGUAGE sql SET search_path = '' AS $$
+  SELECT awp._logn(p_run_id, array_fill(p_entity_type, ARRAY[coalesce(cardinality(p_keys), 0)]), p_keys, p_from,
+                   array_fill(p_to, ARRAY[coalesce(cardinality(p_keys), 0)]),
+                   array_fill(p_reason, ARRAY[coalesce(cardinality(p_keys), 0)]))
+$$;
+COMMENT ON FUNCTION awp._log(text, text, text[], text[], text, text) IS 'Appends events of one entity type and target status for a run.';
 
 -- awp._log1: one event.
 CREATE OR REPLACE FUNCTION awp._log1(p_run_id text, p_entity_type text, p_key text, p_from text,
                                      p_to text, p_reason text)
 RETURNS void
 LANGUAGE sql SET search_path = '' AS $$
-  SELECT awp._log(p_run_id, p_entity_type, ARRAY[p_key], ARRAY[p_from], p_to, p_reason)
+  SELECT awp._logn(p_run_id, ARRAY[p_entity_type], ARRAY[p_key], ARRAY[p_from], ARRAY[p_to], ARRAY[p_reason])
 $$;
 COMMENT ON FUNCTION awp._log1(text, text, text, text, text, text) IS 'Appends one event for a run.';
 

@@ -63,10 +63,12 @@ BEGIN
                         status = 'running', started_at = coalesce(x.started_at, v_now)
    WHERE x.run_id = p_run_id;
   IF r.status = 'pending' THEN
-    PERFORM awp._log1(p_run_id, 'run', p_run_id, 'pending', 'running', 'first dispatch');
+    PERFORM awp._logn(p_run_id, '{run,task,dispatch}', ARRAY[p_run_id, t.task_key, v_id], '{pending,ready,NULL}',
+                      '{running,queued,pending}', '{"first dispatch","dispatch created","dispatch created"}');
+  ELSE
+    PERFORM awp._logn(p_run_id, '{task,dispatch}', ARRAY[t.task_key, v_id], '{ready,NULL}',
+                      '{queued,pending}', '{"dispatch created","dispatch created"}');
   END IF;
-  PERFORM awp._log1(p_run_id, 'task', t.task_key, 'ready', 'queued', 'dispatch created');
-  PERFORM awp._log1(p_run_id, 'dispatch', v_id, NULL, 'pending', 'dispatch created');
   PERFORM awp._wake('awp_dispatch', t.executor);
   RETURN t.executor;
 END $$;

@@ -74,7 +74,6 @@ BEGIN
      SET status = p_attempt_status, finished_at = v_now, output = p_output,
          error_code = p_error_code, error_message = p_error_message
    WHERE a.run_id = p_run_id AND a.task_key = p_task_key AND a.attempt = p_attempt AND a.status = 'running';
-  PERFORM awp._log1(p_run_id, 'attempt', p_task_key || '#' || p_attempt, 'running', p_attempt_status, p_reason);
 
   SELECT * INTO t FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = p_task_key FOR UPDATE;
   IF p_attempt_status = 'succeeded' THEN
@@ -89,7 +88,8 @@ BEGIN
          ready_at = CASE WHEN v_to = 'waiting_retry' THEN v_now + make_interval(secs => t.interval_ms / 1000.0) END,
          finished_at = CASE WHEN v_to IN ('succeeded', 'failed') THEN v_now END
    WHERE x.run_id = p_run_id AND x.task_key = p_task_key;
-  PERFORM awp._log1(p_run_id, 'task', p_task_key, t.status, v_to, p_reason);
+  PERFORM awp._logn(p_run_id, '{attempt,task}', ARRAY[p_task_key || '#' || p_attempt, p_task_key],
+                    ARRAY['running', t.status], ARRAY[p_attempt_status, v_to], ARRAY[p_reason, p_reason]);
 
   IF v_to = 'succeeded' AND cardinality(t.dependants) > 0 THEN
     WITH u AS (

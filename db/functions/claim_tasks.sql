@@ -105,9 +105,9 @@ BEGIN
     VALUES (c.run_id, c.task_key, v_att, c.dispatch_id, p_worker_id, v_fence, v_now, v_dl);
     UPDATE awp.tasks t SET status = 'running', attempts = v_att, updated_at = v_now
      WHERE t.run_id = c.run_id AND t.task_key = c.task_key;
-    PERFORM awp._log1(c.run_id, 'dispatch', c.dispatch_id, 'pending', 'leased', 'claimed by ' || p_worker_id);
-    PERFORM awp._log1(c.run_id, 'task', c.task_key, 'queued', 'running', 'attempt ' || v_att || ' started');
-    PERFORM awp._log1(c.run_id, 'attempt', c.task_key || '#' || v_att, NULL, 'running', 'claimed by ' || p_worker_id);
+    PERFORM awp._logn(c.run_id, '{dispatch,task,attempt}', ARRAY[c.dispatch_id, c.task_key, c.task_key || '#' || v_att],
+                      ARRAY['pending', 'queued', NULL], '{leased,running,running}',
+                      ARRAY['claimed by ' || p_worker_id, 'attempt ' || v_att || ' started', 'claimed by ' || p_worker_id]);
     RETURN QUERY SELECT c.dispatch_id, v_token, c.workflow_id, c.workflow_version, c.run_id, c.task_key,
                         c.executor_kind, c.action, c.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence;
   END LOOP;

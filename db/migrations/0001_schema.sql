@@ -236,8 +236,10 @@ CREATE UNIQUE INDEX attempts_one_running_per_task_uq ON awp.attempts (run_id, ta
 CREATE UNIQUE INDEX attempts_dispatch_uq ON awp.attempts (dispatch_id);
 
 -- Append-only history; (run_id, sequence) is contiguous from 1 per run.
+-- No foreign key to runs: this is the hottest insert path (several events per task), only awp
+-- functions write it, under the run's lock, and awp.check_invariants() verifies it.
 CREATE TABLE awp.events (
-  run_id      text NOT NULL REFERENCES awp.runs ON DELETE CASCADE,
+  run_id      text NOT NULL,
   sequence    bigint NOT NULL,
   revision    bigint NOT NULL,
   entity_type text NOT NULL,

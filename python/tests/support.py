@@ -154,10 +154,12 @@ def start_serve(
     coordinator_interval_ms: int = 100,
     wait_ready: bool = True,
     timeout: float = 20.0,
+    port: int | None = None,
 ) -> ServeProcess:
-    """Start ``awp serve`` against ``dsn`` on a free port; extra CLI ``args`` and ``env`` are passed on."""
+    """Start ``awp serve`` against ``dsn`` on ``port`` (default: a free one; give the old port to restart a
+    gateway its workers already know); extra CLI ``args`` and ``env`` are passed on."""
     tokens = tokens or Tokens()
-    port = free_port()
+    port = port or free_port()
     log_fd, log_name = tempfile.mkstemp(prefix=f"awp-serve-{port}-", suffix=".log")
     full_env = {
         **os.environ,

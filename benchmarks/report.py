@@ -1,0 +1,389 @@
+"""The benchmark's outputs: a plain-text table (printed), the same in Markdown (``latest.md``, for the
+README), the JSON (``bench-<timestamp>.json`` and ``latest.json``) and a chart (``latest.png``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+# Peers' figures as published: NOT measured by this harness, shown for context only.
+PUBLISHED = [
+    ("seed article (design article of this project)", {"1 worker": 18.3, "4 workers": 27.6, "16 workers": 30.0}),
+    ("procrastinate 3.10, 2-core machine", {"1 worker": 167.0, "4 workers": 259.0}),
+]
+PUBLISHED_NOTE = "published, not measured in this run"
+REF_LIMIT = "8"  # the 8-client reference is "the machine's limit"
+
+
+# ---- helpers ----------------------------------------------------------------------------------------------
+
+
+def _f(x: Any, digits: int = 0) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def _spread(s: dict[str, Any], digits: int = 0) -> str:
+    if s.get("median") is None:
+        return "-"
+    if s.get("n", 0) <= 1:
+        return _f(s["median"], digits)
+    return f"{_f(s['min'], digits)}-{_f(s['max'], digits)}"
+
+
+def _pcts(p: dict[str, Any], keys: tuple[str, ...] = ("p50", "p95", "p99")) -> str:
+    if not p or not p.get("n"):
+        return "-"
+    return " / ".join(_f(p[k], 1) for k in keys)
+
+
+class Table:
+    def __init__(self, title: str, headers: list[str], right: set[int] | None = None) -> None:
+        self.title = title
+        self.headers = headers
+        self.rows: list[list[str]] = []
+        self.right = right if right is not None else set(range(1, len(headers)))
+        self.notes: list[str] = []
+
+    def add(self, *cells: Any) -> None:
+        self.rows.append([str(c) for c in cells])
+
+    def text(self) -> str:
+        widths = [max(len(r[i]) for r in [self.headers, *self.rows]) for i in range(len(self.headers))]
+
+        def line(cells: list[str]) -> str:
+            return "  ".join(
+                c.rjust(w) if i in self.right else c.ljust(w)
+                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
+
+        out = [self.title, line(self.headers), "  ".join("-" * w for w in widths)]
+        out += [line(r) for r in self.rows]
+        out += [f"  {n}" for n in self.notes]
+        return "\n".join(x.rstrip() for x in out)
+
+    def markdown(self) -> str:
+        out = [f"**{self.title}**", "", "| " + " | ".join(self.headers) + " |"]
+        out.append("|" + "|".join("---:" if i in self.right else ":---" for i in range(len(self.headers))) + "|")
+        out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in self.rows]
+        if self.notes:
+            out += [""] + [f"{n}  " for n in self.notes]
+        return "\n".join(out)
+
+
+# ---- targets ----------------------------------------------------------------------------------------------
+
+
+def _by_label_prefix(results: dict[str, Any], prefix: str, workers: int) -> dict[str, Any] | None:
+    for t in results.get("throughput", []):
+        if t["label"].startswith(prefix) and t.get("workers") == workers and "worker_concurrency" not in t:
+            return t
+    return None
+
+
+def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(target, measured, met) for each target of issue 7 (measured, never asserted)."""
+    plan = results["plan"]
+    ref = (results.get("reference") or {}).get(REF_LIMIT, {}).get("median")
+    single = f"1 run x {plan['single_tasks']} tasks"
+    multi = f"{plan['multi_runs']} runs x {plan['multi_tasks']} tasks"
+    s4 = _by_label_prefix(results, single, 4)
+    s16 = _by_label_prefix(results, single, 16)
+    out: list[tuple[str, str, bool | None]] = []
+    if s4:
+        v = s4["tasks_per_s"]["median"]
+        out.append((f"{single}, 4 workers >= 500 tasks/s", f"{v:,.0f} tasks/s", v >= 500))
+        if ref:
+            out.append(
+                (f"{single}, 4 workers >= 0.5 x reference ({REF_LIMIT} clients)", f"{v / ref:.2f} x", v / ref >= 0.5)
+            )
+    if s4 and s16:
+        a, b = s4["tasks_per_s"]["median"], s16["tasks_per_s"]["median"]
+        out.append(("16 workers not slower than 4 (median within 5%)", f"{b:,.0f} vs {a:,.0f} tasks/s", b >= 0.95 * a))
+    for n in plan["multi_workers"]:
+        m = _by_label_prefix(results, multi, n)
+        if m:
+            v = m["tasks_per_s"]["median"]
+            out.append((f"{multi}, {n} workers >= 600 tasks/s", f"{v:,.0f} tasks/s", v >= 600))
+    lat = results.get("latency")
+    if lat:
+        v = lat["claim_ms"]["p50"]
+        out.append(("idle -> claim <= 20 ms (median)", f"{v:.1f} ms", v <= 20))
+    rates = [(t["label"], t["claims"]["empty_per_task"]) for t in results.get("throughput", [])]
+    if rates:
+        worst = max(rates, key=lambda x: x[1] or 0)
+        out.append(("empty claims <= 0.1 per task (worst scenario)", f"{worst[1]:.3f} ({worst[0]})", worst[1] <= 0.1))
+    return out
+
+
+# ---- tables -----------------------------------------------------------------------------------------------
+
+
+def tables(results: dict[str, Any]) -> list[Table]:
+    ref = results.get("reference") or {}
+    limit = ref.get(REF_LIMIT, {}).get("median")
+
+    t_ref = Table(
+        "Reference: plain-SQL SKIP LOCKED claim + complete (pgbench, 2 transactions per job, same cluster)",
+        ["clients", "jobs/s (median)", "min-max", "runs"],
+    )
+    for clients, r in ref.items():
+        t_ref.add(clients, _f(r["median"]), _spread(r), r["n"])
+    t_ref.notes.append(f"The {REF_LIMIT}-client figure is taken as this machine's limit: 'x ref' below divides by it.")
+
+    t = Table(
+        "Throughput through HTTP (tasks/s from database timestamps: first run start -> last run end)",
+        [
+            "scenario",
+            "tasks/s",
+            "min-max",
+            "n",
+            "x ref",
+            "claim ms p50/p95/p99",
+            "heartbeat ms p50/p95/p99",
+            "complete ms p50/p95/p99",
+            "empty claims/task",
+            "coord. dispatch share",
+            "CPU s gw/wk/pg",
+            "peak RSS MB gw/wk",
+        ],
+        right=set(range(1, 12)),
+    )
+    for r in results.get("throughput", []):
+        med = r["tasks_per_s"]["median"]
+        cpu = r["cpu_s"]
+        t.add(
+            r["label"],
+            _f(med),
+            _spread(r["tasks_per_s"]),
+            r["tasks_per_s"]["n"],
+            f"{med / limit:.2f}" if limit else "-",
+            _pcts(r["latency_ms"]["claim"]),
+            _pcts(r["latency_ms"]["heartbeat"]),
+            _pcts(r["latency_ms"]["complete"]),
+            f"{r['claims']['empty_per_task']:.3f}",
+            f"{r['coordinator']['dispatched_share']:.2f}",
+            f"{cpu['gateway']:.1f}/{cpu['workers']:.1f}/{cpu['postgres']:.1f}",
+            f"{r['peak_rss_mb']['gateway']:.0f}/{r['peak_rss_mb']['workers']:.0f}",
+        )
+    t.notes += [
+        "tasks/s: median of n repetitions, spread min-max. Latencies: every request of every repetition, from the",
+        "gateway's access log; a claim includes its long-poll wait. CPU: seconds per repetition (median) of the",
+        "gateway, all workers, all PostgreSQL processes. Peak RSS: VmHWM, the largest gateway / worker process.",
+        "Coord. dispatch share: dispatches created by coordinator passes per task (the rest inline, in the same",
+        "transaction as start_run / complete_task).",
+    ]
+
+    t_pub = Table(f"Peers ({PUBLISHED_NOTE})", ["source", "1 worker", "4 workers", "16 workers"])
+    for source, figs in PUBLISHED:
+        t_pub.add(source, *(_f(figs.get(k), 1) for k in ("1 worker", "4 workers", "16 workers")))
+
+    out = [t_ref, t, t_pub]
+    lat = results.get("latency")
+    if lat:
+        t_lat = Table(
+            "Latency, idle system (database clock, from the run's creation)",
+            ["measure", "p50 ms", "p95 ms", "samples"],
+        )
+        if "dispatch_ms" in lat:
+            t_lat.add(
+                "submit -> dispatch created",
+                _f(lat["dispatch_ms"]["p50"], 1),
+                _f(lat["dispatch_ms"]["p95"], 1),
+                lat["samples"],
+            )
+        t_lat.add(
+            "submit -> claimed (attempt started)",
+            _f(lat["claim_ms"]["p50"], 1),
+            _f(lat["claim_ms"]["p95"], 1),
+            lat["samples"],
+        )
+        t_lat.add(
+            "submit -> finished (run finished)",
+            _f(lat["finish_ms"]["p50"], 1),
+            _f(lat["finish_ms"]["p95"], 1),
+            lat["samples"],
+        )
+        t_lat.notes.append(lat["label"] + "; one run at a time, 0.2 s apart.")
+        coord = lat.get("coordinator") or {}
+        if coord:
+            t_lat.notes.append(
+                f"Dispatches created by the coordinator (not inline by start_run): {coord['dispatched']:.0f} of "
+                f"{lat['samples']}."
+            )
+        out.append(t_lat)
+    if results.get("recovery"):
+        t_rec = Table(
+            "Recovery: kill -9 of the worker holding a lease -> next attempt claimed (database clock)",
+            ["lease / heartbeat", "takeover s (median)", "min-max", "attempt 1 settled s", "runs"],
+        )
+        for r in results["recovery"]:
+            tk, dt_ = r["takeover_ms"], r["detected_ms"]
+            t_rec.add(
+                f"{r['label']}: {r['lease_ms'] / 1000:g} s / {r['heartbeat_ms'] / 1000:g} s",
+                _f(tk["median"] / 1000, 2),
+                f"{tk['min'] / 1000:.2f}-{tk['max'] / 1000:.2f}",
+                _f(dt_["median"] / 1000, 2),
+                tk["n"],
+            )
+        t_rec.notes.append("Killed at a random point of the heartbeat cycle; coordinator interval as in the settings.")
+        out.append(t_rec)
+    for r in results.get("throughput", []):
+        if r.get("profile"):
+            t_prof = Table(
+                f"Profile (pg_stat_statements, track = all; nested statements included): {r['label']}",
+                ["top", "calls", "total ms", "mean ms", "ms/task", "statement"],
+                right={1, 2, 3, 4},
+            )
+            for p in r["profile"]:
+                t_prof.add(
+                    "yes" if p["toplevel"] else "no",
+                    p["calls"],
+                    _f(p["total_ms"]),
+                    _f(p["mean_ms"], 3),
+                    _f(p["ms_per_task"], 3),
+                    p["query"],
+                )
+            out.append(t_prof)
+    t_tgt = Table("Targets of issue 7 (measured, not asserted)", ["target", "measured", "result"], right=set())
+    for name, measured, met in targets(results):
+        t_tgt.add(name, measured, "-" if met is None else ("PASS" if met else "MISS"))
+    if results["plan"]["name"] != "full":
+        t_tgt.notes.append(
+            "Quick run: smaller sizes than the targets name and fewer repetitions (see n); indicative only."
+        )
+    out.append(t_tgt)
+    return out
+
+
+def header(results: dict[str, Any]) -> list[str]:
+    m, pg, s = results["machine"], results["postgres"], results["settings"]
+    plan = results["plan"]
+    return [
+        f"AWP benchmark ({plan['name']}), {results['started_at']}, {results['elapsed_s']:.0f} s",
+        f"machine: {m.get('cpus')} CPUs ({m.get('cpu_model', '?')}), load at start {m.get('loadavg_at_start')}, "
+        f"Python {m.get('python')}",
+        f"PostgreSQL {pg['server_version']}, fsync={pg['fsync']}, synchronous_commit={pg['synchronous_commit']}, "
+        f"shared_buffers={pg['shared_buffers']}; one fresh throwaway cluster and database",
+        f"settings (defaults): lease {s['lease_duration_ms']} ms, heartbeat {s['heartbeat_interval_ms']} ms, "
+        f"dispatch_limit {s['dispatch_limit']}, coordinator interval {s['coordinator_interval_ms']} ms, "
+        f"claim re-check {s['claim_recheck_ms']} ms, gateway pool {s['gateway_pool_size']}, "
+        f"worker wait_ms {s['worker_wait_ms']}; run concurrency = total worker slots; "
+        f"mock tasks with sleep_ms 0",
+    ]
+
+
+def text(results: dict[str, Any]) -> str:
+    return "\n".join(header(results)) + "\n\n" + "\n\n".join(t.text() for t in tables(results)) + "\n"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    head = header(results)
+    intro = head[0] + "\n\n" + "\n".join(f"- {h}" for h in head[1:])
+    return "\n\n".join([intro, *(t.markdown() for t in tables(results))]) + "\n"
+
+
+# ---- chart ------------------------------------------------------------------------------------------------
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 6.5), gridspec_kw={"width_ratios": [3, 2]})
+    labels, values, lo, hi, colors = [], [], [], [], []
+    for clients, r in (results.get("reference") or {}).items():
+        labels.append(f"reference: plain SQL, {clients} client{'s' if clients != '1' else ''}")
+        values.append(r["median"])
+        lo.append(r["median"] - r["min"])
+        hi.append(r["max"] - r["median"])
+        colors.append("#9e9e9e")
+    for r in results.get("throughput", []):
+        s = r["tasks_per_s"]
+        labels.append("AWP: " + r["label"])
+        values.append(s["median"])
+        lo.append(s["median"] - s["min"])
+        hi.append(s["max"] - s["median"])
+        colors.append("#1f77b4")
+    for source, figs in PUBLISHED:
+        for k, v in figs.items():
+            labels.append(f"{source.split(',')[0].split(' (')[0]}, {k} ({PUBLISHED_NOTE})")
+            values.append(v)
+            lo.append(0)
+            hi.append(0)
+            colors.append("#f4c58a")
+    y = list(range(len(labels)))[::-1]
+    ax.barh(y, values, xerr=[lo, hi], color=colors, capsize=3)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("tasks/s (log scale; bars = median, whiskers = min-max)")
+    ax.set_title("Throughput")
+    for yi, v, h in zip(y, values, hi, strict=True):
+        ax.text((v + h) * 1.06, yi, f"{v:,.0f}", va="center", fontsize=7)
+    ax.axvline(500, color="#d62728", lw=0.8, ls="--")
+    ax.text(500, y[0] + 0.6, " target 500", color="#d62728", fontsize=7)
+    from matplotlib.patches import Patch
+
+    legend = [("#9e9e9e", "plain-SQL reference (measured)"), ("#1f77b4", "AWP (measured)"), ("#f4c58a", PUBLISHED_NOTE)]
+    ax.legend(
+        handles=[Patch(color=c, label=lbl) for c, lbl in legend],
+        fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.1),
+        ncol=3,
+    )
+
+    names, meds, p95s = [], [], []
+    lat = results.get("latency")
+    if lat:
+        names += ["idle: submit -> claim", "idle: submit -> finish"]
+        meds += [lat["claim_ms"]["p50"], lat["finish_ms"]["p50"]]
+        p95s += [lat["claim_ms"]["p95"], lat["finish_ms"]["p95"]]
+    for r in results.get("recovery") or []:
+        names.append(f"kill -9 -> takeover ({r['lease_ms'] / 1000:g} s lease)")
+        meds.append(r["takeover_ms"]["median"])
+        p95s.append(r["takeover_ms"]["max"])
+    if names:
+        x = range(len(names))
+        ax2.bar(x, meds, color="#1f77b4", label="median")
+        ax2.scatter(x, p95s, color="#d62728", zorder=3, label="p95 (latency) / max (takeover)")
+        ax2.set_xticks(list(x), names, rotation=25, ha="right", fontsize=8)
+        ax2.set_yscale("log")
+        ax2.set_ylabel("ms (log scale)")
+        ax2.axhline(20, color="#d62728", lw=0.8, ls="--", label="target: claim p50 20 ms")
+        ax2.legend(fontsize=7)
+        for xi, v in zip(x, meds, strict=True):
+            ax2.text(xi, v * 1.1, f"{v:,.0f}" if v >= 100 else f"{v:.1f}", ha="center", fontsize=7)
+    ax2.set_title("Latency and recovery")
+    fig.suptitle(
+        f"AWP benchmark ({results['plan']['name']}, {results['started_at']}), "
+        f"{results['machine'].get('cpus')} CPUs, PostgreSQL {results['postgres']['server_version']} fsync on",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- files ------------------------------------------------------------------------------------------------
+
+
+def write(results: dict[str, Any], out: Path, when: dt.datetime) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    results["targets"] = [{"target": a, "measured": b, "met": c} for a, b, c in targets(results)]
+    stamp = when.strftime("%Y%m%dT%H%M%SZ")
+    body = json.dumps(results, indent=2, default=str) + "\n"
+    path = out / f"bench-{results['plan']['name']}-{stamp}.json"
+    path.write_text(body)
+    shutil.copyfile(path, out / "latest.json")
+    (out / "latest.md").write_text(markdown(results))
+    chart(results, out / "latest.png")
+    print()
+    print(text(results))
+    print(f"results: {path}, {out / 'latest.json'}, {out / 'latest.md'}, {out / 'latest.png'}")

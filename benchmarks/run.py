@@ -1,0 +1,583 @@
+"""``make bench`` / ``make bench-quick``: AWP's throughput, latency and recovery, beside this machine's limit.
+
+    .venv/bin/python benchmarks/run.py            # full: every figure 3 times (about 10 minutes)
+    .venv/bin/python benchmarks/run.py --quick    # reduced sizes, for a smoke test (under 2 minutes)
+    .venv/bin/python benchmarks/run.py --quick --profile   # + pg_stat_statements top statements per scenario
+
+One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated database; one real ``awp serve``
+(gateway + coordinator, default settings) and real ``awp worker`` processes; in order:
+
+1. the reference: a plain-SQL SKIP LOCKED claim + complete loop run by pgbench (1 and 8 clients);
+2. one run of N independent mock tasks (``sleep_ms`` 0), run concurrency = workers, 1 / 4 / 16 workers;
+3. 8 runs of 125 tasks at once, 16 and 4 workers;
+4. idle latency: one 1-task run at a time → time to claim and to finish;
+5. batching: 4 workers with ``--concurrency 16`` on one big run;
+6. recovery: kill -9 the worker holding a lease → time until the next attempt is claimed.
+
+Throughput comes from database timestamps (run started_at → finished_at); request latencies from the
+gateway's access log; claim results from ``/metrics``; CPU and peak RSS from ``/proc``. Results are
+printed and written to ``benchmarks/results/`` (``bench-<timestamp>.json``, ``latest.json``,
+``latest.md``, ``latest.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import logging
+import math
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import procs  # noqa: E402
+import reference  # noqa: E402
+import report  # noqa: E402
+from procs import Gateway, Reaper, WorkerPool  # noqa: E402
+
+from awp.testing import database_name, fresh_database, throwaway_cluster  # noqa: E402
+
+log = logging.getLogger("bench")
+RESULTS = HERE / "results"
+
+DEFAULT_LEASE_MS = 15000
+DEFAULT_HEARTBEAT_MS = 5000
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    repeats: int  # of every throughput and recovery figure
+    single_tasks: int
+    single_workers: tuple[int, ...]
+    multi_runs: int
+    multi_tasks: int
+    multi_workers: tuple[int, ...]
+    batch_tasks: int  # in quick mode: the most; sized to about 8 s at the 4-worker rate measured before
+    batch_repeats: int
+    batch_workers: int
+    batch_concurrency: int
+    latency_samples: int
+    recovery: tuple[tuple[str, int, int], ...]  # (label, lease_ms, heartbeat_ms)
+    ref_clients: tuple[int, ...]
+    ref_seconds: float
+    ref_rows: int
+
+
+FULL = Plan(
+    name="full",
+    repeats=3,
+    single_tasks=1000,
+    single_workers=(1, 4, 16),
+    multi_runs=8,
+    multi_tasks=125,
+    multi_workers=(16, 4),
+    batch_tasks=10000,
+    batch_repeats=3,
+    batch_workers=4,
+    batch_concurrency=16,
+    latency_samples=50,
+    recovery=(("default", DEFAULT_LEASE_MS, DEFAULT_HEARTBEAT_MS), ("short", 2000, 500)),
+    ref_clients=(1, 8),
+    ref_seconds=5,
+    ref_rows=300_000,
+)
+
+QUICK = replace(
+    FULL,
+    name="quick",
+    repeats=2,
+    single_tasks=200,
+    multi_tasks=25,
+    batch_tasks=2000,
+    batch_repeats=1,
+    latency_samples=15,
+    recovery=(("short", 2000, 500),),
+    ref_seconds=2,
+    ref_rows=60_000,
+)
+
+
+def median_spread(values: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(values) if values else None,
+        "min": min(values) if values else None,
+        "max": max(values) if values else None,
+        "n": len(values),
+        "values": values,
+    }
+
+
+def percentiles(samples: list[float], qs: tuple[float, ...] = (0.5, 0.95, 0.99)) -> dict[str, Any]:
+    """Nearest-rank percentiles (p50, p95, p99) and the sample count."""
+    ordered = sorted(samples)
+    out: dict[str, Any] = {"n": len(ordered)}
+    for q in qs:
+        key = f"p{round(q * 100)}"
+        out[key] = ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] if ordered else None
+    return out
+
+
+class Bench:
+    """The cluster, the gateway and the worker pool of one benchmark run, plus the measurement helpers."""
+
+    def __init__(self, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, profile: bool = False) -> None:
+        self.dsn = dsn
+        self.profile = profile
+        self.datadir = datadir
+        self.workdir = workdir
+        self.reaper = reaper
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.gateway = Gateway(reaper, dsn, workdir)
+        self.pool = WorkerPool(reaper, self.gateway, workdir, self.conn)
+        self.workflows: set[str] = set()
+
+    # ---- set-up -----------------------------------------------------------------------------------------
+
+    def postgres_pids(self) -> list[int]:
+        return [procs.postmaster_pid(self.datadir)] if self.datadir else []
+
+    def configure(self, lease_ms: int, heartbeat_ms: int) -> None:
+        self.conn.execute(
+            "SELECT awp.configure(lease_duration_ms => %s, heartbeat_interval_ms => %s)", [lease_ms, heartbeat_ms]
+        )
+
+    def workflow(self, wid: str, tasks: int, concurrency: int, task: dict[str, Any] | None = None) -> str:
+        if wid not in self.workflows:
+            base = {"executor": "mock", "input": {"sleep_ms": 0}, **(task or {})}
+            definition = {
+                "id": wid,
+                "concurrency": concurrency,
+                "tasks": [{"key": f"t{i:05d}", **base} for i in range(tasks)],
+            }
+            self.conn.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
+            self.workflows.add(wid)
+        return wid
+
+    def start_runs(self, wid: str, n: int = 1) -> list[str]:
+        with self.conn.transaction():  # n runs appear at once, like a burst of submissions
+            return [self.conn.execute("SELECT awp.start_run(%s)", [wid]).fetchone()[0] for _ in range(n)]
+
+    def wait_runs(self, run_ids: list[str], timeout: float, poll: float = 0.02) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = self.conn.execute(
+                "SELECT run_id, status, created_at, started_at, finished_at FROM awp.runs WHERE run_id = ANY(%s)",
+                [run_ids],
+            ).fetchall()
+            if all(r[4] is not None for r in rows) and len(rows) == len(run_ids):
+                out = [
+                    dict(zip(("run_id", "status", "created_at", "started_at", "finished_at"), r, strict=True))
+                    for r in rows
+                ]
+                bad = [r for r in out if r["status"] != "succeeded"]
+                if bad:
+                    raise RuntimeError(f"runs did not succeed: {bad}")
+                return out
+            if time.monotonic() > deadline:
+                counts = self.conn.execute(
+                    "SELECT status, count(*) FROM awp.tasks WHERE run_id = ANY(%s) GROUP BY 1", [run_ids]
+                ).fetchall()
+                raise TimeoutError(f"runs not finished after {timeout:.0f}s; tasks by status: {dict(counts)}")
+            time.sleep(poll)
+
+    # ---- one measured window -----------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "metrics": self.gateway.metrics(),
+            "log_offset": self.gateway.log_offset(),
+            "cpu_gateway": procs.cpu_seconds([self.gateway.proc.pid]),
+            "cpu_workers": procs.cpu_seconds(self.pool.pids()),
+            "cpu_postgres": procs.cpu_seconds(self.postgres_pids(), include_reaped_children=True),
+        }
+
+    def measured(self, before: dict[str, Any], tasks: int) -> dict[str, Any]:
+        after = self.snapshot()
+        claims = procs.claims_by_result(before["metrics"], after["metrics"])
+        return {
+            "coordinator": procs.coordinator_work(before["metrics"], after["metrics"]),
+            "durations_ms": self.gateway.access_durations(before["log_offset"], after["log_offset"]),
+            "claims": claims,
+            "tasks": tasks,
+            "cpu_s": {k: after[f"cpu_{k}"] - before[f"cpu_{k}"] for k in ("gateway", "workers", "postgres")},
+            "peak_rss_mb": {
+                "gateway": procs.peak_rss_mb(self.gateway.proc.pid),
+                "workers": self.pool.current_peak_rss_mb(),
+            },
+        }
+
+    # ---- scenarios ---------------------------------------------------------------------------------------
+
+    def throughput(self, label: str, wid: str, runs: int, tasks_per_run: int, repeats: int) -> dict[str, Any]:
+        reps = []
+        total = runs * tasks_per_run
+        if self.profile:
+            self.conn.execute("SELECT pg_stat_statements_reset()")
+        for i in range(repeats):
+            time.sleep(0.3)  # let the previous repetition's tail (last completions, long-polls) settle
+            before = self.snapshot()
+            run_ids = self.start_runs(wid, runs)
+            rows = self.wait_runs(run_ids, timeout=max(120.0, total / 10))
+            m = self.measured(before, total)
+            span = (max(r["finished_at"] for r in rows) - min(r["started_at"] for r in rows)).total_seconds()
+            m["span_s"] = span
+            m["tasks_per_s"] = total / span if span > 0 else 0.0
+            m["submit_to_start_ms"] = statistics.median(
+                (r["started_at"] - r["created_at"]).total_seconds() * 1000 for r in rows
+            )
+            reps.append(m)
+            log.info(
+                "  %s, repetition %d/%d: %.0f tasks/s (%d tasks in %.2fs)",
+                label,
+                i + 1,
+                repeats,
+                m["tasks_per_s"],
+                total,
+                span,
+            )
+        summary = summarize(label, reps, runs, tasks_per_run)
+        if self.profile:
+            summary["profile"] = self.top_statements(total * repeats)
+        return summary
+
+    def top_statements(self, tasks: int, limit: int = 12) -> list[dict[str, Any]]:
+        """The statements that took the most time since the last reset (pg_stat_statements, track = all)."""
+        rows = self.conn.execute(
+            "SELECT toplevel, calls, total_exec_time, mean_exec_time, rows,"
+            " left(regexp_replace(query, '\\s+', ' ', 'g'), 110)"
+            " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " ORDER BY total_exec_time DESC LIMIT %s",
+            [limit],
+        ).fetchall()
+        keys = ("toplevel", "calls", "total_ms", "mean_ms", "rows", "query")
+        return [dict(zip(keys, r, strict=True)) | {"ms_per_task": r[2] / tasks} for r in rows]
+
+    def latency(self, samples: int) -> dict[str, Any]:
+        wid = self.workflow("bench-latency", 1, 1)
+        dispatch_ms, claim_ms, finish_ms = [], [], []
+        before = self.snapshot()
+        for _ in range(samples):
+            time.sleep(0.2)  # idle: every worker is back in its long-poll
+            (run_id,) = self.start_runs(wid)
+            (row,) = self.wait_runs([run_id], timeout=30, poll=0.01)
+            dispatched, started = self.conn.execute(
+                "SELECT d.created_at, a.started_at FROM awp.attempts a JOIN awp.dispatches d USING (dispatch_id)"
+                " WHERE a.run_id = %s AND a.attempt = 1",
+                [run_id],
+            ).fetchone()
+            dispatch_ms.append((dispatched - row["created_at"]).total_seconds() * 1000)
+            claim_ms.append((started - row["created_at"]).total_seconds() * 1000)
+            finish_ms.append((row["finished_at"] - row["created_at"]).total_seconds() * 1000)
+        m = self.measured(before, samples)
+        log.info(
+            "  idle latency: dispatch p50 %.1f ms, claim p50 %.1f ms, finish p50 %.1f ms",
+            statistics.median(dispatch_ms),
+            statistics.median(claim_ms),
+            statistics.median(finish_ms),
+        )
+        return {
+            "label": f"idle, 1-task run, {len(self.pool.workers)} workers long-polling",
+            "samples": samples,
+            "dispatch_ms": percentiles(dispatch_ms, (0.5, 0.95)) | {"values": dispatch_ms},
+            "claim_ms": percentiles(claim_ms, (0.5, 0.95)) | {"values": claim_ms},
+            "finish_ms": percentiles(finish_ms, (0.5, 0.95)) | {"values": finish_ms},
+            "claims": m["claims"],
+            "coordinator": m["coordinator"],
+        }
+
+    def recovery(self, label: str, lease_ms: int, heartbeat_ms: int, repeats: int) -> dict[str, Any]:
+        """kill -9 the worker holding a lease; time until attempt 2 is claimed (all database clock)."""
+        self.configure(lease_ms, heartbeat_ms)
+        self.pool.resize(0)
+        self.pool.resize(2, 1)  # new sessions take the new heartbeat interval
+        wid = self.workflow(
+            "bench-recovery",
+            1,
+            1,
+            {"input": {"sleep_ms": 3_600_000}, "retry": {"max_attempts": 2, "interval_ms": 0}},
+        )
+        samples = []
+        for i in range(repeats):
+            (run_id,) = self.start_runs(wid)
+            first = wait_for(
+                lambda rid=run_id: self.conn.execute(
+                    "SELECT worker_id FROM awp.attempts WHERE run_id = %s AND attempt = 1", [rid]
+                ).fetchone(),
+                30,
+                "attempt 1",
+            )
+            victim = self.pool.by_worker_id(first[0])
+            if victim is None:
+                raise RuntimeError(f"attempt 1 is held by an unknown worker {first[0]}")
+            time.sleep(random.uniform(0, heartbeat_ms / 1000))  # kill at a random point of the heartbeat cycle
+            (killed_at,) = self.conn.execute("SELECT clock_timestamp()").fetchone()
+            self.pool.kill9(victim)
+            second = wait_for(
+                lambda rid=run_id: self.conn.execute(
+                    "SELECT a2.started_at, a1.finished_at, a1.status FROM awp.attempts a2"
+                    " JOIN awp.attempts a1 ON a1.run_id = a2.run_id AND a1.task_key = a2.task_key AND a1.attempt = 1"
+                    " WHERE a2.run_id = %s AND a2.attempt = 2",
+                    [rid],
+                ).fetchone(),
+                lease_ms / 1000 + 30,
+                "attempt 2",
+            )
+            sample = {
+                "takeover_ms": (second[0] - killed_at).total_seconds() * 1000,
+                "detected_ms": (second[1] - killed_at).total_seconds() * 1000,  # attempt 1 settled (reaped)
+                "attempt1_status": second[2],
+            }
+            samples.append(sample)
+            log.info(
+                "  recovery (%s lease), repetition %d/%d: attempt 2 claimed %.0f ms after the kill "
+                "(attempt 1 %s after %.0f ms)",
+                label,
+                i + 1,
+                repeats,
+                sample["takeover_ms"],
+                sample["attempt1_status"],
+                sample["detected_ms"],
+            )
+            self.conn.execute("SELECT awp.request_cancel(%s)", [run_id])
+            wait_for(
+                lambda rid=run_id: self.conn.execute(
+                    "SELECT 1 FROM awp.runs WHERE run_id = %s AND finished_at IS NOT NULL", [rid]
+                ).fetchone(),
+                30,
+                "the canceled run to finish",
+            )
+            self.pool.resize(2, 1)
+        self.pool.resize(0)
+        self.configure(DEFAULT_LEASE_MS, DEFAULT_HEARTBEAT_MS)
+        return {
+            "label": label,
+            "lease_ms": lease_ms,
+            "heartbeat_ms": heartbeat_ms,
+            "takeover_ms": median_spread([s["takeover_ms"] for s in samples]),
+            "detected_ms": median_spread([s["detected_ms"] for s in samples]),
+            "samples": samples,
+        }
+
+
+def wait_for(probe: Any, timeout: float, what: str, poll: float = 0.01) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(poll)
+
+
+def summarize(label: str, reps: list[dict[str, Any]], runs: int, tasks_per_run: int) -> dict[str, Any]:
+    routes = {
+        "claim": "/api/v1/workers/{worker_id}/claims",
+        "heartbeat": "/api/v1/workers/{worker_id}/heartbeat",
+        "complete": "/api/v1/workers/{worker_id}/leases/{dispatch_id}/complete",
+    }
+    latency = {
+        name: percentiles([ms for r in reps for ms in r["durations_ms"].get(route, [])])
+        for name, route in routes.items()
+    }
+    tasks = sum(r["tasks"] for r in reps)
+    empty = sum(r["claims"]["empty"] for r in reps)
+    leased = sum(r["claims"]["leased"] for r in reps)
+    return {
+        "label": label,
+        "runs": runs,
+        "tasks_per_run": tasks_per_run,
+        "tasks_per_s": median_spread([r["tasks_per_s"] for r in reps]),
+        "latency_ms": latency,
+        "claims": {"empty": empty, "leased": leased, "empty_per_task": empty / tasks if tasks else None},
+        "coordinator": {
+            "passes_per_rep": statistics.median(r["coordinator"]["passes"] for r in reps),
+            "dispatched_share": sum(r["coordinator"]["dispatched"] for r in reps) / tasks if tasks else None,
+        },
+        "requests_per_task": {
+            name: sum(len(r["durations_ms"].get(route, [])) for r in reps) / tasks for name, route in routes.items()
+        },
+        "cpu_s": {k: statistics.median(r["cpu_s"][k] for r in reps) for k in ("gateway", "workers", "postgres")},
+        "peak_rss_mb": {k: max(r["peak_rss_mb"][k] for r in reps) for k in ("gateway", "workers")},
+        "submit_to_start_ms": statistics.median(r["submit_to_start_ms"] for r in reps),
+        "repetitions": [{k: v for k, v in r.items() if k != "durations_ms"} for r in reps],
+    }
+
+
+def machine() -> dict[str, Any]:
+    info = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(OSError):
+        load = Path("/proc/loadavg").read_text().split()[:3]
+        info["loadavg_at_start"] = [float(x) for x in load]
+    return info
+
+
+def enable_pg_stat_statements(server: Any) -> None:
+    """Restart the throwaway cluster with pg_stat_statements tracking nested statements (``--profile``)."""
+    with psycopg.connect(server.admin_dsn(), autocommit=True) as c:
+        c.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+    server.stop(mode="fast")
+    server.start(fsync=True)
+    with psycopg.connect(server.admin_dsn(), autocommit=True) as c:  # known only once the library is loaded
+        c.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
+        c.execute("SELECT pg_reload_conf()")
+
+
+def run_plan(
+    plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, profile: bool = False
+) -> dict[str, Any]:
+    started = time.monotonic()
+    b = Bench(dsn, datadir, workdir, reaper, profile)
+    if profile:
+        b.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    results: dict[str, Any] = {"plan": asdict(plan), "machine": machine(), "profiled": profile}
+    results["postgres"] = {
+        name: b.conn.execute(f"SHOW {name}").fetchone()[0]
+        for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections")
+    }
+    results["settings"] = {
+        "lease_duration_ms": DEFAULT_LEASE_MS,
+        "heartbeat_interval_ms": DEFAULT_HEARTBEAT_MS,
+        "dispatch_limit": 100,
+        "coordinator_interval_ms": b.gateway.coordinator_interval_ms,
+        "claim_recheck_ms": 500,
+        "gateway_pool_size": 10,
+        "worker_wait_ms": 20000,
+        "worker_concurrency": 1,
+    }
+    # The defaults are those of a fresh database: say so from the database itself.
+    results["settings_in_db"] = b.conn.execute("SELECT awp.configure()").fetchone()[0]
+    for key in ("lease_duration_ms", "heartbeat_interval_ms", "dispatch_limit"):
+        results["settings"][key] = results["settings_in_db"].get(key, results["settings"][key])
+
+    log.info(
+        "reference: pgbench SKIP LOCKED claim + complete, %s clients, %ss each", plan.ref_clients, plan.ref_seconds
+    )
+    ref = {}
+    for clients in plan.ref_clients:
+        reps = [reference.run_pgbench(dsn, clients, plan.ref_seconds, plan.ref_rows) for _ in range(plan.repeats)]
+        ref[str(clients)] = median_spread([r["tasks_per_s"] for r in reps]) | {"runs": reps}
+        log.info("  %d client(s): %.0f jobs/s", clients, ref[str(clients)]["median"])
+    reference.drop(dsn)
+    b.conn.execute("VACUUM ANALYZE")
+    results["reference"] = ref
+
+    b.gateway.start()
+    log.info("awp serve on %s; workers: real `awp worker` processes", b.gateway.base_url)
+    throughput = []
+    try:
+        for n in plan.single_workers:
+            b.pool.resize(n, 1)
+            wid = b.workflow(f"bench-single-{plan.single_tasks}-c{n}", plan.single_tasks, n)
+            label = f"1 run x {plan.single_tasks} tasks, {n} worker{'s' if n > 1 else ''}"
+            throughput.append(b.throughput(label, wid, 1, plan.single_tasks, plan.repeats) | {"workers": n})
+        for n in plan.multi_workers:
+            b.pool.resize(n, 1)
+            wid = b.workflow(f"bench-multi-{plan.multi_tasks}-c{n}", plan.multi_tasks, n)
+            label = f"{plan.multi_runs} runs x {plan.multi_tasks} tasks, {n} workers"
+            throughput.append(
+                b.throughput(label, wid, plan.multi_runs, plan.multi_tasks, plan.repeats) | {"workers": n}
+            )
+        results["latency"] = b.latency(plan.latency_samples)
+        slots = plan.batch_workers * plan.batch_concurrency
+        batch_tasks = plan.batch_tasks
+        if plan.name == "quick":  # about 8 s of work at the rate of 4 workers, in whole rounds of the slots
+            rate4 = next((t["tasks_per_s"]["median"] for t in throughput if t["workers"] == 4), 100.0)
+            batch_tasks = max(5 * slots, min(plan.batch_tasks, round(8 * rate4 / slots) * slots))
+        b.pool.resize(plan.batch_workers, plan.batch_concurrency)
+        wid = b.workflow(f"bench-batch-{batch_tasks}-c{slots}", batch_tasks, slots)
+        label = f"1 run x {batch_tasks} tasks, {plan.batch_workers} workers x concurrency {plan.batch_concurrency}"
+        throughput.append(
+            b.throughput(label, wid, 1, batch_tasks, plan.batch_repeats)
+            | {"workers": plan.batch_workers, "worker_concurrency": plan.batch_concurrency}
+        )
+        results["throughput"] = throughput
+        results["recovery"] = [b.recovery(lbl, lease, hb, plan.repeats) for lbl, lease, hb in plan.recovery]
+    finally:
+        b.pool.resize(0)
+        b.gateway.stop()
+        b.conn.close()
+    results["elapsed_s"] = time.monotonic() - started
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="reduced sizes (under two minutes)")
+    parser.add_argument("--repeats", type=int, help="override the repetitions of every figure")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory [%(default)s]")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the gateway and worker logs")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="load pg_stat_statements (track = all) and print the top statements of each throughput scenario",
+    )
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    plan = QUICK if args.quick else FULL
+    if args.repeats:
+        plan = replace(plan, repeats=args.repeats)
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    # Explicit handlers: a shell's background job inherits SIGINT ignored, and SIGTERM must clean up too.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupted)
+    when = dt.datetime.now(dt.UTC)
+    workdir = Path(tempfile.mkdtemp(prefix="awp-bench-"))
+    reaper = Reaper()
+    ok = interrupted_run = False
+    try:
+        with throwaway_cluster(fsync=True) as server:
+            datadir = getattr(server, "datadir", None)
+            if args.profile:
+                if datadir is None:
+                    parser.error("--profile needs the throwaway cluster (unset AWP_TEST_DSN)")
+                enable_pg_stat_statements(server)
+            dsn = fresh_database(server, database_name("bench"))
+            results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile)
+        ok = True
+    except KeyboardInterrupt:
+        log.error("interrupted: stopping every process the benchmark started")
+        interrupted_run = True
+        return 130
+    finally:
+        reaper.kill_all()
+        if (ok or interrupted_run) and not args.keep_logs:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            log.info("gateway and worker logs kept in %s", workdir)
+    results["started_at"] = when.isoformat(timespec="seconds")
+    report.write(results, args.out, when)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Example handlers for the ``python`` executor: ``awp worker --executor python --handlers examples/handlers.py``.
+
+A handler is a sync or async function ``(input, ctx)`` registered under an action name. Its return value
+(any JSON) is the task's output; ``PermanentError`` fails the task for good; any other exception is a
+temporary failure, retried while attempts remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+from awp.handlers import Context, PermanentError, handler
+
+
+@handler("summarize")
+async def summarize(input: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Pretend to summarise the partitions; deterministic, and safe to repeat (keyed by ctx.idempotency_key)."""
+    partitions = input.get("partitions", [])
+    if not isinstance(partitions, list):
+        raise PermanentError("partitions must be a list", error_code="bad_input")
+    await asyncio.sleep(min(float(input.get("sleep_ms", 200)) / 1000.0, max(ctx.remaining() - 0.1, 0)))
+    digest = hashlib.sha256(ctx.idempotency_key.encode()).hexdigest()[:12]
+    return {
+        "partitions": len(partitions),
+        "summary": f"{len(partitions)} partitions summarised",
+        "idempotency_key": ctx.idempotency_key,
+        "digest": digest,
+        "attempt": ctx.attempt,
+        "fencing_token": ctx.fencing_token,
+    }
+
+
+@handler("word-count")
+def word_count(input: dict[str, Any], ctx: Context) -> dict[str, int]:
+    """A sync handler (it runs in a thread): counts the words of input["text"]."""
+    text = input.get("text")
+    if not isinstance(text, str):
+        raise PermanentError("input.text must be a string", error_code="bad_input")
+    return {"words": len(text.split())}

@@ -1,0 +1,281 @@
+"""An async client of the gateway's HTTP API (``/api/v1``), used by the worker and the CLI.
+
+Errors: an error answer raises :class:`ApiError` (``code`` is the API's error code, e.g. ``lease_lost``);
+a request that got no answer (connection refused, reset, timeout) raises :class:`TransportError`.
+``ApiError.retryable`` tells whether the same request may simply be sent again later (5xx, 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+PROTOCOL_VERSION = 1
+PROTOCOL_HEADER = "X-Worker-Protocol-Version"
+
+
+class ClientError(Exception):
+    """Base of the client's errors."""
+
+
+class TransportError(ClientError):
+    """No answer from the gateway (unreachable, connection lost, timed out)."""
+
+
+class ApiError(ClientError):
+    """The gateway answered with an error body ``{"error": {"code", "message", "request_id"}}``."""
+
+    def __init__(self, status: int, code: str, message: str, request_id: str | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+    @property
+    def retryable(self) -> bool:
+        return self.status >= 500 or self.status == 429
+
+
+def _q(part: str) -> str:
+    return quote(str(part), safe="")
+
+
+def body_idempotency_key(body: Any) -> str:
+    """A stable Idempotency-Key for a body: the SHA-256 of its canonical JSON."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+class Client:
+    """One aiohttp session to a gateway. ``base_url`` is ``http://host:port`` (without ``/api/v1``)."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        if self.base_url.endswith("/api/v1"):
+            self.base_url = self.base_url[: -len("/api/v1")]
+        self.token = token
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                connector=aiohttp.TCPConnector(limit=64),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        token: str | None = None,
+        headers: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        root: bool = False,
+    ) -> Any:
+        """Send one request; return the decoded JSON answer (or text for non-JSON answers)."""
+        url = self.base_url + ("" if root else "/api/v1") + path
+        hdrs = {"Accept": "application/json"}
+        auth = token if token is not None else self.token
+        if auth:
+            hdrs["Authorization"] = f"Bearer {auth}"
+        if headers:
+            hdrs.update(headers)
+        kwargs: dict[str, Any] = {"headers": hdrs}
+        if body is not None:
+            kwargs["data"] = json.dumps(body, separators=(",", ":"))
+            hdrs["Content-Type"] = "application/json"
+        if params:
+            kwargs["params"] = {k: str(v) for k, v in params.items() if v is not None}
+        if timeout_s is not None:
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self._get_session().request(method, url, **kwargs) as resp:
+                text = await resp.text()
+                status = resp.status
+                request_id = resp.headers.get("X-Request-Id")
+                ctype = resp.headers.get("Content-Type", "")
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise TransportError(f"{method} {url}: {type(e).__name__}: {e}") from e
+        data: Any = text
+        if "json" in ctype and text:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                data = text
+        if status >= 400:
+            code, message = "http_" + str(status), text[:500]
+            if isinstance(data, dict) and isinstance(data.get("error"), dict):
+                err = data["error"]
+                code = str(err.get("code") or code)
+                message = str(err.get("message") or "")
+                request_id = err.get("request_id") or request_id
+            raise ApiError(status, code, message, request_id)
+        return data
+
+    # ---- worker routes -------------------------------------------------------------------------------
+
+    def _worker_headers(self) -> dict[str, str]:
+        return {PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
+
+    async def register_worker(
+        self, bootstrap_token: str, display_name: str, executor_kinds: list[str], max_concurrency: int
+    ) -> dict[str, Any]:
+        body = {
+            "display_name": display_name,
+            "executor_kinds": executor_kinds,
+            "max_concurrency": max_concurrency,
+            "protocol_version": PROTOCOL_VERSION,
+        }
+        return await self.request(
+            "POST", "/workers/register", body, token=bootstrap_token, headers=self._worker_headers()
+        )
+
+    async def claim(self, worker_id: str, session_token: str, slots: int, wait_ms: int = 0) -> list[dict[str, Any]]:
+        body: dict[str, Any] = {"slots": slots}
+        if wait_ms:
+            body["wait_ms"] = wait_ms
+        answer = await self.request(
+            "POST",
+            f"/workers/{_q(worker_id)}/claims",
+            body,
+            token=session_token,
+            headers=self._worker_headers(),
+            timeout_s=self.timeout_s + wait_ms / 1000.0,
+        )
+        return list(answer.get("leases") or [])
+
+    async def heartbeat(
+        self, worker_id: str, session_token: str, leases: list[dict[str, str]], timeout_s: float | None = None
+    ) -> list[dict[str, Any]]:
+        answer = await self.request(
+            "POST",
+            f"/workers/{_q(worker_id)}/heartbeat",
+            {"leases": leases},
+            token=session_token,
+            headers=self._worker_headers(),
+            timeout_s=timeout_s,
+        )
+        return list(answer.get("leases") or [])
+
+    async def complete(
+        self, worker_id: str, session_token: str, dispatch_id: str, lease_token: str, result: dict[str, Any]
+    ) -> bool:
+        answer = await self.request(
+            "POST",
+            f"/workers/{_q(worker_id)}/leases/{_q(dispatch_id)}/complete",
+            {"lease_token": lease_token, "result": result},
+            token=session_token,
+            headers=self._worker_headers(),
+        )
+        return bool(answer.get("applied"))
+
+    async def drain(self, worker_id: str, session_token: str) -> dict[str, Any]:
+        return await self.request(
+            "POST", f"/workers/{_q(worker_id)}/drain", {}, token=session_token, headers=self._worker_headers()
+        )
+
+    # ---- people routes (viewer / operator token) -----------------------------------------------------------
+
+    async def apply_workflow(self, definition: dict[str, Any]) -> dict[str, Any]:
+        key = body_idempotency_key(definition)
+        return await self.request("POST", "/workflows", definition, headers={"Idempotency-Key": key})
+
+    async def get_workflow(self, workflow_id: str) -> dict[str, Any]:
+        return await self.request("GET", f"/workflows/{_q(workflow_id)}")
+
+    async def list_workflows(self) -> list[dict[str, Any]]:
+        return [item async for item in self._pages("/workflows")]
+
+    async def start_run(
+        self, workflow_id: str, version: int | None = None, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        if version is None:
+            wf = await self.get_workflow(workflow_id)
+            version = int(wf.get("latest_version") or wf.get("version"))
+        return await self.request(
+            "POST",
+            f"/workflows/{_q(workflow_id)}/versions/{int(version)}/runs",
+            {},
+            headers={"Idempotency-Key": idempotency_key or str(uuid.uuid4())},
+        )
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        return await self.request("GET", f"/runs/{_q(run_id)}")
+
+    async def list_runs(self, workflow_id: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        return [item async for item in self._pages("/runs", {"workflow_id": workflow_id, "status": status})]
+
+    async def run_tasks(self, run_id: str) -> list[dict[str, Any]]:
+        return [item async for item in self._pages(f"/runs/{_q(run_id)}/tasks")]
+
+    async def get_task(self, run_id: str, task_key: str) -> dict[str, Any]:
+        return await self.request("GET", f"/runs/{_q(run_id)}/tasks/{_q(task_key)}")
+
+    async def run_events(self, run_id: str, after_sequence: int = 0) -> list[dict[str, Any]]:
+        params = {"after": after_sequence} if after_sequence else None
+        return [item async for item in self._pages(f"/runs/{_q(run_id)}/events", params)]
+
+    async def cancel_run(self, run_id: str) -> dict[str, Any]:
+        return await self.request("POST", f"/runs/{_q(run_id)}/cancel", {})
+
+    async def list_workers(self) -> list[dict[str, Any]]:
+        return [item async for item in self._pages("/workers")]
+
+    async def get_worker(self, worker_id: str) -> dict[str, Any]:
+        return await self.request("GET", f"/workers/{_q(worker_id)}")
+
+    async def _pages(self, path: str, params: dict[str, Any] | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Every item of a list route, following ``next_cursor``."""
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        seen: set[str] = set()
+        while True:
+            answer = await self.request("GET", path, params=query or None)
+            if isinstance(answer, list):
+                for item in answer:
+                    yield item
+                return
+            for item in answer.get("items") or []:
+                yield item
+            cursor = answer.get("next_cursor")
+            if not cursor or cursor in seen:
+                return
+            seen.add(cursor)
+            query["cursor"] = cursor
+
+
+async def wait_ready(base_url: str, timeout_s: float = 30.0) -> None:
+    """Wait until ``GET /health/ready`` answers 200; raises TimeoutError."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    async with Client(base_url, timeout_s=2.0) as client:
+        while True:
+            try:
+                await client.request("GET", "/health/ready", root=True)
+                return
+            except ClientError:
+                if loop.time() > end:
+                    raise TimeoutError(f"gateway {base_url} not ready after {timeout_s:.0f}s") from None
+                await asyncio.sleep(0.1)

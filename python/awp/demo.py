@@ -1,0 +1,431 @@
+"""``awp demo``: the whole platform on one machine, with a crash in the middle.
+
+From nothing: start the local database (``.awp/``) or use ``--database-url``, migrate, start ``awp serve`` and
+three ``awp worker`` processes (real subprocesses, random tokens passed by environment), apply
+``examples/demo-etl.yaml``, start a run and watch it; when the fan-out is running, ``kill -9`` a worker that
+holds a lease and show its task(s) taken over as attempt 2 by another worker; print the summary; then stop
+the workers (SIGTERM: they drain) and the gateway. Ctrl-C at any point shuts everything down the same way.
+
+Timings are shortened for the demo (``awp.configure``: lease 3 s, heartbeat 0.5 s) and restored at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+from rich.console import Console
+
+from awp.client import Client, ClientError, wait_ready
+
+log = logging.getLogger(__name__)
+
+
+class DemoError(Exception):
+    """The demo could not set itself up (database, gateway or workers did not start)."""
+
+
+@dataclass
+class Timings:
+    lease_ms: int
+    heartbeat_ms: int
+    safety_margin_ms: int
+    coordinator_interval_s: float
+    sleep_scale: float
+
+
+NORMAL = Timings(lease_ms=3000, heartbeat_ms=500, safety_margin_ms=600, coordinator_interval_s=0.25, sleep_scale=2.0)
+FAST = Timings(lease_ms=2000, heartbeat_ms=200, safety_margin_ms=400, coordinator_interval_s=0.1, sleep_scale=0.6)
+
+
+def examples_dir() -> Path:
+    """``examples/`` of the source tree (the package is installed in editable mode), else of the cwd."""
+    here = Path(__file__).resolve().parents[2] / "examples"
+    return here if here.is_dir() else Path.cwd() / "examples"
+
+
+def awp_command() -> list[str]:
+    """How to run ``awp`` as a subprocess with this interpreter."""
+    return [sys.executable, "-c", "import sys; from awp.cli import main; sys.exit(main())"]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    worker_id: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class Takeover:
+    task_key: str
+    old_worker: str
+    killed_at: float
+    new_worker: str | None = None
+    new_attempt: int | None = None
+    seconds: float | None = None
+    old_status: str | None = None
+
+
+@dataclass
+class DemoState:
+    procs: list[Proc] = field(default_factory=list)
+    victim: Proc | None = None
+    takeovers: list[Takeover] = field(default_factory=list)
+    gateway: str | None = None
+    operator_token: str | None = None
+    run_id: str | None = None
+    finished: bool = False
+
+
+def _spawn(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Proc:
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "ab") as out:
+        popen = subprocess.Popen(
+            [*awp_command(), *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches the demo only; it stops the children in order
+        )
+    return Proc(name, popen, log_path)
+
+
+def _stop(proc: Proc, timeout_s: float, signalled: bool = False) -> int | None:
+    """SIGTERM (unless ``signalled``: a second one would mean "exit at once"), wait, then SIGKILL."""
+    if proc.alive and not signalled:
+        with contextlib.suppress(ProcessLookupError):
+            proc.popen.send_signal(signal.SIGTERM)
+    try:
+        return proc.popen.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        log.warning("%s did not stop in %.0fs: killing it", proc.name, timeout_s)
+        with contextlib.suppress(ProcessLookupError):
+            proc.popen.kill()
+        return proc.popen.wait(5)
+
+
+def _local_database(console: Console) -> tuple[str, Any]:
+    """Start (create the first time) the local cluster and its 'awp' database, like ``awp db up``."""
+    from awp.localdb import DEFAULT_DBNAME, ClusterError, find_project_dir, project_cluster
+    from awp.pgbin import PostgresNotFound
+
+    try:
+        cluster = project_cluster(find_project_dir(), create=True)
+        status = cluster.status()
+        if not status.initialized:
+            console.print("creating the local PostgreSQL cluster under .awp/ …")
+            cluster.init()
+        started = not status.running
+        if started:
+            cluster.start(fsync=True)
+        dsn = cluster.create_database(DEFAULT_DBNAME, exist_ok=True)
+    except (ClusterError, PostgresNotFound, OSError, psycopg.Error) as e:
+        raise DemoError(f"cannot start the local database: {e}") from e
+    return dsn, (cluster if started else None)
+
+
+def _prepare_definition(timings: Timings) -> dict[str, Any]:
+    definition = yaml.safe_load((examples_dir() / "demo-etl.yaml").read_text())
+    if timings.sleep_scale != 1.0:
+        for task in definition["tasks"]:
+            inp = task.get("input") or {}
+            if isinstance(inp.get("sleep_ms"), int):
+                inp["sleep_ms"] = max(50, int(inp["sleep_ms"] * timings.sleep_scale))
+    return definition
+
+
+def run_demo(database_url: str | None = None, fast: bool = False, port: int = 0, n_workers: int = 3) -> int:
+    """Run the demo; returns the exit code (0 when the run succeeded after a takeover)."""
+    console = Console()
+    timings = FAST if fast else NORMAL
+    state = DemoState()
+    own_cluster = None
+    old_settings: dict[str, Any] | None = None
+    dsn = database_url
+    log_dir = Path(tempfile.mkdtemp(prefix="awp-demo-"))
+    previous_term = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    started = time.monotonic()
+    try:
+        from awp.migrate import MigrationError, migrate
+
+        console.rule("[bold]AWP demo")
+        if dsn is None:
+            dsn, own_cluster = _local_database(console)
+        try:
+            applied = migrate(dsn)
+        except (MigrationError, FileNotFoundError, psycopg.Error) as e:
+            raise DemoError(f"migration failed: {e}") from e
+        console.print(f"database ready; migrations applied: {', '.join(applied) or 'none (up to date)'}")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT awp.get_settings()").fetchone()
+            old_settings = row[0] if row else None
+            conn.execute(
+                "SELECT awp.configure(lease_duration_ms => %s, heartbeat_interval_ms => %s)",
+                (timings.lease_ms, timings.heartbeat_ms),
+            )
+        console.print(f"demo timings: lease {timings.lease_ms} ms, heartbeat {timings.heartbeat_ms} ms")
+        return asyncio.run(_main(console, dsn, port, n_workers, timings, state, log_dir))
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: shutting down[/]")
+        return 130
+    except (TimeoutError, ClientError) as e:
+        console.print(f"[red]demo failed: {e}[/]")
+        return 1
+    finally:
+        with contextlib.suppress(KeyboardInterrupt):
+            _shutdown(console, state, dsn, old_settings, own_cluster)
+        signal.signal(signal.SIGTERM, previous_term)
+        console.print(f"demo finished in {time.monotonic() - started:.1f}s (process logs in {log_dir})")
+
+
+def _shutdown(
+    console: Console, state: DemoState, dsn: str | None, old_settings: dict[str, Any] | None, cluster: Any
+) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # finish cleaning up even on a second Ctrl-C
+    try:
+        if state.run_id and not state.finished and state.gateway:
+            console.print(f"cancelling run {state.run_id} (the demo did not see it end) …")
+            with contextlib.suppress(ClientError, OSError, TimeoutError):
+                asyncio.run(_cancel(state.gateway, state.operator_token, state.run_id))
+        workers = [p for p in state.procs if p.name.startswith("worker") and p.alive]
+        servers = [p for p in state.procs if not p.name.startswith("worker")]
+        if workers:
+            console.print(f"stopping {len(workers)} worker(s) with SIGTERM (they drain) …")
+        for p in workers:
+            with contextlib.suppress(ProcessLookupError):
+                p.popen.send_signal(signal.SIGTERM)
+        for p in workers:
+            code = _stop(p, 15, signalled=True)
+            console.print(f"  {p.name} exited with {code}")
+        for p in servers:
+            if p.alive:
+                console.print(f"stopping {p.name} …")
+            code = _stop(p, 15)
+            console.print(f"  {p.name} exited with {code}")
+        if dsn and old_settings:
+            with contextlib.suppress(psycopg.Error), psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(
+                    "SELECT awp.configure(lease_duration_ms => %s, heartbeat_interval_ms => %s)",
+                    (old_settings["lease_duration_ms"], old_settings["heartbeat_interval_ms"]),
+                )
+        if cluster is not None:
+            console.print("stopping the local database (it was started by the demo) …")
+            with contextlib.suppress(Exception):
+                cluster.stop()
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+async def _cancel(gateway: str, token: str | None, run_id: str) -> None:
+    async with Client(gateway, token, timeout_s=5) as client:
+        await client.cancel_run(run_id)
+
+
+async def _main(
+    console: Console, dsn: str, port: int, n_workers: int, timings: Timings, state: DemoState, log_dir: Path
+) -> int:
+    from awp.cli_user import watch_run, workers_table
+    from awp.localdb import free_port
+
+    port = port or free_port()
+    gateway = f"http://127.0.0.1:{port}"
+    viewer, operator, bootstrap = (secrets.token_urlsafe(32) for _ in range(3))
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")}
+    serve_env = {
+        **base_env,
+        "AWP_DATABASE_URL": dsn,
+        "AWP_VIEWER_TOKEN": viewer,
+        "AWP_OPERATOR_TOKEN": operator,
+        "AWP_WORKER_BOOTSTRAP_TOKEN": bootstrap,
+        "AWP_COORDINATOR_INTERVAL_MS": str(int(timings.coordinator_interval_s * 1000)),
+    }
+    state.gateway, state.operator_token = gateway, operator
+    server = _spawn("gateway", ["serve", "--host", "127.0.0.1", "--port", str(port)], serve_env, log_dir)
+    state.procs.append(server)
+    try:
+        await wait_ready(gateway, timeout_s=30)
+    except TimeoutError as e:
+        raise DemoError(f"the gateway did not start: see {server.log_path}\n{_tail(server.log_path)}") from e
+    console.print(f"gateway up at {gateway} (pid {server.popen.pid})")
+
+    handlers = str(examples_dir() / "handlers.py")
+    for i in range(1, n_workers + 1):
+        worker_env = {**base_env, "AWP_GATEWAY_URL": gateway, "AWP_WORKER_BOOTSTRAP_TOKEN": bootstrap}
+        args = [
+            "worker",
+            "--name",
+            f"demo-worker-{i}",
+            "--executor",
+            "mock,python",
+            "--handlers",
+            handlers,
+            "--concurrency",
+            "4",
+            "--safety-margin-ms",
+            str(timings.safety_margin_ms),
+            "--wait-ms",
+            "5000",
+            "--shutdown-timeout",
+            "10",
+        ]
+        state.procs.append(_spawn(f"worker-{i}", args, worker_env, log_dir))
+
+    async with Client(gateway, operator) as client:
+        await _wait_workers(client, state, n_workers)
+        console.print(workers_table(await _our_workers(client, state)))
+        definition = _prepare_definition(timings)
+        applied = await client.apply_workflow(definition)
+        console.print(
+            f"workflow [bold]{applied['workflow_id']}[/] version {applied['version']}: "
+            f"{len(definition['tasks'])} tasks (fan-out, fan-in, a flaky task, a python handler)"
+        )
+        run = await client.start_run(applied["workflow_id"], applied["version"])
+        run_id = state.run_id = run["run_id"]
+        console.print(f"run [bold]{run_id}[/] started; a worker will be killed with SIGKILL while it holds a lease")
+
+        async def on_tick(info: dict[str, Any], tasks: list[dict[str, Any]]) -> None:
+            await _chaos(console, client, state, run_id, tasks)
+
+        final = await watch_run(client, run_id, console, on_tick=on_tick, timeout_s=180, poll_s=0.25)
+        state.finished = True
+        # Takeovers not yet seen by a tick (the run ended first): resolve them now.
+        await _resolve_takeovers(console, client, state, run_id)
+
+        console.rule("[bold]takeover")
+        if state.takeovers:
+            for t in state.takeovers:
+                console.print(
+                    f"task [bold]{t.task_key}[/]: attempt 1 on {t.old_worker} ({t.old_status or 'interrupted'}) → "
+                    f"attempt {t.new_attempt} on {t.new_worker}, {t.seconds:.1f}s after the kill"
+                    if t.new_worker
+                    else f"task {t.task_key}: no second attempt seen"
+                )
+        else:
+            console.print("[yellow]no worker was killed (the run ended before a lease could be caught)[/]")
+        flaky = await client.get_task(run_id, "transform-05")
+        history = ", ".join(f"#{a.get('attempt')} {a.get('status')}" for a in flaky.get("attempt_history") or [])
+        console.print(
+            f"flaky task transform-05: {flaky.get('status')} after {flaky.get('attempts')} attempts ({history})"
+        )
+        console.print(workers_table(await _our_workers(client, state)))
+        ok = final == "succeeded" and all(t.new_worker for t in state.takeovers) and bool(state.takeovers)
+        console.print(f"[bold {'green' if ok else 'red'}]run {run_id} {final}[/]")
+        return 0 if ok else 1
+
+
+async def _our_workers(client: Client, state: DemoState) -> list[dict[str, Any]]:
+    ids = {p.worker_id for p in state.procs if p.worker_id}
+    return [w for w in await client.list_workers() if w.get("worker_id") in ids]
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+async def _wait_workers(client: Client, state: DemoState, n: int) -> None:
+    deadline = time.monotonic() + 30
+    names = {p.name.replace("worker-", "demo-worker-"): p for p in state.procs if p.name.startswith("worker")}
+    while True:
+        for p in names.values():
+            if not p.alive:
+                raise DemoError(f"{p.name} exited with {p.popen.returncode}: {_tail(p.log_path)}")
+        items = await client.list_workers()
+        for w in items:
+            proc = names.get(str(w.get("display_name")))
+            if proc is not None and w.get("status") == "active":
+                proc.worker_id = str(w["worker_id"])
+        if all(p.worker_id for p in names.values()):
+            return
+        if time.monotonic() > deadline:
+            raise DemoError("the workers did not register in 30s")
+        await asyncio.sleep(0.2)
+
+
+async def _chaos(console: Console, client: Client, state: DemoState, run_id: str, tasks: list[dict[str, Any]]) -> None:
+    """During the fan-out, SIGKILL the worker holding the most long (extract) tasks; then follow the takeover."""
+    if state.victim is not None:
+        await _resolve_takeovers(console, client, state, run_id)
+        return
+    running = [str(t["task_key"]) for t in tasks if t.get("status") == "running"]
+    if sum(key.startswith("extract") for key in running) < 2:
+        return
+    ours = {p.worker_id: p for p in state.procs if p.worker_id and p.alive}
+    held: dict[str, list[str]] = {}
+    for key in running:
+        history = (await client.get_task(run_id, key)).get("attempt_history") or []
+        last = history[-1] if history else None
+        if last and last.get("status") == "running" and last.get("worker_id") in ours:
+            held.setdefault(str(last["worker_id"]), []).append(key)
+    if not held:
+        return
+    busy = {str(w["worker_id"]) for w in await client.list_workers() if w.get("active_leases")}
+    candidates = [wid for wid in held if wid in busy]  # GET /workers confirms it holds leases right now
+    if not candidates:
+        return
+    victim_id = max(candidates, key=lambda wid: (sum(k.startswith("extract") for k in held[wid]), len(held[wid])))
+    victim = ours[victim_id]
+    victim.popen.kill()
+    victim.popen.wait(5)
+    killed_at = time.monotonic()
+    state.victim = victim
+    name = f"{victim.name} ({victim.worker_id})"
+    state.takeovers = [Takeover(key, name, killed_at) for key in held[victim_id]]
+    console.print(
+        f"[bold red]kill -9[/] {name}, pid {victim.popen.pid}, while it holds {', '.join(held[victim_id])}; "
+        "nobody renews those leases now: the coordinator reaps them and another worker takes over"
+    )
+
+
+async def _resolve_takeovers(console: Console, client: Client, state: DemoState, run_id: str) -> None:
+    names = {p.worker_id: p.name for p in state.procs if p.worker_id}
+    for t in list(state.takeovers):
+        if t.new_worker:
+            continue
+        try:
+            history = (await client.get_task(run_id, t.task_key)).get("attempt_history") or []
+        except ClientError:
+            continue
+        first = next((a for a in history if a.get("attempt") == 1), None)
+        if first and first.get("status") == "succeeded":
+            state.takeovers.remove(t)  # it finished in the instant before the kill: nothing to take over
+            continue
+        if first and first.get("status") != "running":
+            t.old_status = str(first.get("status"))
+        later = [a for a in history if int(a.get("attempt", 0)) >= 2]
+        if later:
+            a = later[0]
+            t.new_attempt = int(a["attempt"])
+            t.new_worker = f"{names.get(a.get('worker_id'), '?')} ({a.get('worker_id')})"
+            t.seconds = time.monotonic() - t.killed_at
+            console.print(
+                f"[bold green]takeover[/]: {t.task_key} attempt 1 on {t.old_worker} was "
+                f"{t.old_status or 'interrupted'}; attempt {t.new_attempt} runs on {t.new_worker}, "
+                f"{t.seconds:.1f}s after the kill"
+            )

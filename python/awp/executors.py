@@ -1,0 +1,179 @@
+"""Executors: what a worker does with a lease. Each one turns (input, context) into a result dict
+``{"kind": "success" | "temporary_failure" | "permanent_failure", "output"?, "error_code"?, "error_message"?}``.
+
+- ``mock``: deterministic, driven by the input only (no code, no commands): ``sleep_ms``, ``fail``
+  (``temporary`` | ``permanent``), ``fail_attempts`` (fail while attempt <= N), ``output``.
+- ``python``: the action names a handler registered with ``@awp.handlers.handler`` in a module the worker
+  imported (``--handlers``). Never an import path, a file or a shell command.
+
+Executors are cancelled (``asyncio.CancelledError``) when the worker loses the lease or reaches its local
+deadline; a sync handler runs in a thread, which cannot be interrupted: its result is then discarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+from awp.handlers import Context, PermanentError, get_handler, is_async
+
+log = logging.getLogger(__name__)
+
+HANDLER_THREAD_PREFIX = "awp-handler"
+MAX_OUTPUT_BYTES = 64 * 1024
+MAX_ERROR_MESSAGE = 8 * 1024
+MAX_ERROR_CODE = 128
+
+Result = dict[str, Any]
+
+
+def success(output: Any) -> Result:
+    return {"kind": "success", "output": output}
+
+
+def failure(kind: str, error_code: str, message: str) -> Result:
+    return {"kind": kind, "error_code": error_code[:MAX_ERROR_CODE], "error_message": trim(message)}
+
+
+def trim(text: str, limit: int = MAX_ERROR_MESSAGE) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes (the API measures bytes)."""
+    raw = text.encode("utf-8")
+    if len(raw) <= limit:
+        return text
+    return raw[: limit - 3].decode("utf-8", errors="ignore") + "..."
+
+
+def check_result(result: Result) -> Result:
+    """Enforce the API limits on a result: an output too large (or not JSON) becomes a permanent failure."""
+    if result.get("kind") == "success":
+        try:
+            size = len(json.dumps(result.get("output"), separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        except (TypeError, ValueError) as e:
+            return failure("permanent_failure", "output_not_json", f"output is not JSON-serialisable: {e}")
+        if size > MAX_OUTPUT_BYTES:
+            return failure(
+                "permanent_failure", "output_too_large", f"output is {size} bytes; the limit is {MAX_OUTPUT_BYTES}"
+            )
+        return result
+    out = {"kind": result.get("kind", "temporary_failure")}
+    if out["kind"] not in ("temporary_failure", "permanent_failure"):
+        return failure("permanent_failure", "invalid_result", f"unknown result kind {out['kind']!r}")
+    out["error_code"] = str(result.get("error_code") or "error")[:MAX_ERROR_CODE]
+    out["error_message"] = trim(str(result.get("error_message") or ""))
+    return out
+
+
+class Executor(Protocol):
+    kind: str
+
+    async def execute(self, action: str, input: Any, ctx: Context) -> Result: ...
+
+
+class MockExecutor:
+    """Deterministic from the input: sleeps ``sleep_ms``, then fails or succeeds as the input says."""
+
+    kind = "mock"
+
+    async def execute(self, action: str, input: Any, ctx: Context) -> Result:
+        spec = input if isinstance(input, dict) else {}
+        sleep_ms = spec.get("sleep_ms", 0)
+        if isinstance(sleep_ms, int | float) and sleep_ms > 0:
+            await asyncio.sleep(sleep_ms / 1000.0)
+        fail_attempts = spec.get("fail_attempts")
+        if isinstance(fail_attempts, int) and ctx.attempt <= fail_attempts:
+            return failure(
+                "temporary_failure", "mock_flaky", f"attempt {ctx.attempt} fails (fail_attempts={fail_attempts})"
+            )
+        fail = spec.get("fail")
+        if fail == "temporary":
+            return failure("temporary_failure", "mock_temporary", "mock task failed (temporary)")
+        if fail == "permanent":
+            return failure("permanent_failure", "mock_permanent", "mock task failed (permanent)")
+        if "output" in spec:
+            return success(spec["output"])
+        return success({"task": ctx.task_key, "action": action, "attempt": ctx.attempt})
+
+
+def load_handler_module(name: str) -> ModuleType:
+    """Import a handler module by dotted name, or from a ``.py`` file path (e.g. ``examples/handlers.py``)."""
+    if name.endswith(".py") or os.sep in name:
+        path = Path(name).resolve()
+        if not path.is_file():
+            raise ImportError(f"handler file not found: {name}")
+        mod_name = f"awp_handlers_{path.stem}"
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load handler file {name}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(name)
+    log.info("loaded handlers from %s", name)
+    return module
+
+
+class PythonExecutor:
+    """Runs the handler registered for the action; sync handlers run in a thread."""
+
+    kind = "python"
+
+    def __init__(self, modules: Iterable[str] = (), threads: int = 32) -> None:
+        for name in modules:
+            load_handler_module(name)
+        # Our own pool, not the loop's default one: asyncio.run() would wait at exit for a sync handler that
+        # was cancelled (a thread cannot be interrupted); the worker exits without waiting for these.
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix=HANDLER_THREAD_PREFIX)
+
+    async def execute(self, action: str, input: Any, ctx: Context) -> Result:
+        func = get_handler(action)
+        if func is None:
+            return failure("permanent_failure", "unknown_action", f"no handler is registered for action {action!r}")
+        try:
+            if is_async(func):
+                output = await func(input, ctx)
+            else:
+                output = await asyncio.get_running_loop().run_in_executor(self._pool, partial(func, input, ctx))
+        except PermanentError as e:
+            return failure("permanent_failure", e.error_code or "permanent_error", str(e) or repr(e))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("handler %r failed on %s attempt %d: %r", action, ctx.task_key, ctx.attempt, e)
+            return failure("temporary_failure", "handler_error", repr(e))
+        return success(output)
+
+
+KNOWN_KINDS = ("mock", "python")
+
+
+def build_executors(
+    kinds: Iterable[str], handler_modules: Iterable[str] = (), concurrency: int = 32
+) -> dict[str, Executor]:
+    """The executors named in ``kinds``; raises ValueError for an unknown kind."""
+    out: dict[str, Executor] = {}
+    modules = list(handler_modules)
+    for kind in kinds:
+        if kind == "mock":
+            out[kind] = MockExecutor()
+        elif kind == "python":
+            if not modules:
+                log.warning("python executor without --handlers: every action will fail with unknown_action")
+            out[kind] = PythonExecutor(modules, threads=concurrency)
+        else:
+            raise ValueError(f"unknown executor {kind!r} (known: {', '.join(KNOWN_KINDS)})")
+    if modules and "python" not in out:
+        for name in modules:  # still import them, so a typo fails fast
+            load_handler_module(name)
+    return out

@@ -1,0 +1,587 @@
+"""The worker runtime (SPEC section 6): one asyncio process with a claim loop, a heartbeat loop and one
+asyncio task per active lease.
+
+Ownership is the server's: the worker only knows *durations* (``lease_remaining_ms``) and measures them with
+its own monotonic clock from the moment it sent the request, never comparing wall clocks. Each lease gets a
+local safety deadline = lease end - safety margin (capped at half the lease), pushed forward by each
+``renewed`` heartbeat but never past the attempt deadline. When the deadline passes, or a heartbeat answers
+``revoked``/``unknown``, the execution is cancelled and never completed: someone else may own it now.
+
+Exit codes: 0 after a drain (SIGTERM/SIGINT), 2 for a rejected bootstrap token or bad configuration,
+3 when the session became invalid (``worker_session_invalid``), 130 on a second signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from awp.client import ApiError, Client, ClientError, TransportError
+from awp.executors import HANDLER_THREAD_PREFIX, Executor, build_executors, check_result, failure
+from awp.handlers import Context
+
+log = logging.getLogger("awp.worker")
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_SESSION = 3
+EXIT_SIGNAL = 130
+
+SESSION_INVALID = "worker_session_invalid"
+
+
+class SessionInvalid(Exception):
+    """The gateway no longer accepts this worker session: the process must exit and register anew."""
+
+
+class Fatal(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class WorkerConfig:
+    gateway: str
+    bootstrap_token: str
+    executors: list[str] = field(default_factory=lambda: ["mock"])
+    concurrency: int = 4
+    handler_modules: list[str] = field(default_factory=list)
+    name: str = ""
+    shutdown_timeout_s: float = 30.0
+    safety_margin_ms: int = 1000
+    wait_ms: int = 20000
+    backoff_min_ms: int = 100
+    backoff_max_ms: int = 5000
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Backoff:
+    """Exponential backoff with full jitter: sleep uniform(0, min(max, min * 2**n))."""
+
+    def __init__(self, min_ms: int, max_ms: int) -> None:
+        self.min_s = max(min_ms, 1) / 1000.0
+        self.max_s = max(max_ms, min_ms) / 1000.0
+        self.failures = 0
+
+    def reset(self) -> None:
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        cap = min(self.max_s, self.min_s * (2**self.failures))
+        self.failures = min(self.failures + 1, 30)
+        return random.uniform(0, cap)
+
+
+class Execution:
+    """One active lease: its deadlines (monotonic seconds), its task and why it was aborted, if it was."""
+
+    def __init__(self, lease: dict[str, Any], claimed_at: float) -> None:
+        self.lease = lease
+        self.dispatch_id: str = lease["dispatch_id"]
+        self.lease_token: str = lease["lease_token"]
+        self.run_id: str = lease["run_id"]
+        self.task_key: str = lease["task_key"]
+        self.attempt: int = int(lease["attempt"])
+        remaining_s = max(0, int(lease["lease_remaining_ms"])) / 1000.0
+        # The attempt deadline as a duration after the lease's end (two server timestamps: only their difference
+        # is used), added to the lease's remaining time, measured on our monotonic clock from ``claimed_at``.
+        after_lease_s = _duration_s(lease.get("lease_expires_at"), lease.get("attempt_deadline"))
+        self.attempt_deadline = claimed_at + remaining_s + after_lease_s
+        self.margin_s = 0.0
+        self.deadline = claimed_at + remaining_s
+        self.abort_reason: str | None = None
+        self.aborted = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def set_margin(self, margin_ms: int) -> None:
+        """Apply the safety margin once, at claim time (the caller caps it at half the lease)."""
+        self.margin_s = margin_ms / 1000.0
+        self.deadline = min(self.deadline - self.margin_s, self.attempt_deadline - self.margin_s)
+
+    def renew(self, lease_remaining_ms: int, sent_at: float) -> None:
+        candidate = min(sent_at + lease_remaining_ms / 1000.0, self.attempt_deadline) - self.margin_s
+        if candidate > self.deadline:
+            self.deadline = candidate
+
+    def abort(self, reason: str) -> None:
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        self.aborted.set()
+
+    def describe(self) -> str:
+        return f"{self.run_id}/{self.task_key}#{self.attempt} (dispatch {self.dispatch_id})"
+
+
+def _duration_s(start: Any, end: Any) -> float:
+    """``end - start`` in seconds for two ISO timestamps from the server (0 when unknown)."""
+    try:
+        a = datetime.fromisoformat(str(start).replace("Z", "+00:00"))
+        b = datetime.fromisoformat(str(end).replace("Z", "+00:00"))
+    except (TypeError, ValueError):
+        return 0.0
+    return max(0.0, (b - a).total_seconds())
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, executors: dict[str, Executor] | None = None) -> None:
+        self.config = config
+        self.executors = (
+            executors if executors is not None else build_executors(config.executors, config.handler_modules)
+        )
+        self.client = Client(config.gateway, timeout_s=30.0)
+        self.worker_id = ""
+        self.session_token = ""
+        self.heartbeat_interval_s = 5.0
+        self.lease_duration_ms = 15000
+        self.margin_ms = config.safety_margin_ms
+        self.executions: dict[str, Execution] = {}
+        self.slot_freed = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.fatal: Fatal | None = None
+        self.fatal_event = asyncio.Event()
+        self._signals = 0
+        self._heartbeat_failures = 0
+        self._stopped_by_drain = False
+        self._claim_task: asyncio.Task[None] | None = None
+
+    # ---- entry point -------------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            return await self._run()
+        finally:
+            await self.client.close()
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("second %s: exiting at once", sig.name)
+            logging.shutdown()
+            os._exit(EXIT_SIGNAL)
+        log.info("%s received: draining (stop claiming, finish %d active lease(s))", sig.name, len(self.executions))
+        self.stopping.set()
+
+    async def _run(self) -> int:
+        try:
+            registered = await self._register()
+        except Fatal as e:
+            log.error("%s", e)
+            return e.exit_code
+        if not registered:
+            log.info("stopped before registering")
+            return EXIT_OK
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        self._claim_task = asyncio.create_task(self._claim_loop(), name="claim")
+        stop_wait = asyncio.create_task(self.stopping.wait())
+        fatal_wait = asyncio.create_task(self.fatal_event.wait())
+        try:
+            await asyncio.wait({stop_wait, fatal_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if self.fatal is None:
+                await self._drain()
+        finally:
+            for t in (stop_wait, fatal_wait, heartbeat, self._claim_task):
+                t.cancel()
+            await self._cancel_all("worker is exiting")
+            for t in (heartbeat, self._claim_task):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        if self.fatal is not None:
+            log.error("%s", self.fatal)
+            return self.fatal.exit_code
+        return EXIT_OK
+
+    def _set_fatal(self, exc: BaseException) -> None:
+        if self.fatal is not None:
+            return
+        if isinstance(exc, SessionInvalid):
+            self.fatal = Fatal(f"session invalid ({exc}): cancelled local work; exiting", EXIT_SESSION)
+        elif isinstance(exc, Fatal):
+            self.fatal = exc
+        else:
+            self.fatal = Fatal(f"unexpected error: {exc!r}", 1)
+        for ex in list(self.executions.values()):
+            ex.abort("worker session invalid")
+        self.fatal_event.set()
+
+    # ---- register ----------------------------------------------------------------------------------------
+
+    async def _register(self) -> bool:
+        """Register with the bootstrap token, retrying while the gateway is unreachable; False if stopped."""
+        cfg = self.config
+        backoff = Backoff(200, 5000)
+        while not self.stopping.is_set():
+            try:
+                answer = await self.client.register_worker(
+                    cfg.bootstrap_token, cfg.name, list(self.executors), cfg.concurrency
+                )
+            except TransportError as e:
+                delay = backoff.next_delay()
+                log.warning("gateway unreachable (%s); retrying registration in %.1fs", e, delay)
+            except ApiError as e:
+                if e.status == 401:
+                    raise Fatal(f"registration rejected: {e.code} (is the bootstrap token right?)", EXIT_CONFIG) from e
+                if not e.retryable:
+                    raise Fatal(f"registration failed: {e}", EXIT_CONFIG) from e
+                delay = backoff.next_delay()
+                log.warning("registration failed (%s); retrying in %.1fs", e, delay)
+            else:
+                self.worker_id = answer["worker_id"]
+                self.session_token = answer["session_token"]
+                self.heartbeat_interval_s = int(answer["heartbeat_interval_ms"]) / 1000.0
+                self.lease_duration_ms = int(answer["lease_duration_ms"])
+                self.margin_ms = max(0, min(cfg.safety_margin_ms, self.lease_duration_ms // 2))
+                log.info(
+                    "registered as %s (%s): executors %s, concurrency %d, heartbeat %dms, lease %dms, margin %dms",
+                    self.worker_id,
+                    cfg.name,
+                    ",".join(self.executors),
+                    cfg.concurrency,
+                    int(answer["heartbeat_interval_ms"]),
+                    self.lease_duration_ms,
+                    self.margin_ms,
+                )
+                return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), delay)
+        return False
+
+    # ---- claim loop --------------------------------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        return self.config.concurrency - len(self.executions)
+
+    async def _claim_loop(self) -> None:
+        cfg = self.config
+        backoff = Backoff(cfg.backoff_min_ms, cfg.backoff_max_ms)
+        try:
+            while not self.stopping.is_set():
+                free = self._free_slots()
+                if free <= 0:
+                    self.slot_freed.clear()
+                    if self._free_slots() <= 0:
+                        await self.slot_freed.wait()
+                    continue
+                sent_at = time.monotonic()
+                try:
+                    leases = await self.client.claim(self.worker_id, self.session_token, free, cfg.wait_ms)
+                    # A long-poll may hold the request for seconds before the lease is issued, so durations are
+                    # measured from the answer; the safety margin absorbs the answer's one-way latency.
+                    received_at = time.monotonic()
+                except (TransportError, ApiError) as e:
+                    if isinstance(e, ApiError) and e.code == SESSION_INVALID:
+                        if not self.stopping.is_set():
+                            raise SessionInvalid(e.message) from e
+                        return
+                    if isinstance(e, ApiError) and e.code == "worker_draining":
+                        log.info("the gateway says this worker is draining (drained by an operator?): draining")
+                        self.stopping.set()
+                        return
+                    delay = backoff.next_delay()
+                    level = (
+                        logging.DEBUG
+                        if isinstance(e, ApiError) and e.code == "worker_capacity_exceeded"
+                        else logging.WARNING
+                    )
+                    log.log(level, "claim failed (%s); retrying in %.2fs", e, delay)
+                    await self._sleep_unless_stopping(delay)
+                    continue
+                if leases:
+                    backoff.reset()
+                    for lease in leases:
+                        self._start(lease, received_at)
+                    continue
+                elapsed_ms = (time.monotonic() - sent_at) * 1000
+                if cfg.wait_ms == 0 or elapsed_ms < cfg.wait_ms / 2:  # no long-poll (or it ended early): back off
+                    await self._sleep_unless_stopping(backoff.next_delay())
+                else:
+                    backoff.reset()
+        except SessionInvalid as e:
+            self._set_fatal(e)
+        except Exception as e:  # a bug: exit loudly rather than idle forever without claiming
+            log.exception("claim loop failed")
+            self._set_fatal(e)
+
+    async def _sleep_unless_stopping(self, delay: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), delay)
+
+    def _start(self, lease: dict[str, Any], received_at: float) -> None:
+        ex = Execution(lease, received_at)
+        lease_s = max(0, int(lease["lease_remaining_ms"]))
+        ex.set_margin(min(self.margin_ms, lease_s // 2))
+        self.executions[ex.dispatch_id] = ex
+        log.info(
+            "claimed %s: %s/%s, fencing %s, %.0fms to local deadline",
+            ex.describe(),
+            lease.get("executor_kind"),
+            lease.get("action"),
+            lease.get("fencing_token"),
+            (ex.deadline - time.monotonic()) * 1000,
+        )
+        ex.task = asyncio.create_task(self._execute(ex), name=f"lease-{ex.dispatch_id}")
+
+    # ---- one lease ---------------------------------------------------------------------------------------
+
+    async def _execute(self, ex: Execution) -> None:
+        try:
+            result = await self._run_executor(ex)
+            if result is not None and ex.abort_reason is None:
+                await self._complete(ex, result)
+        except SessionInvalid as e:
+            self._set_fatal(e)
+        except Exception as e:
+            log.exception("lease %s: unexpected error", ex.describe())
+            self._set_fatal(e)
+        finally:
+            self.executions.pop(ex.dispatch_id, None)
+            self.slot_freed.set()
+
+    async def _run_executor(self, ex: Execution) -> dict[str, Any] | None:
+        lease = ex.lease
+        executor = self.executors.get(str(lease.get("executor_kind")))
+        if executor is None:
+            return failure(
+                "permanent_failure", "unknown_executor", f"this worker has no executor {lease.get('executor_kind')!r}"
+            )
+        ctx = Context(
+            run_id=ex.run_id,
+            task_key=ex.task_key,
+            attempt=ex.attempt,
+            fencing_token=int(lease.get("fencing_token") or 0),
+            workflow_id=str(lease.get("workflow_id", "")),
+            action=str(lease.get("action", "")),
+            deadline=ex.attempt_deadline - ex.margin_s,
+            _deadline_fn=lambda: ex.deadline,
+        )
+        work = asyncio.create_task(executor.execute(ctx.action, lease.get("input"), ctx))
+        aborted = asyncio.create_task(ex.aborted.wait())
+        try:
+            while True:
+                remaining = ex.deadline - time.monotonic()
+                if remaining <= 0:
+                    ex.abort("local safety deadline passed")
+                    break
+                done, _ = await asyncio.wait({work, aborted}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if work in done or aborted in done:
+                    break
+        finally:
+            aborted.cancel()
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await work
+        if ex.abort_reason is not None:
+            log.warning("lease %s: %s; execution cancelled, not completing", ex.describe(), ex.abort_reason)
+            return None
+        try:
+            result = work.result()
+        except asyncio.CancelledError:
+            return None
+        except Exception as e:
+            log.warning("lease %s: executor error %r", ex.describe(), e)
+            result = failure("temporary_failure", "executor_error", repr(e))
+        return check_result(result)
+
+    async def _complete(self, ex: Execution, result: dict[str, Any]) -> None:
+        """Report the result; retried with the same lease and result until the gateway answers for good."""
+        backoff = Backoff(100, 2000)
+        other_errors = 0
+        while True:
+            if ex.abort_reason is not None:
+                log.warning("lease %s: %s while completing; dropping the result", ex.describe(), ex.abort_reason)
+                return
+            try:
+                applied = await self.client.complete(
+                    self.worker_id, self.session_token, ex.dispatch_id, ex.lease_token, result
+                )
+            except TransportError as e:
+                reason = str(e)
+            except ApiError as e:
+                if e.code == SESSION_INVALID:
+                    raise SessionInvalid(e.message) from e
+                if e.code in ("lease_lost", "result_conflict"):
+                    log.warning("lease %s: complete answered %s (%s); dropped", ex.describe(), e.code, e.message)
+                    return
+                if not e.retryable:
+                    other_errors += 1
+                    if other_errors >= 5:
+                        log.error("lease %s: complete keeps failing (%s); giving up", ex.describe(), e)
+                        return
+                reason = str(e)
+            else:
+                log.info(
+                    "completed %s: %s%s",
+                    ex.describe(),
+                    result["kind"],
+                    "" if applied else " (not applied)",
+                )
+                return
+            # The server's lease ends at most one margin after our local deadline: past that, a retry can only
+            # answer lease_lost (or repeat an applied answer), so stop holding the slot.
+            if time.monotonic() > ex.deadline + ex.margin_s + 1.0:
+                log.warning("lease %s: complete failed (%s) and the lease has expired; dropped", ex.describe(), reason)
+                return
+            delay = backoff.next_delay()
+            log.warning("lease %s: complete failed (%s); retrying in %.2fs", ex.describe(), reason, delay)
+            await asyncio.sleep(delay)
+
+    # ---- heartbeat loop ----------------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.heartbeat_interval_s
+        try:
+            while True:
+                sent_at = time.monotonic()
+                await self._heartbeat_once(sent_at, timeout_s=max(1.0, 2 * interval))
+                delay = interval - (time.monotonic() - sent_at)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+        except SessionInvalid as e:
+            self._set_fatal(e)
+        except Exception as e:  # a bug: exit loudly rather than let every lease expire silently
+            log.exception("heartbeat loop failed")
+            self._set_fatal(e)
+
+    async def _heartbeat_once(self, sent_at: float, timeout_s: float) -> None:
+        active = list(self.executions.values())
+        leases = [{"dispatch_id": ex.dispatch_id, "lease_token": ex.lease_token} for ex in active]
+        try:
+            answers = await self.client.heartbeat(self.worker_id, self.session_token, leases, timeout_s=timeout_s)
+        except ApiError as e:
+            if e.code == SESSION_INVALID:
+                if self.stopping.is_set():  # our own drain may have just stopped it: the drain call decides
+                    return
+                raise SessionInvalid(e.message) from e
+            self._heartbeat_failed(e)
+            return
+        except ClientError as e:
+            self._heartbeat_failed(e)
+            return
+        if self._heartbeat_failures:
+            log.info("heartbeat recovered after %d failure(s)", self._heartbeat_failures)
+            self._heartbeat_failures = 0
+        by_id = {ex.dispatch_id: ex for ex in active}
+        for answer in answers:
+            ex = by_id.get(answer.get("dispatch_id", ""))
+            if ex is None:
+                continue
+            status = answer.get("status")
+            if status == "renewed":
+                ex.renew(int(answer.get("lease_remaining_ms") or 0), sent_at)
+            elif status in ("revoked", "unknown"):
+                ex.abort(f"heartbeat answered {status}")
+
+    def _heartbeat_failed(self, error: Exception) -> None:
+        """Log the first failure of a streak and then every 20th (the loop keeps trying every interval)."""
+        self._heartbeat_failures += 1
+        if self._heartbeat_failures % 20 == 1:
+            log.warning("heartbeat failed (%d in a row): %s", self._heartbeat_failures, error)
+
+    # ---- shutdown ----------------------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        timeout = self.config.shutdown_timeout_s
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        summary = await self._call_drain(end)
+        if self.fatal_event.is_set():
+            return
+        if summary is not None:
+            log.info("drain: worker %s is %s", self.worker_id, summary.get("status"))
+            if summary.get("status") == "stopped":
+                self._stopped_by_drain = True
+        # An in-flight claim may still hand us leases (committed before the drain): wait for its answer.
+        if self._claim_task is not None and not self._claim_task.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._claim_task), max(0.0, end - loop.time()))
+        while self.executions and loop.time() < end and not self.fatal_event.is_set():
+            self.slot_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.slot_freed.wait(), max(0.01, end - loop.time()))
+        if self.fatal_event.is_set():
+            return
+        if self.executions:
+            log.warning(
+                "shutdown timeout (%.1fs) passed with %d active lease(s): cancelling them",
+                timeout,
+                len(self.executions),
+            )
+            await self._cancel_all("shutdown timeout passed")
+        if not self._stopped_by_drain:
+            summary = await self._call_drain(max(end, loop.time() + 5.0))
+            if summary is not None:
+                self._stopped_by_drain = summary.get("status") == "stopped"
+                log.info("drain: worker %s is %s", self.worker_id, summary.get("status"))
+
+    async def _call_drain(self, end: float) -> dict[str, Any] | None:
+        loop = asyncio.get_running_loop()
+        backoff = Backoff(100, 1000)
+        while True:
+            try:
+                return await self.client.drain(self.worker_id, self.session_token)
+            except ApiError as e:
+                if e.code == SESSION_INVALID:  # e.g. marked offline while the gateway was unreachable
+                    self._set_fatal(SessionInvalid(e.message))
+                    return None
+                if not e.retryable:
+                    log.error("drain failed: %s", e)
+                    return None
+                reason = str(e)
+            except TransportError as e:
+                reason = str(e)
+            delay = backoff.next_delay()
+            if loop.time() + delay > end:
+                log.warning("drain failed (%s); giving up", reason)
+                return None
+            log.warning("drain failed (%s); retrying in %.2fs", reason, delay)
+            await asyncio.sleep(delay)
+
+    async def _cancel_all(self, reason: str) -> None:
+        tasks = []
+        for ex in list(self.executions.values()):
+            ex.abort(reason)
+            if ex.task is not None:
+                tasks.append(ex.task)
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+
+
+def run_worker(config: WorkerConfig) -> int:
+    """Run a worker until drained or failed; returns the process exit code."""
+    try:
+        worker_executors = build_executors(config.executors, config.handler_modules, config.concurrency)
+    except (ValueError, ImportError) as e:
+        log.error("bad configuration: %s", e)
+        return EXIT_CONFIG
+
+    async def main() -> int:
+        return await Worker(config, worker_executors).run()
+
+    try:
+        code = asyncio.run(main())
+    except KeyboardInterrupt:
+        code = EXIT_SIGNAL
+    stuck = [t.name for t in threading.enumerate() if t.name.startswith(HANDLER_THREAD_PREFIX) and t.is_alive()]
+    if stuck:  # cancelled sync handlers still running: a thread cannot be stopped, so do not wait for it
+        log.warning("%d sync handler thread(s) still running; exiting without waiting for them", len(stuck))
+        logging.shutdown()
+        os._exit(code)
+    return code

@@ -1,0 +1,35 @@
+"""``awp demo`` runs to the end: real gateway and workers, a worker killed mid-run, the takeover shown."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import psycopg
+from worker_support import REPO
+
+
+def test_demo_runs_to_the_end_with_a_takeover(db_dsn: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")}
+    awp = [sys.executable, "-c", "import sys; from awp.cli import main; sys.exit(main())"]
+    proc = subprocess.run(
+        [*awp, "demo", "--database-url", db_dsn, "--fast"],
+        env={**env, "COLUMNS": "200"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "kill -9" in out
+    assert "attempt 2 on" in out  # the killed worker's task, taken over by another worker
+    assert "flaky task transform-05: succeeded after 2 attempts" in out
+    assert "30 tasks: succeeded 30" in out
+    assert "gateway exited with 0" in out
+    with psycopg.connect(db_dsn) as conn:
+        workers = dict(conn.execute("SELECT status, count(*) FROM awp.list_workers() GROUP BY status").fetchall())
+        settings = conn.execute("SELECT awp.get_settings()").fetchone()[0]
+    assert workers == {"stopped": 2, "offline": 1}, "two drained workers, one killed"
+    assert settings["lease_duration_ms"] == 15000, "the demo restores the settings it changed"

@@ -1,0 +1,157 @@
+"""Worker faults with real processes: network partitions, kill -9, repeated signals, shutdown timeouts, and
+python handlers' context and limits. Lease 2000 ms, heartbeat 200 ms, safety margin 300 ms."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from support import ServeProcess, serve, wait_until
+from worker_support import TcpProxy, Workers, api, apply, mock_task, start_run, task, wait_run, wait_task_status
+
+TEST_HANDLERS = "python/tests/handlers_for_tests.py"
+
+
+@pytest.fixture(scope="module")
+def gw(db_dsn: str) -> Iterator[ServeProcess]:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("SELECT awp.configure(lease_duration_ms => 2000, heartbeat_interval_ms => 200)")
+    with serve(db_dsn) as gateway:
+        yield gateway
+
+
+def worker_ids(gw: ServeProcess) -> dict[str, str]:
+    return {w["worker_id"]: w["display_name"] for w in api(gw, "GET", "/workers")["items"]}
+
+
+def test_short_partition_is_survived_and_complete_is_retried(gw: ServeProcess) -> None:
+    proxy = TcpProxy(gw.port)
+    try:
+        with Workers(gw, proxy.url, gw.tokens.bootstrap) as ws:
+            w = ws.start("partitioned")
+            run_id = start_run(gw, apply(gw, {"id": "fa-partition", "tasks": [mock_task("t", sleep_ms=500)]}))
+            wait_task_status(gw, run_id, "t", "running")
+            proxy.cut()  # the task finishes during the partition: its complete fails and is retried
+            w.wait_log("complete failed", timeout=5)
+            proxy.restore()
+            assert wait_run(gw, run_id, timeout=10)["status"] == "succeeded"
+            assert [a["status"] for a in task(gw, run_id, "t")["attempt_history"]] == ["succeeded"]
+            w.wait_log("completed")
+            assert w.alive()
+            w.signal(signal.SIGTERM)
+            assert w.wait_exit(10) == 0
+    finally:
+        proxy.close()
+
+
+def test_killed_worker_is_replaced_by_second_attempt(gw: ServeProcess) -> None:
+    with Workers(gw) as ws:
+        procs = {name: ws.start(name, concurrency=1) for name in ("kill-a", "kill-b")}
+        for w in procs.values():
+            w.wait_log("registered as")
+        definition = {"id": "fa-kill", "tasks": [mock_task("long", max_attempts=2, sleep_ms=2500)]}
+        run_id = start_run(gw, apply(gw, definition))
+        # The worker's own log says first who holds the lease: kill it at once, well before the task ends.
+        victim = wait_until(lambda: next((n for n, w in procs.items() if "claimed" in w.log()), None), 10, 0.01)
+        procs[victim].kill()
+        survivor = next(name for name in procs if name != victim)
+        names = worker_ids(gw)
+        assert wait_run(gw, run_id, timeout=15)["status"] == "succeeded"
+        history = task(gw, run_id, "long")["attempt_history"]
+        assert [(a["status"], names[a["worker_id"]]) for a in history] == [
+            ("interrupted", victim),
+            ("succeeded", survivor),
+        ]
+        assert history[1]["fencing_token"] > history[0]["fencing_token"]
+        procs[survivor].signal(signal.SIGTERM)
+        assert procs[survivor].wait_exit(10) == 0
+
+
+def test_second_signal_exits_at_once(gw: ServeProcess) -> None:
+    with Workers(gw) as ws:
+        w = ws.start("impatient", shutdown_timeout=30)
+        run_id = start_run(gw, apply(gw, {"id": "fa-twice", "tasks": [mock_task("long", sleep_ms=30000)]}))
+        wait_task_status(gw, run_id, "long", "running")
+        w.signal(signal.SIGTERM)
+        w.wait_log("draining")
+        started = time.monotonic()
+        w.signal(signal.SIGINT)
+        assert w.wait_exit(5) == 130
+        assert time.monotonic() - started < 2
+        api(gw, "POST", f"/runs/{run_id}/cancel", {})
+        assert wait_run(gw, run_id, timeout=10)["status"] == "canceled"
+
+
+def test_shutdown_timeout_cancels_what_is_left_and_exits_zero(gw: ServeProcess) -> None:
+    with Workers(gw) as ws:
+        w = ws.start("hurried", shutdown_timeout=1)
+        run_id = start_run(gw, apply(gw, {"id": "fa-timeout", "tasks": [mock_task("long", sleep_ms=30000)]}))
+        wait_task_status(gw, run_id, "long", "running")
+        started = time.monotonic()
+        w.signal(signal.SIGTERM)
+        assert w.wait_exit(10) == 0
+        assert time.monotonic() - started < 5
+        assert "shutdown timeout" in w.log()
+        assert "completed" not in w.log()
+        # The lease was not released: the attempt ends as interrupted when it expires, never as succeeded.
+        assert wait_run(gw, run_id, timeout=10)["status"] == "failed"
+        assert task(gw, run_id, "long")["attempt_history"][0]["status"] == "interrupted"
+
+
+def test_python_handlers_get_context_and_limits_apply(gw: ServeProcess) -> None:
+    def py(key: str, action: str, attempts: int = 1) -> dict:
+        return {
+            "key": key,
+            "executor": "python",
+            "action": action,
+            "input": {},
+            "retry": {"max_attempts": attempts, "interval_ms": 0},
+        }
+
+    with Workers(gw) as ws:
+        w = ws.start("py", executors="python", extra=["--handlers", TEST_HANDLERS])
+        definition = {
+            "id": "fa-python",
+            "tasks": [py("ctx", "test-context"), py("big", "test-big-output"), py("flaky", "test-flaky", 2)],
+        }
+        run_id = start_run(gw, apply(gw, definition))
+        assert wait_run(gw, run_id)["status"] == "failed"  # because of "big"
+        ctx = task(gw, run_id, "ctx")["attempt_history"][0]
+        assert ctx["output"] == {
+            "run_id": run_id,
+            "task_key": "ctx",
+            "attempt": 1,
+            "fencing_token": ctx["fencing_token"],
+            "idempotency_key": f"{run_id}:ctx",
+            "remaining_ok": True,
+        }
+        big = task(gw, run_id, "big")["attempt_history"][0]
+        assert (big["status"], big["error_code"]) == ("failed", "output_too_large")
+        flaky = task(gw, run_id, "flaky")["attempt_history"]
+        assert [a["status"] for a in flaky] == ["failed", "succeeded"]
+        assert flaky[0]["error_code"] == "handler_error"
+        assert flaky[0]["error_message"] == "ConnectionError('upstream hiccup')"
+        assert w.alive()
+        w.signal(signal.SIGTERM)
+        assert w.wait_exit(10) == 0
+
+
+def test_a_stuck_sync_handler_does_not_keep_the_worker_alive(gw: ServeProcess) -> None:
+    with Workers(gw) as ws:
+        w = ws.start("stuck", executors="python", shutdown_timeout=1, extra=["--handlers", TEST_HANDLERS])
+        definition = {
+            "id": "fa-stuck",
+            "tasks": [{"key": "s", "executor": "python", "action": "test-sync-sleep", "input": {"seconds": 60}}],
+        }
+        run_id = start_run(gw, apply(gw, definition))
+        wait_task_status(gw, run_id, "s", "running")
+        started = time.monotonic()
+        w.signal(signal.SIGTERM)
+        assert w.wait_exit(10) == 0
+        assert time.monotonic() - started < 5
+        assert "sync handler thread(s) still running" in w.log()
+        api(gw, "POST", f"/runs/{run_id}/cancel", {})
+        assert wait_run(gw, run_id, timeout=10)["status"] in ("canceled", "failed")

@@ -1,0 +1,223 @@
+"""The worker runtime against a real gateway (``awp serve``) and real PostgreSQL, with real worker processes.
+
+Short timings: lease 2000 ms, heartbeat 200 ms, worker safety margin 300 ms.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from support import ServeProcess, serve, start_serve, wait_until
+from worker_support import (
+    Workers,
+    api,
+    apply,
+    mock_task,
+    start_run,
+    task,
+    tasks,
+    wait_run,
+    wait_task_status,
+)
+
+
+@pytest.fixture(scope="module")
+def fast_db(db_dsn: str) -> str:
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("SELECT awp.configure(lease_duration_ms => 2000, heartbeat_interval_ms => 200)")
+    return db_dsn
+
+
+@pytest.fixture(scope="module")
+def gw(fast_db: str) -> Iterator[ServeProcess]:
+    with serve(fast_db) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def workers(gw: ServeProcess) -> Iterator[Workers]:
+    with Workers(gw) as ws:
+        yield ws
+        for w in ws.procs:  # drain politely so the next test starts with no leases held
+            w.signal(signal.SIGTERM)
+        for w in ws.procs:
+            w.wait_exit(15)
+
+
+def worker_row(gw: ServeProcess, name: str) -> dict:
+    rows = [w for w in api(gw, "GET", "/workers")["items"] if w["display_name"] == name]
+    return rows[-1] if rows else {}
+
+
+def test_dag_runs_to_success_across_two_workers(gw: ServeProcess, workers: Workers) -> None:
+    for w in (workers.start("dag-1"), workers.start("dag-2")):
+        w.wait_log("registered as")
+    fan = [mock_task(f"mid-{i}", ["start"], sleep_ms=300) for i in range(6)]
+    definition = {
+        "id": "wk-dag",
+        "tasks": [mock_task("start", sleep_ms=50), *fan, mock_task("end", [t["key"] for t in fan])],
+    }
+    run_id = start_run(gw, apply(gw, definition))
+    assert wait_run(gw, run_id)["status"] == "succeeded"
+    all_tasks = tasks(gw, run_id)
+    assert {t["status"] for t in all_tasks.values()} == {"succeeded"}
+    owners = {task(gw, run_id, key)["attempt_history"][0]["worker_id"] for key in all_tasks}
+    assert len(owners) == 2, "both workers took part"
+    out = task(gw, run_id, "end")["attempt_history"][0]["output"]
+    assert out == {"task": "end", "action": "end", "attempt": 1}
+
+
+def test_fail_attempts_retries_then_succeeds(gw: ServeProcess, workers: Workers) -> None:
+    workers.start("flaky")
+    run_id = start_run(gw, apply(gw, {"id": "wk-flaky", "tasks": [mock_task("f", max_attempts=3, fail_attempts=2)]}))
+    assert wait_run(gw, run_id)["status"] == "succeeded"
+    history = task(gw, run_id, "f")["attempt_history"]
+    assert [a["status"] for a in history] == ["failed", "failed", "succeeded"]
+    assert history[0]["error_code"] == "mock_flaky"
+
+
+def test_permanent_failure_fails_the_run_and_skips_descendants(gw: ServeProcess, workers: Workers) -> None:
+    workers.start("perm")
+    definition = {
+        "id": "wk-perm",
+        "tasks": [
+            mock_task("a"),
+            mock_task("bad", ["a"], max_attempts=3, fail="permanent"),
+            mock_task("after-bad", ["bad"]),
+            mock_task("independent", ["a"], sleep_ms=100),
+        ],
+    }
+    run_id = start_run(gw, apply(gw, definition))
+    assert wait_run(gw, run_id)["status"] == "failed"
+    status = {k: t["status"] for k, t in tasks(gw, run_id).items()}
+    assert status == {"a": "succeeded", "bad": "failed", "after-bad": "skipped", "independent": "succeeded"}
+    assert tasks(gw, run_id)["bad"]["attempts"] == 1, "a permanent failure is not retried"
+
+
+def test_unknown_action_is_a_permanent_failure(gw: ServeProcess, workers: Workers) -> None:
+    workers.start("py", executors="mock,python", extra=["--handlers", "examples/handlers.py"])
+    definition = {
+        "id": "wk-unknown",
+        "tasks": [
+            {"key": "known", "executor": "python", "action": "word-count", "input": {"text": "a b c"}},
+            {
+                "key": "unknown",
+                "executor": "python",
+                "action": "no-such-action",
+                "input": {},
+                "retry": {"max_attempts": 3, "interval_ms": 0},
+            },
+        ],
+    }
+    run_id = start_run(gw, apply(gw, definition))
+    assert wait_run(gw, run_id)["status"] == "failed"
+    unknown = task(gw, run_id, "unknown")
+    assert unknown["status"] == "failed" and unknown["attempts"] == 1
+    assert unknown["attempt_history"][0]["error_code"] == "unknown_action"
+    assert task(gw, run_id, "known")["attempt_history"][0]["output"] == {"words": 3}
+
+
+def test_sigterm_while_busy_drains_and_stops(gw: ServeProcess, workers: Workers) -> None:
+    w = workers.start("drainer", concurrency=2)
+    definition = {"id": "wk-drain", "tasks": [mock_task("slow-1", sleep_ms=1500), mock_task("slow-2", sleep_ms=1500)]}
+    run_id = start_run(gw, apply(gw, definition))
+    wait_until(lambda: worker_row(gw, "drainer").get("active_leases") == 2, 10, 0.05, "two leases")
+    w.signal(signal.SIGTERM)
+    wait_until(lambda: worker_row(gw, "drainer").get("status") == "draining", 5, 0.02, "draining")
+    assert w.wait_exit(15) == 0
+    assert worker_row(gw, "drainer")["status"] == "stopped"
+    assert wait_run(gw, run_id)["status"] == "succeeded"
+    for key in ("slow-1", "slow-2"):
+        assert [a["status"] for a in task(gw, run_id, key)["attempt_history"]] == ["succeeded"]
+    assert "drain: worker" in w.log()
+
+
+def test_cancel_revokes_the_running_execution(gw: ServeProcess, workers: Workers) -> None:
+    w = workers.start("cancelled")
+    run_id = start_run(gw, apply(gw, {"id": "wk-cancel", "tasks": [mock_task("long", sleep_ms=30000)]}))
+    wait_task_status(gw, run_id, "long", "running")
+    api(gw, "POST", f"/runs/{run_id}/cancel", {})
+    w.wait_log("heartbeat answered revoked; execution cancelled, not completing", timeout=5)
+    assert wait_run(gw, run_id, timeout=10)["status"] == "canceled"
+    attempt = task(gw, run_id, "long")["attempt_history"][0]
+    assert attempt["status"] == "canceled"
+    assert "completed" not in w.log(), "a revoked execution is never completed"
+    assert w.alive()
+
+
+def test_worker_session_invalid_exits_non_zero(gw: ServeProcess, workers: Workers, fast_db: str) -> None:
+    w = workers.start("doomed")
+    w.wait_log("registered as")
+    worker_id = worker_row(gw, "doomed")["worker_id"]
+    with psycopg.connect(fast_db, autocommit=True) as c:
+        c.execute("UPDATE awp.workers SET status = 'offline', offline_at = now() WHERE worker_id = %s", (worker_id,))
+    assert w.wait_exit(10) == 3
+    assert "session invalid" in w.log()
+
+
+def test_drained_by_an_operator_the_worker_stops_and_exits_zero(
+    gw: ServeProcess, workers: Workers, fast_db: str
+) -> None:
+    w = workers.start("operator-drained")
+    w.wait_log("registered as")
+    worker_id = worker_row(gw, "operator-drained")["worker_id"]
+    with psycopg.connect(fast_db, autocommit=True) as c:
+        c.execute("UPDATE awp.workers SET status = 'draining', draining_at = now() WHERE worker_id = %s", (worker_id,))
+    assert w.wait_exit(10) == 0
+    assert worker_row(gw, "operator-drained")["status"] == "stopped"
+
+
+def test_rejected_bootstrap_token_is_fatal(gw: ServeProcess, workers: Workers) -> None:
+    w = workers.start("bad-token", env={"AWP_WORKER_BOOTSTRAP_TOKEN": "not-the-token"})
+    assert w.wait_exit(10) == 2
+    assert "registration rejected" in w.log()
+
+
+def test_unreachable_gateway_is_retried_not_fatal() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Workers(None, f"http://127.0.0.1:{port}", "whatever") as ws:
+        w = ws.start("lonely")
+        w.wait_log("retrying registration", timeout=10)
+        time.sleep(1.0)
+        assert w.alive()
+        w.signal(signal.SIGTERM)
+        assert w.wait_exit(10) == 0
+
+
+def test_local_deadline_cancels_execution_when_the_gateway_is_down(fast_db: str) -> None:
+    gateway = start_serve(fast_db)
+    try:
+        with Workers(gateway) as ws:
+            w = ws.start("orphan")
+            definition = {"id": "wk-deadline", "tasks": [mock_task("long", sleep_ms=30000)]}
+            run_id = start_run(gateway, apply(gateway, definition))
+            wait_task_status(gateway, run_id, "long", "running")
+            w.wait_log("claimed")
+            gateway.kill()
+            killed = time.monotonic()
+            w.wait_log("local safety deadline passed; execution cancelled, not completing", timeout=5)
+            # The deadline is at most lease - margin (1.7 s) after the last renewal; +1 s for a loaded machine.
+            assert time.monotonic() - killed < 3.0, "cancelled within one lease of the last renewal"
+            time.sleep(0.5)
+            assert w.alive(), "a network error is not fatal"
+            assert "heartbeat failed" in w.log()
+            # A new gateway on the same database: the lease expired there too (the attempt is interrupted,
+            # never completed), and the run ends, so no other test inherits it.
+            replacement = start_serve(fast_db)
+            try:
+                api(replacement, "POST", f"/runs/{run_id}/cancel", {})
+                assert wait_run(replacement, run_id, timeout=10)["status"] in ("failed", "canceled")
+                attempt = task(replacement, run_id, "long")["attempt_history"][0]
+                assert attempt["status"] in ("interrupted", "canceled")
+                assert "completed" not in w.log()
+            finally:
+                replacement.stop()
+    finally:
+        gateway.kill()

@@ -1,0 +1,265 @@
+"""Real ``awp worker`` processes for tests, and small HTTP helpers to drive runs through a gateway.
+
+with serve(db_dsn) as gw, Workers(gw) as workers:
+    w = workers.start("w1", executors="mock,python")
+    run_id = start_run(gw, apply(gw, definition))
+    assert wait_run(gw, run_id)["status"] == "succeeded"
+    w.wait_log("completed")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from support import ServeProcess, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+TERMINAL = ("succeeded", "failed", "canceled")
+
+
+class WorkerProcess:
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        self.name = name
+        self.proc = proc
+        self.log_path = log_path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_log(self, text: str, timeout: float = 10.0) -> str:
+        try:
+            return wait_until(lambda: text in self.log(), timeout, 0.05, f"{text!r} in the log of {self.name}")
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}\n--- {self.name} log ---\n{self.log()[-4000:]}") from None
+
+    def wait_exit(self, timeout: float = 15.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{self.name} still running after {timeout}s\n{self.log()[-4000:]}") from None
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait()
+
+
+class Workers:
+    """Starts workers against a gateway; every one still alive is killed on exit."""
+
+    def __init__(self, gw: ServeProcess | None, gateway_url: str | None = None, bootstrap: str | None = None) -> None:
+        self.gateway_url = gateway_url or (gw.base_url if gw else "")
+        self.bootstrap = bootstrap or (gw.tokens.bootstrap if gw else "")
+        self.procs: list[WorkerProcess] = []
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for w in self.procs:  # kill them all first: reporting below may fail (e.g. a closed stderr)
+            w.kill()
+        for w in self.procs:
+            if exc[0] is not None:
+                with contextlib.suppress(OSError):
+                    sys.stderr.write(f"--- {w.name} log ---\n{w.log()[-3000:]}\n")
+            w.log_path.unlink(missing_ok=True)
+
+    def start(
+        self,
+        name: str,
+        *,
+        executors: str = "mock",
+        concurrency: int = 2,
+        safety_margin_ms: int = 300,
+        wait_ms: int = 2000,
+        shutdown_timeout: float = 10.0,
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> WorkerProcess:
+        fd, log_name = tempfile.mkstemp(prefix=f"awp-worker-{name}-", suffix=".log")
+        full_env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("AWP_")},
+            "AWP_GATEWAY_URL": self.gateway_url,
+            "AWP_WORKER_BOOTSTRAP_TOKEN": self.bootstrap,
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from awp.cli import main; sys.exit(main())",
+            "worker",
+            "--name",
+            name,
+            "--executor",
+            executors,
+            "--concurrency",
+            str(concurrency),
+            "--safety-margin-ms",
+            str(safety_margin_ms),
+            "--wait-ms",
+            str(wait_ms),
+            "--shutdown-timeout",
+            str(shutdown_timeout),
+            *(extra or []),
+        ]
+        with os.fdopen(fd, "wb") as out:
+            proc = subprocess.Popen(cmd, env=full_env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        w = WorkerProcess(name, proc, Path(log_name))
+        self.procs.append(w)
+        return w
+
+
+# ---- HTTP helpers ------------------------------------------------------------------------------------------
+
+
+def api(gw: ServeProcess, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+    r = httpx.request(method, gw.api(path), json=body, headers={**gw.auth("operator"), **(headers or {})}, timeout=10.0)
+    assert r.status_code < 400, f"{method} {path}: {r.status_code} {r.text}"
+    return r.json()
+
+
+def apply(gw: ServeProcess, definition: dict[str, Any]) -> tuple[str, int]:
+    answer = api(gw, "POST", "/workflows", definition, {"Idempotency-Key": f"k-{time.monotonic_ns()}"})
+    return answer["workflow_id"], answer["version"]
+
+
+def start_run(gw: ServeProcess, workflow: tuple[str, int]) -> str:
+    wf, version = workflow
+    answer = api(
+        gw, "POST", f"/workflows/{wf}/versions/{version}/runs", {}, {"Idempotency-Key": f"r-{time.monotonic_ns()}"}
+    )
+    return answer["run_id"]
+
+
+def get_run(gw: ServeProcess, run_id: str) -> dict[str, Any]:
+    return api(gw, "GET", f"/runs/{run_id}")
+
+
+def tasks(gw: ServeProcess, run_id: str) -> dict[str, dict[str, Any]]:
+    return {t["task_key"]: t for t in api(gw, "GET", f"/runs/{run_id}/tasks")["items"]}
+
+
+def task(gw: ServeProcess, run_id: str, key: str) -> dict[str, Any]:
+    return api(gw, "GET", f"/runs/{run_id}/tasks/{key}")
+
+
+def wait_run(gw: ServeProcess, run_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        run = get_run(gw, run_id)
+        return run if run["status"] in TERMINAL else None
+
+    return wait_until(done, timeout, 0.1, f"run {run_id} to end")
+
+
+def wait_task_status(gw: ServeProcess, run_id: str, key: str, status: str, timeout: float = 15.0) -> dict[str, Any]:
+    return wait_until(
+        lambda: (t := tasks(gw, run_id)[key])["status"] == status and t,
+        timeout,
+        0.05,
+        f"task {key} to be {status}",
+    )
+
+
+def mock_task(key: str, deps: list[str] | None = None, max_attempts: int = 1, **inp: Any) -> dict[str, Any]:
+    return {
+        "key": key,
+        "executor": "mock",
+        "action": key,
+        "input": inp,
+        "depends_on": deps or [],
+        "retry": {"max_attempts": max_attempts, "interval_ms": 0},
+        "timeout_ms": 60000,
+    }
+
+
+class TcpProxy:
+    """A TCP forwarder from a local port to ``upstream_port``: ``cut()`` drops every connection and refuses
+    new ones (a network partition), ``restore()`` listens again on the same port."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = ("127.0.0.1", upstream_port)
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self.restore()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def restore(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            if self._listener is not None:
+                with contextlib.suppress(OSError):
+                    self._listener.shutdown(socket.SHUT_RDWR)
+                self._listener.close()
+                self._listener = None
+            for conn in self._conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            self._conns.clear()
+
+    close = cut
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._conns.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
