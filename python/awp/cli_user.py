@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import time
 from collections import Counter
@@ -160,6 +161,21 @@ async def _with(client: Client, call: Callable[[Client], Awaitable[T]]) -> T:
     show_default=True,
     help="Long-poll time of a claim.",
 )
+@click.option(
+    "--piggyback/--no-piggyback",
+    envvar="AWP_WORKER_PIGGYBACK",
+    default=True,
+    show_default=True,
+    help="Ask for the next lease in the same request as each completion.",
+)
+@click.option(
+    "--log-level",
+    envvar="AWP_WORKER_LOG_LEVEL",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="Worker log level (info logs every claim and completion).",
+)
 def worker(
     gateway: str,
     bootstrap_token: str,
@@ -170,9 +186,13 @@ def worker(
     shutdown_timeout: float,
     safety_margin_ms: int,
     wait_ms: int,
+    piggyback: bool,
+    log_level: str,
 ) -> None:
     """Run a worker: register, claim tasks, heartbeat, execute, complete; SIGTERM drains."""
     from awp.worker import WorkerConfig, run_worker
+
+    logging.getLogger("awp").setLevel(log_level.upper())
 
     modules: list[str] = []
     for item in handler_modules:  # the env var may hold several, separated by commas or spaces
@@ -187,6 +207,7 @@ def worker(
         shutdown_timeout_s=shutdown_timeout,
         safety_margin_ms=safety_margin_ms,
         wait_ms=wait_ms,
+        piggyback=piggyback,
     )
     sys.exit(run_worker(config))
 

@@ -181,16 +181,26 @@ class Client:
         return list(answer.get("leases") or [])
 
     async def complete(
-        self, worker_id: str, session_token: str, dispatch_id: str, lease_token: str, result: dict[str, Any]
-    ) -> bool:
+        self,
+        worker_id: str,
+        session_token: str,
+        dispatch_id: str,
+        lease_token: str,
+        result: dict[str, Any],
+        claim_slots: int | None = None,
+    ) -> tuple[bool, list[dict[str, Any]]]:
+        """(applied, new leases); with ``claim_slots`` the gateway also claims that many in the same call."""
+        body: dict[str, Any] = {"lease_token": lease_token, "result": result}
+        if claim_slots is not None:
+            body["claim_slots"] = claim_slots
         answer = await self.request(
             "POST",
             f"/workers/{_q(worker_id)}/leases/{_q(dispatch_id)}/complete",
-            {"lease_token": lease_token, "result": result},
+            body,
             token=session_token,
             headers=self._worker_headers(),
         )
-        return bool(answer.get("applied"))
+        return bool(answer.get("applied")), list(answer.get("leases") or [])
 
     async def drain(self, worker_id: str, session_token: str) -> dict[str, Any]:
         return await self.request(

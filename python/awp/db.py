@@ -170,6 +170,20 @@ class Database:
             (worker_id, session_token, dispatch_id, lease_token, Jsonb(result)),
         )
 
+    async def complete_and_claim(
+        self,
+        worker_id: str,
+        session_token: str,
+        dispatch_id: str,
+        lease_token: str,
+        result: dict[str, Any],
+        slots: int,
+    ) -> list[Row]:
+        return await self._rows(
+            "SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, %s)",
+            (worker_id, session_token, dispatch_id, lease_token, Jsonb(result), slots),
+        )
+
     async def drain_worker(self, worker_id: str, session_token: str) -> Row:
         return await self._row("SELECT * FROM awp.drain_worker(%s, %s)", (worker_id, session_token))
 

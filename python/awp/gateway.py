@@ -611,9 +611,10 @@ async def heartbeat(request: web.Request) -> web.Response:
     return json_response({"leases": rows})
 
 
-def _parse_complete(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    only_fields(body, required=("lease_token", "result"))
+def _parse_complete(body: dict[str, Any]) -> tuple[str, dict[str, Any], int | None]:
+    only_fields(body, required=("lease_token", "result"), optional=("claim_slots",))
     lease_token = as_str(body["lease_token"], "lease_token")
+    claim_slots = as_int(body["claim_slots"], "claim_slots", 0, 1000) if "claim_slots" in body else None
     result = body["result"]
     if not isinstance(result, dict):
         raise bad_request("result must be an object")
@@ -623,16 +624,25 @@ def _parse_complete(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     for name in ("error_code", "error_message"):
         if result.get(name) is not None and not isinstance(result[name], str):
             raise bad_request(f"result.{name} must be a string")
-    return lease_token, result
+    return lease_token, result, claim_slots
 
 
 @route("POST", API + "/workers/{worker_id}/leases/{dispatch_id}/complete", Access.WORKER)
 async def complete(request: web.Request) -> web.Response:
-    worker_id, token, (lease_token, result) = await worker_request(request, _parse_complete)
+    worker_id, token, (lease_token, result, claim_slots) = await worker_request(request, _parse_complete)
     dispatch_id = path_param(request, "dispatch_id")
-    applied = await request.app[DB].complete_task(worker_id, token, dispatch_id, lease_token, result)
-    request.app[METRICS].completions.labels(str(bool(applied)).lower()).inc()
-    return json_response({"applied": applied})
+    db, metrics = request.app[DB], request.app[METRICS]
+    if claim_slots is None:
+        applied = await db.complete_task(worker_id, token, dispatch_id, lease_token, result)
+        metrics.completions.labels(str(bool(applied)).lower()).inc()
+        return json_response({"applied": applied})
+    # SPEC section 9: a busy worker's next leases ride on its completion (one round trip per task).
+    leases = await db.complete_and_claim(worker_id, token, dispatch_id, lease_token, result, claim_slots)
+    metrics.completions.labels("true").inc()
+    if claim_slots:
+        metrics.claims.labels("leased" if leases else "empty").inc()
+        metrics.leases_issued.inc(len(leases))
+    return json_response({"applied": True, "leases": leases})
 
 
 @route("POST", API + "/workers/{worker_id}/drain", Access.WORKER)

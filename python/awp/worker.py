@@ -63,6 +63,7 @@ class WorkerConfig:
     wait_ms: int = 20000
     backoff_min_ms: int = 100
     backoff_max_ms: int = 5000
+    piggyback: bool = True  # ask for the next lease with each completion (one round trip per task)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -341,10 +342,11 @@ class Worker:
     # ---- one lease ---------------------------------------------------------------------------------------
 
     async def _execute(self, ex: Execution) -> None:
+        leases: list[dict[str, Any]] = []
         try:
             result = await self._run_executor(ex)
             if result is not None and ex.abort_reason is None:
-                await self._complete(ex, result)
+                leases = await self._complete(ex, result)
         except SessionInvalid as e:
             self._set_fatal(e)
         except Exception as e:
@@ -352,7 +354,12 @@ class Worker:
             self._set_fatal(e)
         finally:
             self.executions.pop(ex.dispatch_id, None)
-            self.slot_freed.set()
+            # Leases that rode on the completion take over this slot at once; otherwise the claim loop wakes.
+            received_at = time.monotonic()
+            for lease in leases:
+                self._start(lease, received_at)
+            if not leases:
+                self.slot_freed.set()
 
     async def _run_executor(self, ex: Execution) -> dict[str, Any] | None:
         lease = ex.lease
@@ -400,17 +407,24 @@ class Worker:
             result = failure("temporary_failure", "executor_error", repr(e))
         return check_result(result)
 
-    async def _complete(self, ex: Execution, result: dict[str, Any]) -> None:
-        """Report the result; retried with the same lease and result until the gateway answers for good."""
+    async def _complete(self, ex: Execution, result: dict[str, Any]) -> list[dict[str, Any]]:
+        """Report the result; retried with the same lease and result until the gateway answers for good.
+
+        The first try also asks for one new lease for the slot it frees (SPEC section 9: one round trip per
+        task), unless the worker is stopping; retries ask for none, so a lost answer strands at most one lease.
+        Returns the new leases.
+        """
         backoff = Backoff(100, 2000)
         other_errors = 0
+        claim_slots = 0 if self.stopping.is_set() or not self.config.piggyback else 1
         while True:
             if ex.abort_reason is not None:
                 log.warning("lease %s: %s while completing; dropping the result", ex.describe(), ex.abort_reason)
-                return
+                return []
             try:
-                applied = await self.client.complete(
-                    self.worker_id, self.session_token, ex.dispatch_id, ex.lease_token, result
+                applied, leases = await self.client.complete(
+                    self.worker_id, self.session_token, ex.dispatch_id, ex.lease_token, result,
+                    claim_slots=claim_slots if claim_slots else None,
                 )
             except TransportError as e:
                 reason = str(e)
@@ -419,12 +433,12 @@ class Worker:
                     raise SessionInvalid(e.message) from e
                 if e.code in ("lease_lost", "result_conflict"):
                     log.warning("lease %s: complete answered %s (%s); dropped", ex.describe(), e.code, e.message)
-                    return
+                    return []
                 if not e.retryable:
                     other_errors += 1
                     if other_errors >= 5:
                         log.error("lease %s: complete keeps failing (%s); giving up", ex.describe(), e)
-                        return
+                        return []
                 reason = str(e)
             else:
                 log.info(
@@ -433,12 +447,13 @@ class Worker:
                     result["kind"],
                     "" if applied else " (not applied)",
                 )
-                return
+                return leases
+            claim_slots = 0
             # The server's lease ends at most one margin after our local deadline: past that, a retry can only
             # answer lease_lost (or repeat an applied answer), so stop holding the slot.
             if time.monotonic() > ex.deadline + ex.margin_s + 1.0:
                 log.warning("lease %s: complete failed (%s) and the lease has expired; dropped", ex.describe(), reason)
-                return
+                return []
             delay = backoff.next_delay()
             log.warning("lease %s: complete failed (%s); retrying in %.2fs", ex.describe(), reason, delay)
             await asyncio.sleep(delay)

@@ -327,6 +327,26 @@ def test_cancel_run(http, gw):
 # -- the worker protocol -----------------------------------------------------------------------------------
 
 
+def test_a_completion_can_carry_the_next_claim(http, gw):
+    """SPEC section 9: with claim_slots, the dependant unlocked by the completion comes back as a new lease."""
+    _, run_id = new_run(http, gw)
+    w = Worker(http, gw, max_concurrency=1)
+    lease = w.claim_one()
+    body = {"lease_token": lease["lease_token"], "result": {"kind": "success"}, "claim_slots": 1}
+    r = w.post(f"/leases/{lease['dispatch_id']}/complete", body)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["applied"] is True
+    [lease_b] = answer["leases"]
+    assert (lease_b["run_id"], lease_b["task_key"], lease_b["attempt"]) == (run_id, "b", 1)
+    # The replay is idempotent and claims nothing more: the worker's one slot is taken by b.
+    replay = w.post(f"/leases/{lease['dispatch_id']}/complete", body)
+    assert replay.status_code == 200 and replay.json() == {"applied": True, "leases": []}
+    bad = w.post(f"/leases/{lease_b['dispatch_id']}/complete", {**body, "claim_slots": -1})
+    assert bad.status_code == 400 and error_code(bad) == "invalid_request"
+    assert w.complete(lease_b).json() == {"applied": True}
+
+
 def test_a_run_goes_through_claim_heartbeat_complete(http, gw):
     _, run_id = new_run(http, gw)
     w = Worker(http, gw)
