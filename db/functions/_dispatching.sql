@@ -1,5 +1,5 @@
--- Private helpers that turn ready tasks into pending dispatches, shared by the coordinator
--- (awp.create_dispatches) and the completion fast path (awp._dispatch_inline).
+-- Private helpers that turn ready tasks into pending dispatches, used by awp.create_dispatches (the
+-- coordinator's step, which a completion also runs in its own transaction).
 
 -- awp._dispatch_budget(): how many dispatches may be created right now:
 --   global_free  dispatch_limit - (pending + leased)
@@ -9,20 +9,22 @@
 -- claims re-check every worker's capacity under its lock).
 CREATE OR REPLACE FUNCTION awp._dispatch_budget(OUT global_free integer, OUT worker_free integer, OUT kinds jsonb)
 LANGUAGE sql STABLE SET search_path = '' AS $$
-  WITH live AS (
+  WITH live AS MATERIALIZED (
     SELECT d.status, d.executor_kind, d.worker_id FROM awp.dispatches d WHERE d.status IN ('pending', 'leased')
-  ), free AS (
-    SELECT w.executor_kinds,
-           greatest(w.max_concurrency - (SELECT count(*) FROM live l WHERE l.worker_id = w.worker_id AND l.status = 'leased'), 0) AS n
-      FROM awp.workers w WHERE w.status = 'active'
-  ), pending AS (
+  ), leased AS (
+    SELECT l.worker_id, count(*) AS n FROM live l WHERE l.status = 'leased' GROUP BY 1
+  ), free AS MATERIALIZED (
+    SELECT w.executor_kinds, greatest(w.max_concurrency - coalesce(l.n, 0), 0) AS n
+      FROM awp.workers w LEFT JOIN leased l ON l.worker_id = w.worker_id
+     WHERE w.status = 'active'
+  ), pending AS MATERIALIZED (
     SELECT l.executor_kind, count(*) AS n FROM live l WHERE l.status = 'pending' GROUP BY 1
   )
   SELECT (SELECT s.dispatch_limit FROM awp.settings s) - (SELECT count(*) FROM live)::integer,
-         ((SELECT coalesce(sum(n), 0) FROM free) - (SELECT coalesce(sum(n), 0) FROM pending))::integer,
+         ((SELECT coalesce(sum(f.n), 0) FROM free f) - (SELECT coalesce(sum(p.n), 0) FROM pending p))::integer,
          (SELECT coalesce(jsonb_object_agg(k.kind, k.n), '{}') FROM (
             SELECT u.kind, sum(f.n) - coalesce(max(p.n), 0) AS n
-              FROM free f, unnest(f.executor_kinds) AS u(kind)
+              FROM free f CROSS JOIN LATERAL unnest(f.executor_kinds) AS u(kind)
               LEFT JOIN pending p ON p.executor_kind = u.kind
              GROUP BY u.kind) k)
 $$;
@@ -73,32 +75,3 @@ BEGIN
   RETURN t.executor;
 END $$;
 COMMENT ON FUNCTION awp._dispatch_one(text, jsonb) IS 'Creates one pending dispatch for a run (caller holds the run lock) within its concurrency; returns the executor kind or NULL.';
-
--- awp._dispatch_inline(run): the fast path of SPEC section 9: right after a completion, the run
--- (locked by the caller) may get one new dispatch in the same transaction, but only when every
--- limit allows it and the fairness rule would pick this run anyway: no other live run with
--- ready tasks is ahead of it (never dispatched, or its latest dispatch is older). Otherwise the
--- coordinator does it on its next pass. Returns true when a dispatch was created.
-CREATE OR REPLACE FUNCTION awp._dispatch_inline(p_run_id text) RETURNS boolean
-LANGUAGE plpgsql SET search_path = '' AS $$
-DECLARE
-  v_seq bigint;
-  b     record;
-BEGIN
-  SELECT r.last_dispatch_seq INTO v_seq FROM awp.runs r
-   WHERE r.run_id = p_run_id AND r.status = 'running' AND r.cancel_requested_at IS NULL;
-  IF NOT FOUND
-     OR NOT EXISTS (SELECT 1 FROM awp.tasks y WHERE y.run_id = p_run_id AND y.status = 'ready')
-     OR EXISTS (SELECT 1 FROM awp.runs x
-                 WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
-                   AND x.run_id <> p_run_id AND (x.last_dispatch_seq IS NULL OR x.last_dispatch_seq < v_seq)
-                   AND EXISTS (SELECT 1 FROM awp.tasks y WHERE y.run_id = x.run_id AND y.status = 'ready')) THEN
-    RETURN false;
-  END IF;
-  b := awp._dispatch_budget();
-  IF b.global_free <= 0 OR b.worker_free <= 0 THEN
-    RETURN false;
-  END IF;
-  RETURN awp._dispatch_one(p_run_id, b.kinds) IS NOT NULL;
-END $$;
-COMMENT ON FUNCTION awp._dispatch_inline(text) IS 'Creates one dispatch for a just-completed run when the limits and the fairness rule allow it.';

@@ -5,8 +5,8 @@
 --   3. already completed: same result hash -> true again (no state change); different -> AWCNF
 --   4. not leased, lease expired, attempt deadline passed, run canceled/cancel requested or
 --      not running, attempt mismatch                                        -> AWLST
--- Then settles dispatch (completed + result hash), attempt, task, dependants and run, and may
--- create the run's next dispatch at once (awp._dispatch_inline).
+-- Then settles dispatch (completed + result hash), attempt, task, dependants and run, and creates
+-- the next dispatches at once (awp.create_dispatches, under every limit and the fairness rule).
 -- Result: {"kind": success|temporary_failure|permanent_failure, "output": any,
 --          "error_code": text <= 128, "error_message": text <= 8 KiB}, output <= 64 KiB.
 -- Locks: Run, then Dispatch, then the task rows of that run.
@@ -72,10 +72,11 @@ BEGIN
                            v_kind = 'temporary_failure',
                            p_result->'output', p_result->>'error_code', p_result->>'error_message',
                            v_kind);
-  -- Fast path (SPEC section 9): the freed slot or an unlocked dependant may be dispatched now;
-  -- the coordinator is woken unless that left nothing ready.
-  IF NOT awp._dispatch_inline(r.run_id)
-     OR EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready') THEN
+  -- Fast path (SPEC section 9): the slot this completion frees (and any unlocked dependant) is
+  -- dispatched now, by the coordinator's own step, so every limit and the fairness rule hold: the
+  -- new dispatch goes to whichever run is next in the fairness order, not necessarily this one.
+  -- Runs busy in other transactions are skipped; the coordinator is woken when nothing was created.
+  IF awp.create_dispatches() = 0 THEN
     PERFORM awp._wake('awp_coordinator', 'completed');
   END IF;
   RETURN true;

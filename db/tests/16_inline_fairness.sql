@@ -1,5 +1,5 @@
--- Inline dispatch on completion obeys the fairness rule (SPEC rule 9): it never jumps ahead of a
--- run that is waiting for its first dispatch; the coordinator serves that run instead.
+-- Dispatching on completion obeys the fairness rule (SPEC rule 9): the slot a completion frees goes
+-- to the run that never got a dispatch, not to the completing run.
 BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(5);
@@ -15,9 +15,10 @@ SELECT dispatch_id AS f_dispatch, lease_token AS f_lease, run_id AS f_run
 SELECT tests.make_run('small', jsonb_build_array(tests.task('s')), 5) AS small \gset
 SELECT ok(tests.complete(:'w3_worker_id', :'w3_token', :'f_dispatch', :'f_lease'), 'the first run''s task completes');
 SELECT is((SELECT count(*) FROM awp.dispatches WHERE run_id = :'f_run' AND status = 'pending'), 0::bigint,
-          'no inline dispatch for a run while a never-dispatched run waits');
-SELECT is((SELECT awp.coordinator_tick()->>'dispatched'), '1', 'the coordinator dispatches the waiting run instead');
-SELECT isnt((SELECT run_id FROM awp.dispatches WHERE status = 'pending'), :'f_run', 'and it is the other run');
+          'no dispatch for the completing run while a never-dispatched run waits');
+SELECT is((SELECT run_id FROM awp.dispatches WHERE status = 'pending'), :'small',
+          'the freed slot went to the never-dispatched run, in the same transaction');
+SELECT is((SELECT awp.coordinator_tick()->>'dispatched'), '0', 'nothing was left for the coordinator (dispatch_limit 1)');
 
 SELECT is_empty('SELECT * FROM awp.check_invariants()', 'no invariant is violated');
 
