@@ -3,7 +3,8 @@
 -- others `waiting_dependencies`. The same idempotency key for the same workflow returns the
 -- same run. Defaults of SPEC section 1 are applied here (concurrency 10, max_attempts 1,
 -- interval_ms 1000, timeout_ms 300000, input {}, action = key). Raises AWNTF for an unknown workflow or version, AWREQ for a bad key.
--- Locks: inserts only (the unique index serialises two starts with one key); wakes the coordinator.
+-- Locks: inserts (the unique index serialises two starts with one key), then as
+-- awp.create_dispatches (other runs with SKIP LOCKED).
 CREATE OR REPLACE FUNCTION awp.start_run(p_workflow_id text, p_version integer DEFAULT NULL,
                                          p_idempotency_key text DEFAULT NULL)
 RETURNS text
@@ -80,7 +81,11 @@ BEGIN
   PERFORM awp._log(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
                    'waiting_dependencies', 'task created')
      FROM awp.tasks t WHERE t.run_id = v_run_id AND t.status = 'waiting_dependencies';
-  PERFORM awp._wake('awp_coordinator', 'run_started');
+  -- Fast path (SPEC section 9): dispatch now what the limits and the fairness rule allow (a new run
+  -- is first in line), so an idle worker's long-poll wakes without waiting for a coordinator pass.
+  IF awp.create_dispatches() = 0 THEN
+    PERFORM awp._wake('awp_coordinator', 'run_started');
+  END IF;
   RETURN v_run_id;
 END $$;
 COMMENT ON FUNCTION awp.start_run(text, integer, text) IS 'Starts a run of a workflow version (latest when null); the same idempotency key returns the same run; AWNTF when unknown.';

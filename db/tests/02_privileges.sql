@@ -67,7 +67,8 @@ SELECT throws_ok(format($$SELECT awp._log1(%L, 'run', 'x', NULL, 'failed', 'forg
 SELECT is((SELECT version FROM awp.create_workflow_version(tests.def(jsonb_build_array(tests.task('x')), '{"id": "gw"}'))),
           1, 'awp_gateway creates a workflow version');
 SELECT isnt(awp.start_run('gw'), NULL, 'awp_gateway starts a run');
-SELECT is(awp.coordinator_tick()->>'dispatched', '2', 'awp_gateway runs a coordinator pass');
+SELECT ok(awp.coordinator_tick() ?& ARRAY['canceled', 'reaped', 'offline', 'promoted', 'dispatched'],
+          'awp_gateway runs a coordinator pass');
 SELECT is((SELECT count(*) FROM awp.claim_tasks(:'w1_worker_id', :'w1_token', 2)), 2::bigint,
           'awp_gateway claims through awp.claim_tasks');
 SELECT is((SELECT status FROM awp.get_run(:'run')), 'running', 'awp_gateway reads a run');

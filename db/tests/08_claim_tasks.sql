@@ -12,7 +12,9 @@ SELECT tests.make_run('wf', jsonb_build_array(
          tests.task('long', '{}', '{"timeout_ms": 60000}'),
          tests.task('py', '{}', '{"executor": "python"}'),
          tests.task('later', '{short}'))) AS run \gset
-SELECT is((tests.dispatch_all()->>'dispatched')::integer, 3, 'setup: three dispatches pending');
+SELECT tests.dispatch_all();
+SELECT is((SELECT count(*) FROM awp.dispatches WHERE run_id = :'run' AND status = 'pending'), 3::bigint,
+          'setup: three dispatches pending');
 SELECT is((SELECT count(*) FROM awp.attempts), 0::bigint, 'a pending dispatch has no attempt yet');
 
 -- ---------------------------------------------------------------- errors, session first

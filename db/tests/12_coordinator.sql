@@ -118,7 +118,9 @@ SELECT awp.configure(lease_duration_ms => 15000, heartbeat_interval_ms => 5000, 
 SELECT * FROM tests.register_worker('py', '{python}', 1) \gset p_
 SELECT * FROM tests.register_worker('mock-only', '{mock}', 5) \gset m_
 SELECT tests.make_run('pyrun', jsonb_build_array(tests.task('a', '{}', '{"executor": "python"}'))) AS pyrun \gset
-SELECT is(tests.tick('dispatched'), 1, 'setup: a python dispatch is pending');
+SELECT tests.tick('dispatched');
+SELECT is((SELECT count(*) FROM awp.dispatches WHERE run_id = :'pyrun' AND status = 'pending'), 1::bigint,
+          'setup: a python dispatch is pending');
 SELECT is((SELECT status FROM awp.drain_worker(:'p_worker_id', :'p_token')), 'stopped', 'the only python worker stops');
 SELECT is(tests.tick('withdrawn'), 1, 'the pending dispatch is withdrawn');
 SELECT is((SELECT status FROM awp.dispatches WHERE run_id = :'pyrun'), 'canceled', 'its dispatch is canceled');
@@ -132,17 +134,23 @@ SELECT is(tests.tick('dispatched'), 1, 'a new python worker gets a fresh dispatc
 SELECT tests.reset();
 SELECT * FROM tests.register_worker('big', '{mock}', 3) \gset b_
 SELECT tests.make_run('conc', (SELECT jsonb_agg(tests.task('t' || i)) FROM generate_series(1, 5) i), 2) AS conc \gset
-SELECT is(tests.tick('dispatched'), 2, 'run concurrency 2 bounds queued tasks');
+SELECT tests.tick('dispatched');
+SELECT is((SELECT count(*) FROM awp.tasks WHERE run_id = :'conc' AND status = 'queued'), 2::bigint,
+          'run concurrency 2 bounds queued tasks');
 SELECT is((SELECT count(*) FROM awp.claim_tasks(:'b_worker_id', :'b_token', 2)), 2::bigint, 'setup: both claimed');
 SELECT is(tests.tick('dispatched'), 0, 'run concurrency bounds queued + running');
 SELECT tests.make_run('cap', (SELECT jsonb_agg(tests.task('t' || i)) FROM generate_series(1, 5) i), 10) AS cap \gset
-SELECT is(tests.tick('dispatched'), 1, 'worker capacity 3 with 2 leases: one more dispatch');
+SELECT tests.tick('dispatched');
+SELECT is((SELECT count(*) FROM awp.dispatches WHERE run_id = :'cap' AND status = 'pending'), 1::bigint,
+          'worker capacity 3 with 2 leases: one more dispatch');
 SELECT is(tests.tick('dispatched'), 0, 'pending dispatches count against free capacity');
 SELECT tests.reset();
 SELECT * FROM tests.register_worker('huge', '{mock}', 100) \gset h_
 SELECT awp.configure(dispatch_limit => 2);
 SELECT tests.make_run('lim', (SELECT jsonb_agg(tests.task('t' || i)) FROM generate_series(1, 5) i), 10) AS lim \gset
-SELECT is(tests.tick('dispatched'), 2, 'the global dispatch_limit bounds pending + leased');
+SELECT tests.tick('dispatched');
+SELECT is((SELECT count(*) FROM awp.dispatches WHERE run_id = :'lim' AND status = 'pending'), 2::bigint,
+          'the global dispatch_limit bounds pending + leased');
 
 -- ================================================================ fairness
 SELECT tests.reset();

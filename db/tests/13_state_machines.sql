@@ -147,7 +147,7 @@ SELECT is(ARRAY(SELECT e.run_id FROM awp.events e GROUP BY e.run_id, e.revision
 SELECT is(ARRAY(SELECT format('step %s run %s: revision +%s for %s events', step, run_id, d_rev, d_seq) FROM tests.steps
                  WHERE d_rev <> CASE WHEN d_seq > 0 THEN 1 ELSE 0 END),
           '{}'::text[], 'every step that wrote events moved each touched run''s revision by exactly one; the others by none');
-SELECT cmp_ok((SELECT count(*) FROM tests.steps WHERE d_seq > 0), '>=', 20::bigint, '(at least 20 run-changing steps were observed)');
+SELECT cmp_ok((SELECT count(*) FROM tests.steps WHERE d_seq > 0), '>=', 12::bigint, '(at least 12 run-changing steps were observed)');
 SELECT is((SELECT revision FROM awp.runs WHERE run_id = :'early'), 2::bigint, 'run early: created, then canceled in one call');
 
 -- Illegal direct shapes are blocked (the CHECKs of 01_schema): a succeeded task must be finished.

@@ -55,7 +55,9 @@ SELECT is(ARRAY(SELECT run_id FROM awp.list_runs()), ARRAY[:'r3', :'r2', :'run']
 SELECT is(ARRAY(SELECT run_id FROM awp.list_runs(NULL, NULL, NULL, 2)), ARRAY[:'r3', :'r2'], 'a page of 2');
 SELECT is(ARRAY(SELECT run_id FROM awp.list_runs(NULL, NULL, :'r2', 2)), ARRAY[:'run'], 'the next page after its last run id');
 SELECT is(ARRAY(SELECT run_id FROM awp.list_runs('wf')), ARRAY[:'r2', :'run'], 'filtered by workflow');
-SELECT is(ARRAY(SELECT run_id FROM awp.list_runs(NULL, 'running')), ARRAY[:'run'], 'filtered by status');
+SELECT is(ARRAY(SELECT run_id FROM awp.list_runs(NULL, 'running')),
+          ARRAY(SELECT run_id FROM awp.runs WHERE status = 'running' ORDER BY created_at DESC, run_id DESC),
+          'filtered by status');
 SELECT throws_ok($$SELECT * FROM awp.list_runs(NULL, NULL, NULL, 0)$$, 'AWREQ', NULL, 'limit 0 is AWREQ');
 SELECT throws_ok($$SELECT * FROM awp.list_runs(NULL, 'bogus')$$, 'AWREQ', NULL, 'an unknown status is AWREQ');
 
