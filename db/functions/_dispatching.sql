@@ -33,8 +33,9 @@ COMMENT ON FUNCTION awp._dispatch_budget() IS 'The dispatch budget now: global, 
 -- awp._dispatch_one(run, kinds): creates one pending dispatch for the run's first ready task (in
 -- definition order) whose executor kind has budget in `kinds`, unless the run's queued + running
 -- tasks already reach its concurrency. The caller holds the run's row lock. Moves the task to
--- queued and a pending run to running, records the run's place in the fairness order, writes the
--- events and a NOTIFY awp_dispatch. Returns the executor kind dispatched, or NULL.
+-- queued and a pending run to running, records the run's place in the fairness order and writes the
+-- events (the NOTIFY comes from awp._notify_pending at the end of the public call). Returns the
+-- executor kind dispatched, or NULL.
 CREATE OR REPLACE FUNCTION awp._dispatch_one(p_run_id text, p_kinds jsonb) RETURNS text
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
@@ -71,7 +72,19 @@ BEGIN
     PERFORM awp._logn(p_run_id, '{task,dispatch}', ARRAY[t.task_key, v_id], '{ready,NULL}',
                       '{queued,pending}', '{"dispatch created","dispatch created"}');
   END IF;
-  PERFORM awp._wake('awp_dispatch', t.executor);
   RETURN t.executor;
 END $$;
 COMMENT ON FUNCTION awp._dispatch_one(text, jsonb) IS 'Creates one pending dispatch for a run (caller holds the run lock) within its concurrency; returns the executor kind or NULL.';
+
+-- awp._notify_pending(): one NOTIFY awp_dispatch per dispatch this transaction created and left
+-- pending (payload "<executor kind> <dispatch id>", so PostgreSQL does not fold them into one): the
+-- gateway wakes one waiting claim per notification. Called last by every public function that
+-- creates dispatches, so a dispatch the same transaction already leased (complete_and_claim) wakes
+-- nobody. A hint only: waiting claims also re-check on their own.
+CREATE OR REPLACE FUNCTION awp._notify_pending() RETURNS integer
+LANGUAGE sql SET search_path = '' AS $$
+  SELECT count(pg_notify('awp_dispatch', d.executor_kind || ' ' || d.dispatch_id))::integer
+    FROM awp.dispatches d
+   WHERE d.status = 'pending' AND d.xmin = xid(pg_current_xact_id())
+$$;
+COMMENT ON FUNCTION awp._notify_pending() IS 'Sends one NOTIFY awp_dispatch per dispatch created and still pending in this transaction.';

@@ -10,10 +10,10 @@
 -- Result: {"kind": success|temporary_failure|permanent_failure, "output": any,
 --          "error_code": text <= 128, "error_message": text <= 8 KiB}, output <= 64 KiB.
 -- Locks: Run, then Dispatch, then the task rows of that run.
-CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
-                                             p_lease_token text, p_result jsonb)
+CREATE OR REPLACE FUNCTION awp._complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
+                                              p_lease_token text, p_result jsonb)
 RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   w        awp.workers := awp._session(p_worker_id, p_session_token, false);
   v_kind   text;
@@ -76,10 +76,22 @@ BEGIN
   -- dispatched now, by the coordinator's own step, so every limit and the fairness rule hold: the
   -- new dispatch goes to whichever run is next in the fairness order, not necessarily this one.
   -- Runs busy in other transactions are skipped; the coordinator is woken when nothing was created.
-  IF awp.create_dispatches() = 0 THEN
+  IF awp._create_dispatches() = 0 THEN
     PERFORM awp._wake('awp_coordinator', 'completed');
   END IF;
   RETURN true;
+END $$;
+COMMENT ON FUNCTION awp._complete_task(text, text, text, text, jsonb) IS 'awp.complete_task without the final NOTIFY.';
+
+CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
+                                             p_lease_token text, p_result jsonb)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  v_applied boolean := awp._complete_task(p_worker_id, p_session_token, p_dispatch_id, p_lease_token, p_result);
+BEGIN
+  PERFORM awp._notify_pending();
+  RETURN v_applied;
 END $$;
 COMMENT ON FUNCTION awp.complete_task(text, text, text, text, jsonb) IS 'Reports a lease''s result (fenced, idempotent): true when applied; AWSES/AWREQ/AWLST/AWCNF.';
 
@@ -134,15 +146,18 @@ DECLARE
   w      awp.workers := awp._session(p_worker_id, p_session_token, true);  -- worker lock first, as in claim
   v_free integer;
 BEGIN
-  PERFORM awp.complete_task(p_worker_id, p_session_token, p_dispatch_id, p_lease_token, p_result);
+  PERFORM awp._complete_task(p_worker_id, p_session_token, p_dispatch_id, p_lease_token, p_result);
   IF p_slots IS NULL OR p_slots < 1 THEN
+    PERFORM awp._notify_pending();
     RETURN;
   END IF;
   SELECT w.max_concurrency - count(*) INTO v_free
     FROM awp.dispatches d WHERE d.worker_id = p_worker_id AND d.status = 'leased';
   IF w.status <> 'active' OR v_free < 1 THEN
+    PERFORM awp._notify_pending();
     RETURN;
   END IF;
   RETURN QUERY SELECT * FROM awp.claim_tasks(p_worker_id, p_session_token, least(p_slots, v_free));
+  PERFORM awp._notify_pending();   -- only for what this call created and did not lease itself
 END $$;
 COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, integer) IS 'complete_task, then claim_tasks for up to slots free leases, in one transaction; returns the new leases.';

@@ -170,9 +170,10 @@ COMMENT ON FUNCTION awp.withdraw_orphan_dispatches() IS 'Withdraws pending dispa
 -- workers, less the dispatches already pending for them; the global dispatch_limit over
 -- pending + leased) and the fairness rule 9: runs that never got a dispatch first, then the run
 -- whose latest dispatch is oldest; one task per run per round; rounds repeat while they progress.
--- Returns the number of dispatches created.
-CREATE OR REPLACE FUNCTION awp.create_dispatches() RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+-- Returns the number of dispatches created. awp._create_dispatches() does the work without the
+-- NOTIFY, for callers that notify once at their end (awp._notify_pending).
+CREATE OR REPLACE FUNCTION awp._create_dispatches() RETURNS integer
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   b       record := awp._dispatch_budget();
   v_kinds jsonb := b.kinds;
@@ -202,6 +203,16 @@ BEGIN
     END LOOP;
     EXIT WHEN v_round = 0 OR v_left <= 0;
   END LOOP;
+  RETURN v_n;
+END $$;
+COMMENT ON FUNCTION awp._create_dispatches() IS 'Creates pending dispatches for ready tasks under the backpressure limits and the fairness rule, without NOTIFY; returns the count.';
+
+CREATE OR REPLACE FUNCTION awp.create_dispatches() RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  v_n integer := awp._create_dispatches();
+BEGIN
+  PERFORM awp._notify_pending();
   RETURN v_n;
 END $$;
 COMMENT ON FUNCTION awp.create_dispatches() IS 'Creates pending dispatches for ready tasks under the backpressure limits and the fairness rule; returns the count.';
@@ -234,7 +245,8 @@ BEGIN
   v_reap := awp.reap_expired_leases();
   v_prom := awp.promote_retries();
   v_wd   := awp.withdraw_orphan_dispatches();
-  v_disp := awp.create_dispatches();
+  v_disp := awp._create_dispatches();
+  PERFORM awp._notify_pending();
   RETURN jsonb_build_object('canceled', v_can, 'reaped', v_reap, 'offline', v_off,
                             'promoted', v_prom, 'withdrawn', v_wd, 'dispatched', v_disp);
 END $$;

@@ -83,9 +83,10 @@ BEGIN
      FROM awp.tasks t WHERE t.run_id = v_run_id AND t.status = 'waiting_dependencies';
   -- Fast path (SPEC section 9): dispatch now what the limits and the fairness rule allow (a new run
   -- is first in line), so an idle worker's long-poll wakes without waiting for a coordinator pass.
-  IF awp.create_dispatches() = 0 THEN
+  IF awp._create_dispatches() = 0 THEN
     PERFORM awp._wake('awp_coordinator', 'run_started');
   END IF;
+  PERFORM awp._notify_pending();
   RETURN v_run_id;
 END $$;
 COMMENT ON FUNCTION awp.start_run(text, integer, text) IS 'Starts a run of a workflow version (latest when null); the same idempotency key returns the same run; AWNTF when unknown.';

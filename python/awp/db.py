@@ -8,6 +8,7 @@ psycopg's: :mod:`awp.errors` maps them to HTTP answers.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from typing import Any
@@ -202,10 +203,12 @@ async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
 class DispatchListener:
     """One shared ``LISTEN awp_dispatch`` connection per gateway, feeding an in-process wake-up.
 
-    Long-polling claim requests wait on :meth:`wait` instead of querying. A NOTIFY (a dispatch became
-    pending) wakes every waiter at once; so does (re)connecting, since notifications may have been
-    missed meanwhile. The notification is only a hint: waiters re-check the database (``claim_tasks``)
-    after each wake-up and after their own short re-check period, so a lost hint costs latency, not work.
+    Long-polling claim requests wait on :meth:`wait` instead of querying. The database sends one
+    NOTIFY per dispatch left pending (``awp._notify_pending``), and each wakes one waiter, oldest
+    first, so a new dispatch costs one claim, not one per idle worker. (Re)connecting wakes every
+    waiter, since notifications may have been missed meanwhile. The notification is only a hint:
+    waiters re-check the database (``claim_tasks``) after each wake-up and after their own short
+    re-check period, so a lost or misdirected hint costs latency, not correctness.
     """
 
     CHANNEL = "awp_dispatch"
@@ -214,23 +217,38 @@ class DispatchListener:
         self.dsn = dsn
         self.keepalive_s = keepalive_s
         self.connected = False
-        self._event = asyncio.Event()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
+    def wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
     def wake_all(self) -> None:
-        old, self._event = self._event, asyncio.Event()
-        old.set()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a wake-up; True when woken."""
         if self._closed:
             return False
-        event = self._event
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(event.wait(), timeout)
+            await asyncio.wait_for(waiter, timeout)
         except TimeoutError:
             return False
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
         return True
 
     @property
@@ -261,11 +279,10 @@ class DispatchListener:
                 self.wake_all()  # hints may have been missed while disconnected
                 while not self._closed:
                     got = False
-                    async for _ in conn.notifies(timeout=self.keepalive_s, stop_after=1):
+                    async for _ in conn.notifies(timeout=self.keepalive_s):
                         got = True
-                    if got:
-                        self.wake_all()
-                    else:
+                        self.wake_one()
+                    if not got:
                         await conn.execute("SELECT 1")  # notice a dead connection
             except (psycopg.Error, OSError) as e:
                 if not self._closed:
