@@ -49,7 +49,13 @@ COMMENT ON FUNCTION awp._executor_kinds() IS 'The known executor kinds.';
 
 -- awp._settings(): the settings row.
 CREATE OR REPLACE FUNCTION awp._settings() RETURNS awp.settings
-LANGUAGE sql STABLE SET search_path = '' AS $$ SELECT s FROM awp.settings s $$;
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+DECLARE
+  s awp.settings;
+BEGIN
+  SELECT * INTO s FROM awp.settings;
+  RETURN s;
+END $$;
 COMMENT ON FUNCTION awp._settings() IS 'The one settings row.';
 
 -- awp._session(worker_id, token, lock): the worker row of a valid session.
@@ -111,23 +117,30 @@ END $$;
 COMMENT ON FUNCTION awp._logn(text, text[], text[], text[], text[], text[]) IS 'Appends events for a run (parallel arrays) and bumps its revision once per transaction.';
 
 -- awp._log(run, entity_type, keys, froms, to, reason): events of one entity type and target status.
+-- (PL/pgSQL rather than SQL, here and in the other small helpers called per task: PL/pgSQL caches
+-- its plans, while a SQL function called from PL/pgSQL is planned again on every call.)
 CREATE OR REPLACE FUNCTION awp._log(p_run_id text, p_entity_type text, p_keys text[], p_from text[],
                                     p_to text, p_reason text)
 RETURNS void
-LANGUAGE sql SET search_path = '' AS $$
-  SELECT awp._logn(p_run_id, array_fill(p_entity_type, ARRAY[coalesce(cardinality(p_keys), 0)]), p_keys, p_from,
-                   array_fill(p_to, ARRAY[coalesce(cardinality(p_keys), 0)]),
-                   array_fill(p_reason, ARRAY[coalesce(cardinality(p_keys), 0)]))
-$$;
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_n integer := coalesce(cardinality(p_keys), 0);
+BEGIN
+  IF v_n > 0 THEN
+    PERFORM awp._logn(p_run_id, array_fill(p_entity_type, ARRAY[v_n]), p_keys, p_from,
+                      array_fill(p_to, ARRAY[v_n]), array_fill(p_reason, ARRAY[v_n]));
+  END IF;
+END $$;
 COMMENT ON FUNCTION awp._log(text, text, text[], text[], text, text) IS 'Appends events of one entity type and target status for a run.';
 
 -- awp._log1: one event.
 CREATE OR REPLACE FUNCTION awp._log1(p_run_id text, p_entity_type text, p_key text, p_from text,
                                      p_to text, p_reason text)
 RETURNS void
-LANGUAGE sql SET search_path = '' AS $$
-  SELECT awp._logn(p_run_id, ARRAY[p_entity_type], ARRAY[p_key], ARRAY[p_from], ARRAY[p_to], ARRAY[p_reason])
-$$;
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  PERFORM awp._logn(p_run_id, ARRAY[p_entity_type], ARRAY[p_key], ARRAY[p_from], ARRAY[p_to], ARRAY[p_reason]);
+END $$;
 COMMENT ON FUNCTION awp._log1(text, text, text, text, text, text) IS 'Appends one event for a run.';
 
 -- awp._wake(channel, payload): a NOTIFY hint (delivered at commit). Tables stay the truth.

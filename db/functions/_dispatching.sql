@@ -8,7 +8,8 @@
 -- Takes no locks (a slightly stale budget only delays or slightly over-offers pending dispatches;
 -- claims re-check every worker's capacity under its lock).
 CREATE OR REPLACE FUNCTION awp._dispatch_budget(OUT global_free integer, OUT worker_free integer, OUT kinds jsonb)
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+BEGIN
   WITH live AS MATERIALIZED (
     SELECT d.status, d.executor_kind, d.worker_id FROM awp.dispatches d WHERE d.status IN ('pending', 'leased')
   ), leased AS (
@@ -27,7 +28,8 @@ LANGUAGE sql STABLE SET search_path = '' AS $$
               FROM free f CROSS JOIN LATERAL unnest(f.executor_kinds) AS u(kind)
               LEFT JOIN pending p ON p.executor_kind = u.kind
              GROUP BY u.kind) k)
-$$;
+    INTO global_free, worker_free, kinds;
+END $$;
 COMMENT ON FUNCTION awp._dispatch_budget() IS 'The dispatch budget now: global, worker and per-kind free capacity.';
 
 -- awp._dispatch_one(run, kinds): creates one pending dispatch for the run's first ready task (in
@@ -82,9 +84,13 @@ COMMENT ON FUNCTION awp._dispatch_one(text, jsonb) IS 'Creates one pending dispa
 -- creates dispatches, so a dispatch the same transaction already leased (complete_and_claim) wakes
 -- nobody. A hint only: waiting claims also re-check on their own.
 CREATE OR REPLACE FUNCTION awp._notify_pending() RETURNS integer
-LANGUAGE sql SET search_path = '' AS $$
-  SELECT count(pg_notify('awp_dispatch', d.executor_kind || ' ' || d.dispatch_id))::integer
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_n integer;
+BEGIN
+  SELECT count(pg_notify('awp_dispatch', d.executor_kind || ' ' || d.dispatch_id)) INTO v_n
     FROM awp.dispatches d
-   WHERE d.status = 'pending' AND d.xmin = xid(pg_current_xact_id())
-$$;
+   WHERE d.status = 'pending' AND d.xmin = xid(pg_current_xact_id());
+  RETURN v_n;
+END $$;
 COMMENT ON FUNCTION awp._notify_pending() IS 'Sends one NOTIFY awp_dispatch per dispatch created and still pending in this transaction.';

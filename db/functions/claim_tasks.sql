@@ -43,7 +43,10 @@ BEGIN
     RAISE EXCEPTION 'worker capacity exceeded' USING ERRCODE = 'AWCAP',
       DETAIL = format('asked for %s slots, %s of %s free', p_slots, v_free, w.max_concurrency);
   END IF;
-  UPDATE awp.workers x SET last_heartbeat_at = awp._now() WHERE x.worker_id = p_worker_id;
+  -- A claim is a sign of life too (written at most every half heartbeat interval: one row write less per task).
+  UPDATE awp.workers x SET last_heartbeat_at = awp._now()
+   WHERE x.worker_id = p_worker_id
+     AND x.last_heartbeat_at < awp._now() - make_interval(secs => s.heartbeat_interval_ms / 2000.0);
 
   SELECT array_agg(q.dispatch_id ORDER BY q.created_at, q.dispatch_id) INTO v_ids FROM (
     SELECT d.dispatch_id, d.created_at
