@@ -286,6 +286,8 @@ class WorkerPool:
             str(wait_ms),
             "--shutdown-timeout",
             "5",
+            "--log-level",
+            "warning",  # info logs two lines per task: a benchmark of the product, not of its logging
         ]
         return WorkerProc(name, concurrency, self.reaper.spawn(cmd, env, self.workdir / f"{name}.log"))
 
