@@ -94,3 +94,37 @@ BEGIN
   RETURN v_n;
 END $$;
 COMMENT ON FUNCTION awp._notify_pending() IS 'Sends one NOTIFY awp_dispatch per dispatch created and still pending in this transaction.';
+
+-- awp._replace_dispatch(worker): the completion fast path (SPEC section 9). A completion frees one
+-- lease of an active worker; in its place, one dispatch is created for the first run in fairness
+-- order (never dispatched first, then oldest latest dispatch) that has a ready task of a kind that
+-- worker runs and room under its concurrency. Pending + leased and the worker's capacity are thus
+-- unchanged, so no global budget (nor the advisory lock of awp._create_dispatches) is needed, and
+-- run concurrency is checked under the run's lock. Runs busy elsewhere are skipped (SKIP LOCKED).
+-- Returns true when a dispatch was created.
+CREATE OR REPLACE FUNCTION awp._replace_dispatch(p_worker awp.workers) RETURNS boolean
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_kinds jsonb;
+  v_run   text;
+BEGIN
+  IF p_worker.status <> 'active' THEN
+    RETURN false;
+  END IF;
+  SELECT jsonb_object_agg(k, 1) INTO v_kinds FROM unnest(p_worker.executor_kinds) k;
+  FOR v_run IN
+    SELECT x.run_id FROM awp.runs x
+     WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
+       AND EXISTS (SELECT 1 FROM awp.tasks y
+                    WHERE y.run_id = x.run_id AND y.status = 'ready' AND y.executor = ANY (p_worker.executor_kinds))
+     ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id
+  LOOP
+    PERFORM 1 FROM awp.runs x WHERE x.run_id = v_run FOR UPDATE SKIP LOCKED;
+    CONTINUE WHEN NOT FOUND;
+    IF awp._dispatch_one(v_run, v_kinds) IS NOT NULL THEN
+      RETURN true;
+    END IF;
+  END LOOP;
+  RETURN false;
+END $$;
+COMMENT ON FUNCTION awp._replace_dispatch(awp.workers) IS 'Creates one dispatch in place of the lease a completion freed (fairness order, that worker''s kinds).';

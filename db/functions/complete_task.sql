@@ -5,8 +5,8 @@
 --   3. already completed: same result hash -> true again (no state change); different -> AWCNF
 --   4. not leased, lease expired, attempt deadline passed, run canceled/cancel requested or
 --      not running, attempt mismatch                                        -> AWLST
--- Then settles dispatch (completed + result hash), attempt, task, dependants and run, and creates
--- the next dispatches at once (awp.create_dispatches, under every limit and the fairness rule).
+-- Then settles dispatch (completed + result hash), attempt, task, dependants and run, and creates a
+-- dispatch in place of the freed lease (awp._replace_dispatch: limits and fairness rule hold).
 -- Result: {"kind": success|temporary_failure|permanent_failure, "output": any,
 --          "error_code": text <= 128, "error_message": text <= 8 KiB}, output <= 64 KiB.
 -- Locks: Run, then Dispatch, then the task rows of that run.
@@ -72,11 +72,11 @@ BEGIN
                            v_kind = 'temporary_failure',
                            p_result->'output', p_result->>'error_code', p_result->>'error_message',
                            v_kind);
-  -- Fast path (SPEC section 9): the slot this completion frees (and any unlocked dependant) is
-  -- dispatched now, by the coordinator's own step, so every limit and the fairness rule hold: the
-  -- new dispatch goes to whichever run is next in the fairness order, not necessarily this one.
-  -- Runs busy in other transactions are skipped; the coordinator is woken when nothing was created.
-  IF awp._create_dispatches() = 0 THEN
+  -- Fast path (SPEC section 9): the lease this completion frees is replaced at once by a dispatch
+  -- for the next run in fairness order (awp._replace_dispatch); the coordinator is woken when that
+  -- was not possible or this run still has ready tasks (e.g. a fan-out), to dispatch the rest.
+  IF NOT awp._replace_dispatch(w)
+     OR EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready') THEN
     PERFORM awp._wake('awp_coordinator', 'completed');
   END IF;
   RETURN true;

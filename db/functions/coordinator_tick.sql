@@ -172,17 +172,24 @@ COMMENT ON FUNCTION awp.withdraw_orphan_dispatches() IS 'Withdraws pending dispa
 -- whose latest dispatch is oldest; one task per run per round; rounds repeat while they progress.
 -- Returns the number of dispatches created. awp._create_dispatches() does the work without the
 -- NOTIFY, for callers that notify once at their end (awp._notify_pending).
+-- Locks: a transaction-level advisory lock serialises every transaction that adds to pending +
+-- leased (coordinator passes, run starts) so two of them cannot both spend the last unit of a limit;
+-- it is taken before the budget is read. Runs are then locked with SKIP LOCKED.
 CREATE OR REPLACE FUNCTION awp._create_dispatches() RETURNS integer
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
-  b       record := awp._dispatch_budget();
-  v_kinds jsonb := b.kinds;
-  v_left  integer := least(b.global_free, b.worker_free);
+  b       record;
+  v_kinds jsonb;
+  v_left  integer;
   v_round integer;
   v_n     integer := 0;
   v_kind  text;
   v_run   text;
 BEGIN
+  PERFORM pg_advisory_xact_lock(hashtext('awp.create_dispatches'));
+  b := awp._dispatch_budget();
+  v_kinds := b.kinds;
+  v_left := least(b.global_free, b.worker_free);
   LOOP
     v_round := 0;
     FOR v_run IN
