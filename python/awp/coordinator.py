@@ -106,7 +106,7 @@ class Coordinator:
                         await conn.close()
             if not self._stopping.is_set():
                 await self._sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, 2.0)
 
     async def _standby(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Return once this session holds the lock (or we are stopping)."""

@@ -294,4 +294,4 @@ class DispatchListener:
                         await conn.close()
             if not self._closed:
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, 2.0)
