@@ -58,12 +58,16 @@ def violations(db, run_id: str) -> set[str]:
 
 
 PLANTED = {
-    "run_tasks_terminal": "UPDATE awp.tasks SET status = 'ready', finished_at = NULL WHERE run_id = %(run)s AND task_key = 'b'",
-    "one_success_per_task": "UPDATE awp.attempts SET status = 'succeeded' WHERE run_id = %(run)s AND task_key = 'a' AND attempt = 1",
-    "attempt_dispatch_match": "UPDATE awp.dispatches SET status = 'expired', result_hash = NULL WHERE run_id = %(run)s AND task_key = 'b'",
+    "run_tasks_terminal": "UPDATE awp.tasks SET status = 'ready', finished_at = NULL"
+    " WHERE run_id = %(run)s AND task_key = 'b'",
+    "one_success_per_task": "UPDATE awp.attempts SET status = 'succeeded'"
+    " WHERE run_id = %(run)s AND task_key = 'a' AND attempt = 1",
+    "attempt_dispatch_match": "UPDATE awp.dispatches SET status = 'expired', result_hash = NULL"
+    " WHERE run_id = %(run)s AND task_key = 'b'",
     "accepted_after_expiry": "UPDATE awp.dispatches SET lease_expires_at = finished_at, attempt_deadline = finished_at"
     " WHERE run_id = %(run)s AND task_key = 'b'",
-    "attempts_within_max": "UPDATE awp.tasks SET attempts = 1, max_attempts = 1 WHERE run_id = %(run)s AND task_key = 'a'",
+    "attempts_within_max": "UPDATE awp.tasks SET attempts = 1, max_attempts = 1"
+    " WHERE run_id = %(run)s AND task_key = 'a'",
     "started_before_deps": "UPDATE awp.attempts SET started_at = started_at - interval '1 hour'"
     " WHERE run_id = %(run)s AND task_key = 'b'",
     "events_contiguous": "DELETE FROM awp.events WHERE run_id = %(run)s AND sequence = 3",

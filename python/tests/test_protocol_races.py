@@ -89,7 +89,7 @@ def in_threads(n: int, target: Callable[[int], None]) -> None:
     def wrapped(i: int) -> None:
         try:
             target(i)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread below
+        except BaseException as exc:  # re-raised in the main thread below
             errors.append(exc)
 
     threads = [threading.Thread(target=wrapped, args=(i,)) for i in range(n)]
@@ -208,6 +208,29 @@ def test_complete_and_reaper_never_both_win(db, db_dsn, first):
     assert_invariants(db)
 
 
+def race_cancel_against_complete(dsn: str, run_id: str, worker: tuple[str, str], lease: dict[str, Any]) -> Any:
+    """Cancel (and converge) and complete one lease at the same moment; the complete's answer or SQLSTATE."""
+    barrier = threading.Barrier(2)
+    result: dict[str, Any] = {}
+
+    def racer(k: int) -> None:
+        with connect(dsn) as c:
+            barrier.wait()
+            if k == 0:
+                c.execute("SELECT * FROM awp.request_cancel(%s)", [run_id])
+                c.execute("SELECT awp.converge_cancellations()")
+                return
+            if random.random() < 0.5:
+                time.sleep(0.001)
+            try:
+                result["complete"] = complete(c, worker, lease)
+            except psycopg.Error as exc:
+                result["complete"] = exc.sqlstate
+
+    in_threads(2, racer)
+    return result["complete"]
+
+
 def test_cancel_and_complete_exactly_one_wins(db, db_dsn):
     outcomes = set()
     for i in range(12):
@@ -215,24 +238,7 @@ def test_cancel_and_complete_exactly_one_wins(db, db_dsn):
         worker = register(db, f"w{i}", 1)
         tick(db)
         [lease] = claim(db, worker, 1)
-        barrier = threading.Barrier(2)
-        result: dict[str, Any] = {}
-
-        def racer(k: int) -> None:
-            with connect(db_dsn) as c:
-                barrier.wait()
-                if k == 0:
-                    c.execute("SELECT * FROM awp.request_cancel(%s)", [run_id])
-                    c.execute("SELECT awp.converge_cancellations()")
-                else:
-                    if random.random() < 0.5:
-                        time.sleep(0.001)
-                    try:
-                        result["complete"] = complete(c, worker, lease)
-                    except psycopg.Error as exc:
-                        result["complete"] = exc.sqlstate
-
-        in_threads(2, racer)
+        result = {"complete": race_cancel_against_complete(db_dsn, run_id, worker, lease)}
         tick(db)
         task = db.execute("SELECT status FROM awp.run_tasks(%s)", [run_id]).fetchone()["status"]
         run = run_status(db, run_id)
