@@ -73,10 +73,12 @@ BEGIN
                            p_result->'output', p_result->>'error_code', p_result->>'error_message',
                            v_kind);
   -- Fast path (SPEC section 9): the lease this completion frees is replaced at once by a dispatch
-  -- for the next run in fairness order (awp._replace_dispatch); the coordinator is woken when that
-  -- was not possible or this run still has ready tasks (e.g. a fan-out), to dispatch the rest.
+  -- for the next run in fairness order (awp._replace_dispatch). The coordinator is woken when that
+  -- was not possible, or when ready tasks remain and some worker still has room (e.g. a fan-out
+  -- unlocked several tasks): not on every completion of a busy run, where a pass finds nothing to do.
   IF NOT awp._replace_dispatch(w)
-     OR EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready') THEN
+     OR (EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready')
+         AND (awp._dispatch_budget()).worker_free > 0) THEN
     PERFORM awp._wake('awp_coordinator', 'completed');
   END IF;
   RETURN true;
