@@ -115,8 +115,9 @@ BEGIN
   FOR v_run IN
     SELECT x.run_id FROM awp.runs x
      WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
-       AND EXISTS (SELECT 1 FROM awp.tasks y
-                    WHERE y.run_id = x.run_id AND y.status = 'ready' AND y.executor = ANY (p_worker.executor_kinds))
+       AND (SELECT y.ordinal FROM awp.tasks y
+             WHERE y.run_id = x.run_id AND y.status = 'ready' AND y.executor = ANY (p_worker.executor_kinds)
+             ORDER BY y.ordinal LIMIT 1) IS NOT NULL
      ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id
   LOOP
     PERFORM 1 FROM awp.runs x WHERE x.run_id = v_run FOR UPDATE SKIP LOCKED;

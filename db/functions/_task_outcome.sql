@@ -8,12 +8,11 @@ CREATE OR REPLACE FUNCTION awp._settle_run(p_run_id text) RETURNS text
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_status text;
+  v_left   integer;
   v_final  text;
 BEGIN
-  SELECT r.status INTO v_status FROM awp.runs r WHERE r.run_id = p_run_id;
-  IF v_status NOT IN ('pending', 'running') OR EXISTS (
-       SELECT 1 FROM awp.tasks t WHERE t.run_id = p_run_id
-          AND t.status IN ('waiting_dependencies', 'ready', 'queued', 'running', 'waiting_retry')) THEN
+  SELECT r.status, r.unfinished_tasks INTO v_status, v_left FROM awp.runs r WHERE r.run_id = p_run_id;
+  IF v_status NOT IN ('pending', 'running') OR v_left > 0 THEN
     RETURN v_status;
   END IF;
   v_final := CASE WHEN EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = p_run_id AND t.status <> 'succeeded')
@@ -46,6 +45,8 @@ BEGIN
     RETURNING t.task_key, t.ordinal
   )
   SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_keys FROM u;
+  UPDATE awp.runs r SET unfinished_tasks = r.unfinished_tasks - coalesce(cardinality(v_keys), 0)
+   WHERE r.run_id = p_run_id AND v_keys IS NOT NULL;
   PERFORM awp._log(p_run_id, 'task', v_keys, array_fill('waiting_dependencies'::text, ARRAY[coalesce(cardinality(v_keys), 0)]),
                    'skipped', format('dependency %s failed', p_task_key));
 END $$;
@@ -88,6 +89,9 @@ BEGIN
          ready_at = CASE WHEN v_to = 'waiting_retry' THEN v_now + make_interval(secs => t.interval_ms / 1000.0) END,
          finished_at = CASE WHEN v_to IN ('succeeded', 'failed') THEN v_now END
    WHERE x.run_id = p_run_id AND x.task_key = p_task_key;
+  IF v_to IN ('succeeded', 'failed') THEN
+    UPDATE awp.runs x SET unfinished_tasks = x.unfinished_tasks - 1 WHERE x.run_id = p_run_id;
+  END IF;
   PERFORM awp._logn(p_run_id, '{attempt,task}', ARRAY[p_task_key || '#' || p_attempt, p_task_key],
                     ARRAY['running', t.status], ARRAY[p_attempt_status, v_to], ARRAY[p_reason, p_reason]);
 
@@ -164,7 +168,7 @@ BEGIN
     INTO v_keys, v_from FROM u;
   PERFORM awp._log(p_run_id, 'task', v_keys, v_from, 'canceled', 'run canceled');
 
-  UPDATE awp.runs r SET status = 'canceled', finished_at = v_now WHERE r.run_id = p_run_id;
+  UPDATE awp.runs r SET status = 'canceled', finished_at = v_now, unfinished_tasks = 0 WHERE r.run_id = p_run_id;
   PERFORM awp._log1(p_run_id, 'run', p_run_id, v_status, 'canceled', 'cancellation converged');
   PERFORM awp._wake('awp_coordinator', 'run_canceled');
   RETURN true;

@@ -3,6 +3,7 @@
 -- also while the system runs: it is one SQL statement, so it reads one snapshot.
 -- Checks (SPEC sections 2-3):
 --   run_tasks_terminal       a terminal run has only terminal tasks
+--   unfinished_count         runs.unfinished_tasks equals the number of its tasks not terminal
 --   one_success_per_task     at most one succeeded attempt per task, from the completed dispatch
 --   attempt_dispatch_match   a settled-by-result attempt belongs to a completed dispatch; a running
 --                            attempt to a leased one; a leased dispatch has a running attempt
@@ -72,6 +73,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
     FROM runs r JOIN tasks t USING (run_id)
    WHERE r.status IN ('succeeded', 'failed', 'canceled')
      AND t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped')
+  UNION ALL
+  SELECT 'unfinished_count', r.run_id, NULL,
+         format('runs.unfinished_tasks = %s, tasks not terminal = %s', r.unfinished_tasks,
+                (SELECT count(*) FROM tasks t WHERE t.run_id = r.run_id
+                    AND t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped')))
+    FROM runs r
+   WHERE r.unfinished_tasks <> (SELECT count(*) FROM tasks t WHERE t.run_id = r.run_id
+                                   AND t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped'))
   UNION ALL
   SELECT 'one_success_per_task', a.run_id, a.task_key, format('%s succeeded attempts', count(*))
     FROM attempts a WHERE a.status = 'succeeded' GROUP BY a.run_id, a.task_key HAVING count(*) > 1

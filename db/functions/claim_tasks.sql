@@ -29,6 +29,7 @@ DECLARE
   v_exp   timestamptz;
   v_fence bigint;
   v_busy  text;
+  v_id    text;
 BEGIN
   IF w.status = 'draining' THEN
     RAISE EXCEPTION 'worker is draining' USING ERRCODE = 'AWDRN',
@@ -84,15 +85,14 @@ BEGIN
   END IF;
 
   v_now := awp._now();
-  FOR c IN
+  FOREACH v_id IN ARRAY v_ids LOOP
     SELECT d.dispatch_id, d.run_id, d.task_key, d.executor_kind, t.action, t.input, t.attempts,
            t.timeout_ms, r.workflow_id, r.workflow_version
-      FROM unnest(v_ids) WITH ORDINALITY AS i(id, o)
-      JOIN awp.dispatches d ON d.dispatch_id = i.id
+      INTO c
+      FROM awp.dispatches d
       JOIN awp.tasks t ON t.run_id = d.run_id AND t.task_key = d.task_key
       JOIN awp.runs r ON r.run_id = d.run_id
-     ORDER BY i.o
-  LOOP
+     WHERE d.dispatch_id = v_id;
     v_token := awp._token();
     v_att := c.attempts + 1;
     v_dl := v_now + make_interval(secs => c.timeout_ms / 1000.0);

@@ -77,7 +77,7 @@ BEGIN
   -- was not possible, or when ready tasks remain and some worker still has room (e.g. a fan-out
   -- unlocked several tasks): not on every completion of a busy run, where a pass finds nothing to do.
   IF NOT awp._replace_dispatch(w)
-     OR (EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready')
+     OR ((SELECT t.ordinal FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready' ORDER BY t.ordinal LIMIT 1) IS NOT NULL
          AND (awp._dispatch_budget()).worker_free > 0) THEN
     PERFORM awp._wake('awp_coordinator', 'completed');
   END IF;

@@ -116,8 +116,8 @@ BEGIN
   FOR v_run IN
     SELECT r.run_id FROM awp.runs r
      WHERE r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL
-       AND EXISTS (SELECT 1 FROM awp.tasks t
-                    WHERE t.run_id = r.run_id AND t.status = 'waiting_retry' AND t.ready_at <= v_now)
+       AND r.run_id IN (SELECT t.run_id FROM awp.tasks t             -- tasks_retry_due_idx
+                         WHERE t.status = 'waiting_retry' AND t.ready_at <= v_now)
        FOR UPDATE OF r SKIP LOCKED
   LOOP
     WITH u AS (
@@ -195,7 +195,8 @@ BEGIN
     FOR v_run IN
       SELECT x.run_id FROM awp.runs x
        WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
-         AND EXISTS (SELECT 1 FROM awp.tasks y WHERE y.run_id = x.run_id AND y.status = 'ready')
+         AND (SELECT y.ordinal FROM awp.tasks y WHERE y.run_id = x.run_id AND y.status = 'ready'
+               ORDER BY y.ordinal LIMIT 1) IS NOT NULL
        ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id
     LOOP
       EXIT WHEN v_left <= 0;

@@ -39,8 +39,10 @@ BEGIN
   END IF;
 
   v_run_id := awp._new_id('run');
-  INSERT INTO awp.runs (run_id, workflow_id, workflow_version, concurrency, idempotency_key, created_at)
-  VALUES (v_run_id, p_workflow_id, v_ver, coalesce((v_def->>'concurrency')::integer, 10), p_idempotency_key, v_now)
+  INSERT INTO awp.runs (run_id, workflow_id, workflow_version, concurrency, unfinished_tasks, idempotency_key,
+                        created_at)
+  VALUES (v_run_id, p_workflow_id, v_ver, coalesce((v_def->>'concurrency')::integer, 10),
+          jsonb_array_length(v_def->'tasks'), p_idempotency_key, v_now)
   ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
   IF NOT FOUND THEN   -- a concurrent start with the same key won
     SELECT r.run_id INTO v_run_id FROM awp.runs r

@@ -38,7 +38,15 @@ def throwaway_cluster(fsync: bool = False) -> Iterator[Server]:
     if env:
         yield ExternalServer(env)
         return
-    base = Path(tempfile.mkdtemp(prefix="awp-test-", dir="/tmp"))
+    with local_cluster(fsync) as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def local_cluster(fsync: bool = False, prefix: str = "awp-test-") -> Iterator[Cluster]:
+    """A fresh cluster of this machine's binaries on a free port (even when AWP_TEST_DSN is set: for
+    tests that stop, restart or terminate the server), destroyed on exit."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
         give_to_server_user(base)
         cluster = Cluster(base / "data", free_port(), base / "run")

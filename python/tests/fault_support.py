@@ -17,11 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,7 +28,8 @@ import psycopg
 from psycopg.rows import dict_row
 from support import PROTOCOL, ServeProcess, bearer, wait_until
 
-from awp.localdb import Cluster, free_port, give_to_server_user
+from awp.localdb import Cluster
+from awp.testing import local_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "faults.json"
@@ -279,22 +277,9 @@ class InvariantSampler:
 # ---- a cluster of our own ----------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def own_cluster() -> Iterator[Cluster]:
+def own_cluster() -> contextlib.AbstractContextManager[Cluster]:
     """A throwaway cluster (fsync off) that the test may stop, restart or terminate backends of."""
-    base = Path(tempfile.mkdtemp(prefix="awp-fault-", dir="/tmp"))
-    try:
-        give_to_server_user(base)
-        cluster = Cluster(base / "data", free_port(), base / "run")
-        cluster.init(sync=False)
-        cluster.start(fsync=False)
-        try:
-            yield cluster
-        finally:
-            with contextlib.suppress(Exception):
-                cluster.stop(mode="immediate")
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    return local_cluster(prefix="awp-fault-")
 
 
 def terminate_backends(dsn: str, where: str) -> int:

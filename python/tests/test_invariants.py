@@ -71,6 +71,7 @@ PLANTED = {
     "started_before_deps": "UPDATE awp.attempts SET started_at = started_at - interval '1 hour'"
     " WHERE run_id = %(run)s AND task_key = 'b'",
     "events_contiguous": "DELETE FROM awp.events WHERE run_id = %(run)s AND sequence = 3",
+    "unfinished_count": "UPDATE awp.runs SET unfinished_tasks = 1 WHERE run_id = %(run)s",
     "events_match_status": "UPDATE awp.runs SET status = 'failed' WHERE run_id = %(run)s",
     "illegal_transition": "UPDATE awp.events SET from_status = 'succeeded' WHERE run_id = %(run)s"
     " AND entity_type = 'run' AND to_status = 'succeeded'",
