@@ -10,8 +10,10 @@
 CREATE OR REPLACE FUNCTION awp._dispatch_budget(OUT global_free integer, OUT worker_free integer, OUT kinds jsonb)
 LANGUAGE plpgsql STABLE SET search_path = '' AS $$
 BEGIN
-  WITH live AS MATERIALIZED (
-    SELECT d.status, d.executor_kind, d.worker_id FROM awp.dispatches d WHERE d.status IN ('pending', 'leased')
+  WITH live AS MATERIALIZED (   -- two arms so each uses its partial index, not a scan of all history
+    SELECT d.status, d.executor_kind, d.worker_id FROM awp.dispatches d WHERE d.status = 'pending'
+    UNION ALL
+    SELECT d.status, d.executor_kind, d.worker_id FROM awp.dispatches d WHERE d.status = 'leased'
   ), leased AS (
     SELECT l.worker_id, count(*) AS n FROM live l WHERE l.status = 'leased' GROUP BY 1
   ), free AS MATERIALIZED (
