@@ -144,8 +144,11 @@ END $$;
 COMMENT ON FUNCTION awp._log1(text, text, text, text, text, text) IS 'Appends one event for a run.';
 
 -- awp._wake(channel, payload): a NOTIFY hint (delivered at commit). Tables stay the truth.
--- Channels: awp_dispatch (a dispatch became pending; payload = executor kind),
+-- Channels: awp_dispatch (sent by awp._notify_pending: one per dispatch left pending),
 --           awp_coordinator (capacity freed, new run, completion, cancel, new worker).
 CREATE OR REPLACE FUNCTION awp._wake(p_channel text, p_payload text) RETURNS void
-LANGUAGE sql SET search_path = '' AS $$ SELECT pg_notify(p_channel, coalesce(p_payload, '')) $$;
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  PERFORM pg_notify(p_channel, coalesce(p_payload, ''));
+END $$;
 COMMENT ON FUNCTION awp._wake(text, text) IS 'Sends a NOTIFY wake-up hint.';

@@ -1,5 +1,6 @@
--- Private helpers that turn ready tasks into pending dispatches, used by awp.create_dispatches (the
--- coordinator's step, which a completion also runs in its own transaction).
+-- Private helpers that turn ready tasks into pending dispatches: the budget and the one-dispatch
+-- step used by awp._create_dispatches (coordinator passes, run starts), the completion fast path
+-- awp._replace_dispatch, and awp._notify_pending (the wake-up hint for waiting claims).
 
 -- awp._dispatch_budget(): how many dispatches may be created right now:
 --   global_free  dispatch_limit - (pending + leased)
