@@ -13,8 +13,7 @@ import psycopg
 import pytest
 from support import PROTOCOL, ServeProcess, Tokens, bearer, serve, start_serve, wait_until
 
-from awp.localdb import Cluster
-from awp.testing import database_name, fresh_database, throwaway_cluster
+from awp.testing import database_name, fresh_database, local_cluster
 
 API = "/api/v1"
 
@@ -120,9 +119,7 @@ def test_killing_the_active_coordinator_hands_over_and_the_run_still_finishes(tw
 
 
 def test_a_restarted_database_is_survived_without_restarting_the_gateway():
-    with throwaway_cluster() as server:
-        if not isinstance(server, Cluster):
-            pytest.skip("needs a throwaway cluster it can stop (AWP_TEST_DSN is set)")
+    with local_cluster() as server:  # its own cluster, even with AWP_TEST_DSN: the test stops it
         name = database_name("restart")
         dsn = fresh_database(server, name)
         configure_fast(dsn)
