@@ -274,6 +274,15 @@ class InvariantSampler:
         return self.found
 
 
+def start_registered(workers: Any, dsn: str, names: list[str], concurrency: int) -> tuple[list[Any], dict[str, str]]:
+    """Start real ``awp worker`` processes (``worker_support.Workers``), wait until each has registered, and
+    return them with their session ids by name."""
+    procs = [workers.start(name, concurrency=concurrency) for name in names]
+    for w in procs:
+        w.wait_log("registered as")
+    return procs, {w.name: worker_by_name(dsn, w.name)["worker_id"] for w in procs}
+
+
 # ---- a cluster of our own ----------------------------------------------------------------------------------
 
 

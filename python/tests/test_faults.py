@@ -30,6 +30,7 @@ from fault_support import (
     query,
     record,
     run_row,
+    start_registered,
     task_rows,
     wait_run_db,
     wait_runs_db,
@@ -89,10 +90,9 @@ def running_leases(dsn: str, run_id: str) -> list[dict]:
 
 
 def test_killed_worker_is_replaced_by_second_attempt(dsn: str, gw: ServeProcess, workers: Workers) -> None:
-    procs = {name: workers.start(name, concurrency=1) for name in ("s1-a", "s1-b")}
-    for w in procs.values():
-        w.wait_log("registered as")
-    ids = {worker_by_name(dsn, name)["worker_id"]: name for name in procs}
+    started, sessions = start_registered(workers, dsn, ["s1-a", "s1-b"], concurrency=1)
+    procs = {w.name: w for w in started}
+    ids = {worker_id: name for name, worker_id in sessions.items()}
     run_id = start_run(gw, apply(gw, {"id": "s1", "tasks": [mock_task("slow", max_attempts=2, sleep_ms=1000)]}))
     first = wait_until(lambda: attempts(dsn, run_id, "slow"), 10, 0.01, "attempt 1")[0]
     victim = ids[first["worker_id"]]
@@ -232,10 +232,7 @@ def test_gateway_restart_keeps_worker_sessions_and_unexpired_leases(dsn: str) ->
     gw = start_serve(dsn, tokens=tokens, coordinator_interval_ms=100)
     try:
         with Workers(gw) as workers:
-            procs = [workers.start(f"s4-{i}", concurrency=2) for i in range(2)]
-            for w in procs:
-                w.wait_log("registered as")
-            sessions = {w.name: worker_by_name(dsn, w.name)["worker_id"] for w in procs}
+            procs, sessions = start_registered(workers, dsn, ["s4-0", "s4-1"], concurrency=2)
             # max_attempts 2: a claim the killed gateway had committed but not yet answered leaves a lease no
             # worker knows about; it can only expire (interrupted) and be retried. Workers long-poll claims all
             # the time, so one is often in flight at the kill.
@@ -388,11 +385,8 @@ def test_cancel_intent_committed_before_a_gateway_crash_converges_after_restart(
 
 
 def test_sigterm_drains_a_busy_worker_without_canceling_runs(dsn: str, gw: ServeProcess, workers: Workers) -> None:
-    a = workers.start("s7-drained", concurrency=2)
-    b = workers.start("s7-other", concurrency=2)
-    for w in (a, b):
-        w.wait_log("registered as")
-    a_id = worker_by_name(dsn, "s7-drained")["worker_id"]
+    (a, _other), sessions = start_registered(workers, dsn, ["s7-drained", "s7-other"], concurrency=2)
+    a_id = sessions["s7-drained"]
     tasks = [mock_task(f"t{i}", sleep_ms=800) for i in range(8)]
     run_id = start_run(gw, apply(gw, {"id": "s7", "concurrency": 4, "tasks": tasks}))
     wait_until(

@@ -19,6 +19,7 @@ from fault_support import (
     own_cluster,
     query,
     record,
+    start_registered,
     task_rows,
     terminate_backends,
     wait_run_db,
@@ -78,10 +79,7 @@ def lock_holder(dsn: str) -> int | None:
 def test_database_stop_mid_run_is_survived(cluster: Cluster, dsn: str) -> None:
     down_for = 3.0
     with serve(dsn, coordinator_interval_ms=100) as gw, Workers(gw) as workers:
-        procs = [workers.start(f"s5-{i}", concurrency=2) for i in range(2)]
-        for w in procs:
-            w.wait_log("registered as")
-        sessions = {w.name: worker_by_name(dsn, w.name)["worker_id"] for w in procs}
+        procs, sessions = start_registered(workers, dsn, ["s5-0", "s5-1"], concurrency=2)
         # Executions longer than a lease: they are still running when the database goes away.
         tasks = [mock_task(f"t{i:02}", max_attempts=3, sleep_ms=2000) for i in range(6)]
         run_id = start_run(gw, apply(gw, {"id": "s5", "concurrency": 4, "tasks": tasks}))
