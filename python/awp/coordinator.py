@@ -41,8 +41,13 @@ class Coordinator:
         interval_s: float = 1.0,
         on_pass: Callable[[dict[str, int], float], None] | None = None,
         on_active: Callable[[bool], None] | None = None,
+        serving: Callable[[], bool] | None = None,
     ) -> None:
         self.dsn = dsn
+        # Whether this gateway can serve worker requests right now. While it cannot (its pool is
+        # recovering from a database outage), each pass is a takeover: silence is not held against
+        # workers whose heartbeats could not get through, and they get a full window once it can.
+        self.serving = serving
         self.interval_s = interval_s
         self.on_pass = on_pass
         self.on_active = on_active
@@ -126,6 +131,8 @@ class Coordinator:
         while not self._stopping.is_set():
             started = time.perf_counter()
             try:
+                if self.serving is not None and not self.serving():
+                    takeover = True
                 cur = await conn.execute("SELECT awp.coordinator_tick(%s)", (takeover,))
                 row = await cur.fetchone()
             except (psycopg.OperationalError, psycopg.InterfaceError):

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from typing import Any
 
 import psycopg
@@ -52,6 +53,11 @@ class Database:
             name="awp-gateway",
         )
         self._checking = False
+        self.last_failure = float("-inf")  # time.monotonic() of the last request lost to the database
+
+    def failed_within(self, seconds: float) -> bool:
+        """Whether a request failed for want of the database in the last ``seconds``."""
+        return time.monotonic() - self.last_failure < seconds
 
     async def open(self) -> None:
         """Open the pool without waiting for the database (it may be down; requests answer 503)."""
@@ -62,6 +68,7 @@ class Database:
 
     def connection_lost(self) -> None:
         """Called after a connection error: drop every broken idle connection in the background."""
+        self.last_failure = time.monotonic()
         if self._checking:
             return
         self._checking = True

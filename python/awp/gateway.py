@@ -746,6 +746,7 @@ def create_app(config: GatewayConfig) -> web.Application:
             interval_s=config.coordinator_interval_ms / 1000,
             on_pass=metrics.observe_pass,
             on_active=lambda active: metrics.coordinator_active.set(1 if active else 0),
+            serving=lambda: not app[DB].failed_within(1.0),
         )
     for method, path, _access, handler in ROUTES:
         app.router.add_route(method, path, handler, name=handler.__name__)
