@@ -8,12 +8,12 @@ BENCH_STAMP := $(VENV)/.awp-bench.stamp
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup pgtap test test-db test-py demo bench bench-quick chaos lint clean
+.PHONY: help setup pgtap chromium ha-deps test test-db test-py ha-test demo bench bench-quick chaos lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
 
-setup: $(STAMP) pgtap  ## venv + Python packages + pgTAP/pg_prove, idempotent
+setup: $(STAMP) pgtap chromium ha-deps  ## venv + Python packages + pgTAP/pg_prove + Chromium (UI tests) + Patroni/etcd (HA test), idempotent
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,18 @@ pgtap:  ## install pgTAP and pg_prove with apt-get, only when missing
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		postgresql-$$major-pgtap libtap-parser-sourcehandler-pgtap-perl
 
+chromium:  ## install Debian's chromium (the dashboard's browser tests drive it) with apt-get, only when missing
+	@if command -v chromium >/dev/null; then exit 0; fi; \
+	echo "installing chromium"; \
+	$(SUDO) apt-get update -qq && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+
+ha-deps:  ## install Debian's patroni and etcd-server (the HA test runs them) with apt-get, only when missing
+	@if command -v patroni >/dev/null && command -v etcd >/dev/null; then exit 0; fi; \
+	echo "installing patroni and etcd-server"; \
+	$(SUDO) apt-get update -qq && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends patroni etcd-server
+
 test: test-db test-py  ## every test: pgTAP, then pytest
 
 test-db: setup  ## pgTAP tests (db/tests) with pg_prove on a throwaway cluster and a fresh migrated database
@@ -37,6 +49,9 @@ test-db: setup  ## pgTAP tests (db/tests) with pg_prove on a throwaway cluster a
 
 test-py: setup  ## pytest against a throwaway cluster (or AWP_TEST_DSN)
 	$(BIN)/pytest python/tests
+
+ha-test: $(STAMP) ha-deps  ## PostgreSQL failover + switchover under Patroni mid-run; prints one summary line (~1 min)
+	$(BIN)/pytest -q -s -p no:cacheprovider python/tests/test_ha_patroni.py::test_patroni_failover_and_switchover_lose_nothing
 
 demo: setup  ## start the local database, control plane and workers, and run a sample workflow
 	$(BIN)/awp demo

@@ -7,17 +7,22 @@
 One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated database; one real ``awp serve``
 (gateway + coordinator, default settings) and real ``awp worker`` processes; in order:
 
-1. the reference: a plain-SQL SKIP LOCKED claim + complete loop run by pgbench (1 and 8 clients);
-2. one run of N independent mock tasks (``sleep_ms`` 0), run concurrency = workers, 1 / 4 / 16 workers;
-3. 8 runs of 125 tasks at once, 16 and 4 workers;
-4. idle latency: one 1-task run at a time → time to claim and to finish;
-5. batching: 4 workers with ``--concurrency 16`` on one big run;
-6. recovery: kill -9 the worker holding a lease → time until the next attempt is claimed.
+1. the reference: a plain-SQL SKIP LOCKED claim + complete loop run by pgbench (1, 4 and 8 clients);
+2. the peer: procrastinate (``peer_procrastinate.py``) in a separate fresh database of the same cluster,
+   N no-op jobs deferred up front, 4 worker processes x concurrency 1 (AWP's shape of step 3, 4 workers);
+3. one run of N independent mock tasks (``sleep_ms`` 0), run concurrency = workers, 1 / 4 / 16 workers;
+4. 8 runs of 125 tasks at once, 16 and 4 workers;
+5. idle latency: one 1-task run at a time → time to claim and to finish;
+6. batching: 4 workers with ``--concurrency 16`` on one big run;
+7. recovery: kill -9 the worker holding a lease → time until the next attempt is claimed.
 
-Throughput comes from database timestamps (run started_at → finished_at); request latencies from the
-gateway's access log; claim results from ``/metrics``; CPU and peak RSS from ``/proc``. Results are
-printed and written to ``benchmarks/results/`` (``bench-<timestamp>.json``, ``latest.json``,
-``latest.md``, ``latest.png``).
+Every AWP scenario ends with ``awp.check_invariants()`` (whole database); violations are reported per
+scenario and make the exit status 1 (after the results are written), as does a failed peer measurement.
+
+Throughput comes from database timestamps (run started_at → finished_at; procrastinate: first
+``started`` → last ``succeeded`` event); request latencies from the gateway's access log; claim results
+from ``/metrics``; CPU and peak RSS from ``/proc``. Results are printed and written to
+``benchmarks/results/`` (``bench-<timestamp>.json``, ``latest.json``, ``latest.md``, ``latest.png``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +52,7 @@ import psycopg
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import peer_procrastinate  # noqa: E402
 import procs  # noqa: E402
 import reference  # noqa: E402
 import report  # noqa: E402
@@ -78,6 +85,8 @@ class Plan:
     ref_clients: tuple[int, ...]
     ref_seconds: float
     ref_rows: int
+    peer_workers: int  # procrastinate: processes x concurrency, on single_tasks jobs (AWP's 4-worker shape)
+    peer_concurrency: int
 
 
 FULL = Plan(
@@ -94,9 +103,11 @@ FULL = Plan(
     batch_concurrency=16,
     latency_samples=50,
     recovery=(("default", DEFAULT_LEASE_MS, DEFAULT_HEARTBEAT_MS), ("short", 2000, 500)),
-    ref_clients=(1, 8),
+    ref_clients=(1, 4, 8),
     ref_seconds=5,
     ref_rows=300_000,
+    peer_workers=4,
+    peer_concurrency=1,
 )
 
 QUICK = replace(
@@ -152,6 +163,23 @@ class Bench:
 
     def postgres_pids(self) -> list[int]:
         return [procs.postmaster_pid(self.datadir)] if self.datadir else []
+
+    def invariants(self, label: str) -> dict[str, Any]:
+        """``awp.check_invariants()`` over the whole database, at the end of a scenario (all runs finished)."""
+        rows = self.conn.execute(
+            "SELECT invariant, run_id, entity_key, detail FROM awp.check_invariants() ORDER BY 1, 2, 3"
+        ).fetchall()
+        by_invariant = dict(Counter(r[0] for r in rows))
+        if rows:
+            log.error("  %s: awp.check_invariants() returned %d violation(s): %s", label, len(rows), by_invariant)
+        else:
+            log.info("  %s: awp.check_invariants() empty", label)
+        keys = ("invariant", "run_id", "entity_key", "detail")
+        return {
+            "violations": len(rows),
+            "by_invariant": by_invariant,
+            "sample": [dict(zip(keys, r, strict=True)) for r in rows[:20]],
+        }
 
     def configure(self, lease_ms: int, heartbeat_ms: int) -> None:
         self.conn.execute(
@@ -211,12 +239,17 @@ class Bench:
     def measured(self, before: dict[str, Any], tasks: int) -> dict[str, Any]:
         after = self.snapshot()
         claims = procs.claims_by_result(before["metrics"], after["metrics"])
+        durations = self.gateway.access_durations(before["log_offset"], after["log_offset"])
+        cpu = {k: after[f"cpu_{k}"] - before[f"cpu_{k}"] for k in ("gateway", "workers", "postgres")}
+        if not self.datadir:  # an external server (AWP_TEST_DSN): its processes are not ours to read
+            cpu["postgres"] = None
         return {
             "coordinator": procs.coordinator_work(before["metrics"], after["metrics"]),
-            "durations_ms": self.gateway.access_durations(before["log_offset"], after["log_offset"]),
+            "durations_ms": durations,
             "claims": claims,
             "tasks": tasks,
-            "cpu_s": {k: after[f"cpu_{k}"] - before[f"cpu_{k}"] for k in ("gateway", "workers", "postgres")},
+            "requests": sum(len(v) for v in durations.values()),  # every route the access log saw
+            "cpu_s": cpu,
             "peak_rss_mb": {
                 "gateway": procs.peak_rss_mb(self.gateway.proc.pid),
                 "workers": self.pool.current_peak_rss_mb(),
@@ -255,6 +288,7 @@ class Bench:
         summary = summarize(label, reps, runs, tasks_per_run)
         if self.profile:
             summary["profile"] = self.top_statements(total * repeats)
+        summary["invariants"] = self.invariants(label)
         return summary
 
     def top_statements(self, tasks: int, limit: int = 12) -> list[dict[str, Any]]:
@@ -292,8 +326,10 @@ class Bench:
             statistics.median(claim_ms),
             statistics.median(finish_ms),
         )
+        label = f"idle, 1-task run, {len(self.pool.workers)} workers long-polling"
         return {
-            "label": f"idle, 1-task run, {len(self.pool.workers)} workers long-polling",
+            "label": label,
+            "invariants": self.invariants("idle latency"),
             "samples": samples,
             "dispatch_ms": percentiles(dispatch_ms, (0.5, 0.95)) | {"values": dispatch_ms},
             "claim_ms": percentiles(claim_ms, (0.5, 0.95)) | {"values": claim_ms},
@@ -368,6 +404,7 @@ class Bench:
         self.configure(DEFAULT_LEASE_MS, DEFAULT_HEARTBEAT_MS)
         return {
             "label": label,
+            "invariants": self.invariants(f"recovery ({label} lease)"),
             "lease_ms": lease_ms,
             "heartbeat_ms": heartbeat_ms,
             "takeover_ms": median_spread([s["takeover_ms"] for s in samples]),
@@ -392,6 +429,7 @@ def summarize(label: str, reps: list[dict[str, Any]], runs: int, tasks_per_run: 
         "claim": "/api/v1/workers/{worker_id}/claims",
         "heartbeat": "/api/v1/workers/{worker_id}/heartbeat",
         "complete": "/api/v1/workers/{worker_id}/leases/{dispatch_id}/complete",
+        "completions": "/api/v1/workers/{worker_id}/completions",  # several results (and claims) per request
     }
     latency = {
         name: percentiles([ms for r in reps for ms in r["durations_ms"].get(route, [])])
@@ -414,11 +452,113 @@ def summarize(label: str, reps: list[dict[str, Any]], runs: int, tasks_per_run: 
         "requests_per_task": {
             name: sum(len(r["durations_ms"].get(route, [])) for r in reps) / tasks for name, route in routes.items()
         },
-        "cpu_s": {k: statistics.median(r["cpu_s"][k] for r in reps) for k in ("gateway", "workers", "postgres")},
+        "cpu_s": {k: _median_or_none([r["cpu_s"][k] for r in reps]) for k in ("gateway", "workers", "postgres")},
+        # CPU per task of each process kind, and the gateway's per HTTP request (every route, from the access
+        # log), per repetition: median and min-max like tasks/s. The gateway's includes its coordinator.
+        "cpu_ms_per_task": {
+            k: median_spread([r["cpu_s"][k] * 1000 / r["tasks"] for r in reps if r["cpu_s"][k] is not None])
+            for k in ("gateway", "workers", "postgres")
+        },
+        "gateway_cpu_ms_per_request": median_spread(
+            [r["cpu_s"]["gateway"] * 1000 / r["requests"] for r in reps if r["requests"]]
+        ),
         "peak_rss_mb": {k: max(r["peak_rss_mb"][k] for r in reps) for k in ("gateway", "workers")},
         "submit_to_start_ms": statistics.median(r["submit_to_start_ms"] for r in reps),
         "repetitions": [{k: v for k, v in r.items() if k != "durations_ms"} for r in reps],
     }
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def measure_peer(
+    plan: Plan, peer_dsn: str | None, datadir: Path | None, workdir: Path, reaper: Reaper
+) -> dict[str, Any]:
+    """procrastinate in AWP's 4-worker single-run shape (see peer_procrastinate.py); never a silent skip:
+    ``status`` is ``measured``, ``not installed`` or ``failed`` (with ``error``)."""
+    jobs = plan.single_tasks
+    out: dict[str, Any] = {
+        "name": "procrastinate",
+        "version": peer_procrastinate.version(),
+        "label": f"{jobs} no-op jobs deferred up front, {plan.peer_workers} worker processes x concurrency "
+        f"{plan.peer_concurrency}",
+        "jobs": jobs,
+        "workers": plan.peer_workers,
+        "worker_concurrency": plan.peer_concurrency,
+        "connector": "PsycopgConnector",
+    }
+    if out["version"] is None:
+        log.warning("peer: procrastinate is NOT installed (pip install -e '.[bench]'): not measured")
+        return out | {"status": "not installed", "error": "pip install -e '.[bench]' (the bench extra)"}
+    if peer_dsn is None:
+        return out | {"status": "failed", "error": "no database for the peer"}
+
+    def cpu_postgres() -> float | None:
+        if not datadir:
+            return None
+        return procs.cpu_seconds([procs.postmaster_pid(datadir)], include_reaped_children=True)
+
+    log.info("peer: procrastinate %s, %s", out["version"], out["label"])
+    reps: list[dict[str, Any]] = []
+    try:
+        peer_procrastinate.apply_schema(peer_dsn)
+        for i in range(plan.repeats):
+            r = peer_procrastinate.run_once(
+                reaper,
+                peer_dsn,
+                workdir,
+                jobs,
+                plan.peer_workers,
+                plan.peer_concurrency,
+                procs.cpu_seconds,
+                cpu_postgres,
+                i + 1,
+                timeout=max(120.0, jobs / 10),
+            )
+            reps.append(r)
+            log.info(
+                "  procrastinate, repetition %d/%d: %.0f jobs/s (%d jobs in %.2fs; jobs per worker %s)",
+                i + 1,
+                plan.repeats,
+                r["tasks_per_s"],
+                jobs,
+                r["span_s"],
+                r["jobs_per_worker"],
+            )
+    except Exception as exc:
+        log.exception("peer: procrastinate measurement FAILED")
+        return out | {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "repetitions": reps}
+    return out | {
+        "status": "measured",
+        "tasks_per_s": median_spread([r["tasks_per_s"] for r in reps]),
+        "cpu_ms_per_task": {
+            k: median_spread([r["cpu_ms_per_task"][k] for r in reps if r["cpu_ms_per_task"][k] is not None])
+            for k in ("workers", "postgres")
+        },
+        "repetitions": reps,
+    }
+
+
+def problems(results: dict[str, Any]) -> list[str]:
+    """What makes the benchmark's exit status 1: a failed peer, a violated invariant."""
+    out = []
+    peer = results.get("peer") or {}
+    if peer.get("status") == "failed":
+        out.append(f"peer {peer.get('name')}: {peer.get('error')}")
+    scenarios = [
+        *results.get("throughput", []),
+        *([results["latency"]] if results.get("latency") else []),
+        *results.get("recovery", []),
+    ]
+    for s in scenarios:
+        inv = s.get("invariants") or {}
+        if inv.get("violations"):
+            out.append(
+                f"{s['label']}: awp.check_invariants() returned {inv['violations']} row(s) {inv['by_invariant']}"
+            )
+    return out
 
 
 def machine() -> dict[str, Any]:
@@ -450,7 +590,13 @@ def enable_pg_stat_statements(server: Any) -> None:
 
 
 def run_plan(
-    plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, profile: bool = False
+    plan: Plan,
+    dsn: str,
+    datadir: Path | None,
+    workdir: Path,
+    reaper: Reaper,
+    profile: bool = False,
+    peer_dsn: str | None = None,
 ) -> dict[str, Any]:
     started = time.monotonic()
     b = Bench(dsn, datadir, workdir, reaper, profile)
@@ -487,6 +633,9 @@ def run_plan(
     reference.drop(dsn)
     b.conn.execute("VACUUM ANALYZE")
     results["reference"] = ref
+
+    # Before awp serve starts: PostgreSQL's CPU in the peer's window is then the peer's alone.
+    results["peer"] = measure_peer(plan, peer_dsn, datadir, workdir, reaper)
 
     b.gateway.start()
     log.info("awp serve on %s; workers: real `awp worker` processes", b.gateway.base_url)
@@ -562,7 +711,13 @@ def main() -> int:
                     parser.error("--profile needs the throwaway cluster (unset AWP_TEST_DSN)")
                 enable_pg_stat_statements(server)
             dsn = fresh_database(server, database_name("bench"))
-            results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile)
+            peer_db = database_name("bench_procrastinate")
+            peer_dsn = server.create_database(peer_db)  # empty: the peer applies its own schema
+            try:
+                results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile, peer_dsn)
+            finally:
+                with contextlib.suppress(Exception):
+                    server.drop_database(peer_db)
         ok = True
     except KeyboardInterrupt:
         log.error("interrupted: stopping every process the benchmark started")
@@ -575,8 +730,11 @@ def main() -> int:
         else:
             log.info("gateway and worker logs kept in %s", workdir)
     results["started_at"] = when.isoformat(timespec="seconds")
+    results["problems"] = problems(results)
     report.write(results, args.out, when)
-    return 0
+    for p in results["problems"]:
+        log.error("PROBLEM: %s", p)
+    return 1 if results["problems"] else 0
 
 
 if __name__ == "__main__":

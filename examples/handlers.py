@@ -29,6 +29,8 @@ async def summarize(input: dict[str, Any], ctx: Context) -> dict[str, Any]:
         "digest": digest,
         "attempt": ctx.attempt,
         "fencing_token": ctx.fencing_token,
+        "batch": ctx.run_input.get("batch"),  # the run's input
+        "inputs_from": sorted(ctx.upstream),  # the keys of the tasks this one depends on
     }
 
 
@@ -39,3 +41,11 @@ def word_count(input: dict[str, Any], ctx: Context) -> dict[str, int]:
     if not isinstance(text, str):
         raise PermanentError("input.text must be a string", error_code="bad_input")
     return {"words": len(text.split())}
+
+
+@handler("merge-counts")
+def merge_counts(input: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """A fan-in: adds up the ``words`` of every upstream task's output (ctx.upstream maps each dependency's key
+    to its output) and tags the total with the run's input ``label`` (ctx.run_input)."""
+    counts = {key: out.get("words", 0) for key, out in ctx.upstream.items() if isinstance(out, dict)}
+    return {"label": ctx.run_input.get("label"), "by_task": counts, "total": sum(counts.values())}

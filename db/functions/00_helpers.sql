@@ -1,43 +1,53 @@
 -- Private helpers shared by the public functions: time, ids, tokens, hashing, sessions, events.
 -- None of them is granted to awp_gateway; they run inside the SECURITY DEFINER callers.
+-- The one-line SQL helpers _ms, _new_id, _token and _hash have no SET search_path on purpose: they
+-- name only pg_catalog objects (and public.gen_random_bytes, schema-qualified), so the planner can
+-- inline them into the caller's cached plan instead of planning a function call each time they run
+-- (a SET clause forbids inlining). db/tests/01_schema.sql lists them as the only exceptions.
 
 -- awp._now(): the one clock. Database time (clock_timestamp), unless a test froze it with
 -- SET awp.test_now = '…' (pgTAP does; see db/tests). The frozen clock is honoured only in a test
 -- database (one with the pgtap extension, which migrations install nowhere else), so no client
 -- of a real database can move time for its leases. Takes no locks, raises nothing.
 CREATE OR REPLACE FUNCTION awp._now() RETURNS timestamptz
-LANGUAGE sql VOLATILE SET search_path = '' AS $$
-  SELECT CASE WHEN coalesce(current_setting('awp.test_now', true), '') <> ''
-                   AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'pgtap')
-              THEN current_setting('awp.test_now')::timestamptz
-              ELSE clock_timestamp() END
-$$;
+LANGUAGE plpgsql VOLATILE SET search_path = '' AS $$
+DECLARE
+  v_frozen text := current_setting('awp.test_now', true);
+BEGIN
+  -- The catalog lookup only when a frozen time is set: the usual call costs one GUC read.
+  IF v_frozen IS NOT NULL AND v_frozen <> ''
+     AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'pgtap') THEN
+    RETURN v_frozen::timestamptz;
+  END IF;
+  RETURN clock_timestamp();
+END $$;
 COMMENT ON FUNCTION awp._now() IS 'The database clock used by every rule; frozen by SET awp.test_now in tests.';
 
 -- awp._ms(interval): an interval as whole milliseconds (rounded down, never negative).
 CREATE OR REPLACE FUNCTION awp._ms(p interval) RETURNS bigint
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
+LANGUAGE sql IMMUTABLE AS $$
   SELECT greatest(0, floor(extract(epoch FROM p) * 1000))::bigint
 $$;
 COMMENT ON FUNCTION awp._ms(interval) IS 'An interval as non-negative whole milliseconds.';
 
 -- awp._new_id(prefix): a random identifier such as run_3f2a….
 CREATE OR REPLACE FUNCTION awp._new_id(p_prefix text) RETURNS text
-LANGUAGE sql VOLATILE SET search_path = '' AS $$
+LANGUAGE sql VOLATILE AS $$
   SELECT p_prefix || '_' || replace(pg_catalog.gen_random_uuid()::text, '-', '')
 $$;
 COMMENT ON FUNCTION awp._new_id(text) IS 'A new random identifier with a type prefix.';
 
 -- awp._token(): 32 random bytes as base64url (43 characters). Returned once, never stored.
 CREATE OR REPLACE FUNCTION awp._token() RETURNS text
-LANGUAGE sql VOLATILE SET search_path = '' AS $$
+LANGUAGE sql VOLATILE AS $$
   SELECT translate(rtrim(encode(public.gen_random_bytes(32), 'base64'), '='), '+/', '-_')
 $$;
 COMMENT ON FUNCTION awp._token() IS 'A secret token: base64url of 32 random bytes.';
 
 -- awp._hash(text): SHA-256 of a token; only this is stored.
+-- STABLE, not IMMUTABLE: convert_to is stable, and an IMMUTABLE wrapper around it would not be inlined.
 CREATE OR REPLACE FUNCTION awp._hash(p text) RETURNS bytea
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE AS $$
   SELECT sha256(convert_to(coalesce(p, ''), 'UTF8'))
 $$;
 COMMENT ON FUNCTION awp._hash(text) IS 'SHA-256 of a secret token.';
@@ -84,37 +94,127 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._session(text, text, boolean) IS 'Checks a worker session (AWSES when invalid) and returns the worker row.';
 
+-- The per-call state of the runs a call changed (transaction-local setting awp.log_state): for each
+-- run ";run_id,revision,last_sequence,unfinished_delta" -- the revision of this transaction, the last
+-- event sequence used and the change to runs.unfinished_tasks not yet written. awp._logn and
+-- awp._unfinished_add keep it; awp._log_flush() writes it to the run rows (one UPDATE per run), and
+-- every public function that changes a run calls it before it returns (the deferred trigger
+-- events_flush_log_state does at commit, as a safety net). Updating a hot run row once per call,
+-- not once per step, keeps its version chain short: every further update of a row in one
+-- transaction makes each later lookup of it walk the chain, and blocks other writers longer.
+
+-- awp._run_state(run): that run's entry, read from the state or (first use in this call) from its row,
+-- whose lock the caller holds. The revision is bumped once per transaction (runs.revision_xid).
+CREATE OR REPLACE FUNCTION awp._run_state(p_run_id text, OUT revision bigint, OUT last_sequence bigint,
+                                          OUT unfinished_delta integer)
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_state text := coalesce(current_setting('awp.log_state', true), '');
+  v_pos   integer := strpos(v_state, ';' || p_run_id || ',');
+  v_entry text;
+BEGIN
+  IF v_pos > 0 THEN
+    v_entry := split_part(substr(v_state, v_pos + 1), ';', 1);
+    revision := split_part(v_entry, ',', 2)::bigint;
+    last_sequence := split_part(v_entry, ',', 3)::bigint;
+    unfinished_delta := split_part(v_entry, ',', 4)::integer;
+  ELSE
+    SELECT CASE WHEN r.revision_xid = pg_current_xact_id() THEN r.revision ELSE r.revision + 1 END, r.last_sequence, 0
+      INTO revision, last_sequence, unfinished_delta FROM awp.runs r WHERE r.run_id = p_run_id;
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._run_state(text) IS 'A run''s revision, last sequence and unfinished-task change in this call (awp.log_state).';
+
+-- awp._run_state_put(run, revision, last_sequence, unfinished_delta): stores a run's entry.
+CREATE OR REPLACE FUNCTION awp._run_state_put(p_run_id text, p_revision bigint, p_last_sequence bigint,
+                                              p_unfinished_delta integer) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_state text := coalesce(current_setting('awp.log_state', true), '');
+  v_pos   integer := strpos(v_state, ';' || p_run_id || ',');
+  v_new   text := ';' || p_run_id || ',' || p_revision || ',' || p_last_sequence || ',' || p_unfinished_delta;
+BEGIN
+  IF v_pos > 0 THEN
+    v_state := replace(v_state, ';' || split_part(substr(v_state, v_pos + 1), ';', 1), v_new);
+  ELSE
+    v_state := v_state || v_new;
+  END IF;
+  PERFORM set_config('awp.log_state', v_state, true);
+END $$;
+COMMENT ON FUNCTION awp._run_state_put(text, bigint, bigint, integer) IS 'Stores a run''s entry of awp.log_state.';
+
 -- awp._logn(run, entity_types, keys, froms, tos, reasons): appends one event per array element
--- (parallel arrays) with contiguous per-run sequence numbers, and bumps the run's revision exactly
--- once per transaction (runs.revision_xid remembers the transaction that bumped it last).
--- The caller holds the run's row lock (lock order: Run first), so no other writer interleaves.
+-- (parallel arrays) with contiguous per-run sequence numbers, all with the run's revision of this
+-- transaction. The caller holds the run's row lock (lock order: Run first), so no other writer
+-- interleaves; the run row itself is written by awp._log_flush().
 CREATE OR REPLACE FUNCTION awp._logn(p_run_id text, p_types text[], p_keys text[], p_from text[],
                                      p_to text[], p_reasons text[])
 RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
-  v_n    integer := coalesce(cardinality(p_keys), 0);
-  v_xid  xid8 := pg_current_xact_id();
-  v_rev  bigint;
-  v_base bigint;
-  v_now  timestamptz;
+  v_n integer := coalesce(cardinality(p_keys), 0);
+  st  record;
 BEGIN
   IF v_n = 0 THEN
     RETURN;
   END IF;
-  v_now := awp._now();
-  UPDATE awp.runs r
-     SET revision = CASE WHEN r.revision_xid = v_xid THEN r.revision ELSE r.revision + 1 END,
-         revision_xid = v_xid,
-         last_sequence = r.last_sequence + v_n
-   WHERE r.run_id = p_run_id
-  RETURNING r.revision, r.last_sequence - v_n INTO v_rev, v_base;
+  st := awp._run_state(p_run_id);
+  PERFORM awp._run_state_put(p_run_id, st.revision, st.last_sequence + v_n, st.unfinished_delta);
   INSERT INTO awp.events (run_id, sequence, revision, entity_type, entity_key, from_status, to_status,
                           reason, occurred_at)
-  SELECT p_run_id, v_base + u.o, v_rev, u.t, u.k, u.f, u.s, u.r, v_now
+  SELECT p_run_id, st.last_sequence + u.o, st.revision, u.t, u.k, u.f, u.s, u.r, awp._now()
     FROM unnest(p_types, p_keys, coalesce(p_from, '{}'::text[]), p_to, p_reasons) WITH ORDINALITY AS u(t, k, f, s, r, o);
 END $$;
-COMMENT ON FUNCTION awp._logn(text, text[], text[], text[], text[], text[]) IS 'Appends events for a run (parallel arrays) and bumps its revision once per transaction.';
+COMMENT ON FUNCTION awp._logn(text, text[], text[], text[], text[], text[]) IS 'Appends events for a run (parallel arrays) with the revision of this transaction; the run row is updated by awp._log_flush().';
+
+-- awp._unfinished_add(run, delta): changes the run's unfinished_tasks by delta, in the state (see
+-- above); awp._unfinished_tasks(run) reads the value as it is now. The caller holds the run's lock.
+CREATE OR REPLACE FUNCTION awp._unfinished_add(p_run_id text, p_delta integer) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  st record;
+BEGIN
+  IF p_delta <> 0 THEN
+    st := awp._run_state(p_run_id);
+    PERFORM awp._run_state_put(p_run_id, st.revision, st.last_sequence, st.unfinished_delta + p_delta);
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._unfinished_add(text, integer) IS 'Changes a run''s unfinished-task count (written by awp._log_flush).';
+
+-- awp._log_flush(): writes each run's entry of awp.log_state to its row (revision, last sequence,
+-- unfinished tasks; one UPDATE per run) and clears the state. Cheap when nothing was logged.
+-- Locks: the run rows, which every caller of _logn and _unfinished_add already holds.
+CREATE OR REPLACE FUNCTION awp._log_flush() RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_state text := current_setting('awp.log_state', true);
+BEGIN
+  IF v_state IS NULL OR v_state = '' THEN
+    RETURN;
+  END IF;
+  PERFORM set_config('awp.log_state', '', true);
+  UPDATE awp.runs r
+     SET revision = split_part(e.x, ',', 2)::bigint, revision_xid = pg_current_xact_id(),
+         last_sequence = split_part(e.x, ',', 3)::bigint,
+         unfinished_tasks = r.unfinished_tasks + split_part(e.x, ',', 4)::integer
+    FROM unnest(string_to_array(substr(v_state, 2), ';')) AS e(x)
+   WHERE r.run_id = split_part(e.x, ',', 1);
+END $$;
+COMMENT ON FUNCTION awp._log_flush() IS 'Writes the per-call run state (revision, last sequence, unfinished tasks) to the run rows.';
+
+-- awp._log_flush_at_commit(): the deferred constraint trigger events_flush_log_state
+-- (db/functions/zz_triggers.sql) runs this at commit for every event inserted: a no-op once the state is flushed, and a
+-- guarantee that a public function that forgot awp._log_flush() cannot commit events without
+-- their run's counters.
+CREATE OR REPLACE FUNCTION awp._log_flush_at_commit() RETURNS trigger
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  IF coalesce(current_setting('awp.log_state', true), '') <> '' THEN
+    PERFORM awp._log_flush();
+  END IF;
+  RETURN NULL;
+END $$;
+COMMENT ON FUNCTION awp._log_flush_at_commit() IS 'Deferred trigger: flushes awp.log_state at commit when a function did not.';
 
 -- awp._log(run, entity_type, keys, froms, to, reason): events of one entity type and target status.
 -- (PL/pgSQL rather than SQL, here and in the other small helpers called per task: PL/pgSQL caches

@@ -65,6 +65,8 @@ BEGIN
   v_id := awp._new_id('dsp');
   INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)
   VALUES (v_id, p_run_id, t.task_key, t.executor, v_now);
+  -- Remembered for awp._notify_pending (a transaction-local setting: rolled back with the transaction).
+  PERFORM set_config('awp.new_dispatches', coalesce(current_setting('awp.new_dispatches', true), '') || v_id || ' ', true);
   UPDATE awp.tasks y SET status = 'queued', updated_at = v_now
    WHERE y.run_id = p_run_id AND y.task_key = t.task_key;
   UPDATE awp.runs x SET last_dispatch_seq = nextval('awp.dispatch_order_seq'),
@@ -83,17 +85,25 @@ COMMENT ON FUNCTION awp._dispatch_one(text, jsonb) IS 'Creates one pending dispa
 
 -- awp._notify_pending(): one NOTIFY awp_dispatch per dispatch this transaction created and left
 -- pending (payload "<executor kind> <dispatch id>", so PostgreSQL does not fold them into one): the
+-- ids come from the transaction-local setting awp.new_dispatches that awp._dispatch_one appends to
+-- (no scan of the pending dispatches); the
 -- gateway wakes one waiting claim per notification. Called last by every public function that
 -- creates dispatches, so a dispatch the same transaction already leased (complete_and_claim) wakes
 -- nobody. A hint only: waiting claims also re-check on their own.
 CREATE OR REPLACE FUNCTION awp._notify_pending() RETURNS integer
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
-  v_n integer;
+  v_ids text := current_setting('awp.new_dispatches', true);
+  v_n   integer;
 BEGIN
+  PERFORM awp._log_flush();   -- called last by every public function that creates dispatches
+  IF v_ids IS NULL OR v_ids = '' THEN
+    RETURN 0;
+  END IF;
+  PERFORM set_config('awp.new_dispatches', '', true);
   SELECT count(pg_notify('awp_dispatch', d.executor_kind || ' ' || d.dispatch_id)) INTO v_n
     FROM awp.dispatches d
-   WHERE d.status = 'pending' AND d.xmin = xid(pg_current_xact_id());
+   WHERE d.dispatch_id = ANY (string_to_array(rtrim(v_ids), ' ')) AND d.status = 'pending';
   RETURN v_n;
 END $$;
 COMMENT ON FUNCTION awp._notify_pending() IS 'Sends one NOTIFY awp_dispatch per dispatch created and still pending in this transaction.';
@@ -132,3 +142,99 @@ BEGIN
   RETURN false;
 END $$;
 COMMENT ON FUNCTION awp._replace_dispatch(awp.workers) IS 'Creates one dispatch in place of the lease a completion freed (fairness order, that worker''s kinds).';
+
+-- awp._dispatch_many(run, kinds, n): awp._dispatch_one for up to n tasks at once (the run's first ready
+-- tasks in definition order whose executor is in `kinds`), within the run's concurrency: one INSERT,
+-- one UPDATE of the tasks, one of the run row (its place in the fairness order) and one _logn,
+-- instead of n of each. The caller holds the run's row lock. Returns the number created.
+CREATE OR REPLACE FUNCTION awp._dispatch_many(p_run_id text, p_kinds text[], p_n integer) RETURNS integer
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  r      record;
+  v_room integer;
+  v_keys text[];
+  v_ids  text[];
+  v_n    integer;
+  v_now  timestamptz := awp._now();
+BEGIN
+  SELECT x.status, x.concurrency INTO r FROM awp.runs x
+   WHERE x.run_id = p_run_id AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
+  IF NOT FOUND THEN
+    RETURN 0;
+  END IF;
+  v_room := least(p_n, r.concurrency - (SELECT count(*) FROM awp.tasks y
+                                          WHERE y.run_id = p_run_id AND y.status IN ('queued', 'running')));
+  IF v_room <= 0 THEN
+    RETURN 0;
+  END IF;
+  WITH pick AS MATERIALIZED (
+    SELECT y.task_key, y.executor, y.ordinal, awp._new_id('dsp') AS dispatch_id FROM awp.tasks y
+     WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds)
+     ORDER BY y.ordinal LIMIT v_room
+       FOR UPDATE
+  ), ins AS (
+    INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)
+    SELECT k.dispatch_id, p_run_id, k.task_key, k.executor, v_now FROM pick k
+  ), upd AS (
+    UPDATE awp.tasks y SET status = 'queued', updated_at = v_now
+      FROM pick k WHERE y.run_id = p_run_id AND y.task_key = k.task_key
+  )
+  SELECT array_agg(k.task_key ORDER BY k.ordinal), array_agg(k.dispatch_id ORDER BY k.ordinal) INTO v_keys, v_ids
+    FROM pick k;
+  v_n := coalesce(cardinality(v_keys), 0);
+  IF v_n = 0 THEN
+    RETURN 0;
+  END IF;
+  UPDATE awp.runs x SET last_dispatch_seq = nextval('awp.dispatch_order_seq'),
+                        status = 'running', started_at = coalesce(x.started_at, v_now)
+   WHERE x.run_id = p_run_id;
+  -- The events of _dispatch_one, in the same order: (task queued, dispatch pending) per task.
+  PERFORM awp._logn(p_run_id,
+    CASE WHEN r.status = 'pending' THEN '{run}'::text[] ELSE '{}' END || array_agg(e.t ORDER BY e.i, e.j),
+    CASE WHEN r.status = 'pending' THEN ARRAY[p_run_id] ELSE '{}' END || array_agg(e.k ORDER BY e.i, e.j),
+    CASE WHEN r.status = 'pending' THEN '{pending}'::text[] ELSE '{}' END || array_agg(e.f ORDER BY e.i, e.j),
+    CASE WHEN r.status = 'pending' THEN '{running}'::text[] ELSE '{}' END || array_agg(e.s ORDER BY e.i, e.j),
+    CASE WHEN r.status = 'pending' THEN '{"first dispatch"}'::text[] ELSE '{}' END || array_agg('dispatch created'::text ORDER BY e.i, e.j))
+    FROM (SELECT i, 1 AS j, 'task'::text AS t, v_keys[i] AS k, 'ready'::text AS f, 'queued'::text AS s FROM generate_subscripts(v_keys, 1) i
+          UNION ALL
+          SELECT i, 2, 'dispatch', v_ids[i], NULL, 'pending' FROM generate_subscripts(v_ids, 1) i) e;
+  PERFORM set_config('awp.new_dispatches',
+                     coalesce(current_setting('awp.new_dispatches', true), '') || array_to_string(v_ids, ' ') || ' ', true);
+  RETURN v_n;
+END $$;
+COMMENT ON FUNCTION awp._dispatch_many(text, text[], integer) IS 'Creates up to n pending dispatches for a run at once (caller holds the run lock) within its concurrency; returns the count.';
+
+-- awp._replace_dispatches(worker, n): awp._replace_dispatch for the n leases a batch of completions
+-- freed: the n slots go round-robin to the runs in fairness order that have a ready task of a kind
+-- that worker runs (as n single replacements would), and each run gets its share in one
+-- awp._dispatch_many call. Runs busy elsewhere are skipped (SKIP LOCKED). Returns the number created.
+CREATE OR REPLACE FUNCTION awp._replace_dispatches(p_worker awp.workers, p_n integer) RETURNS integer
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_runs  text[];
+  v_share integer;
+  v_i     integer;
+  v_done  integer := 0;
+BEGIN
+  IF p_worker.status <> 'active' OR p_n < 1 THEN
+    RETURN 0;
+  END IF;
+  SELECT array_agg(q.run_id ORDER BY q.o) INTO v_runs FROM (
+    SELECT x.run_id, row_number() OVER (ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id) AS o
+      FROM awp.runs x
+     WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
+       AND (SELECT y.ordinal FROM awp.tasks y
+             WHERE y.run_id = x.run_id AND y.status = 'ready' AND y.executor = ANY (p_worker.executor_kinds)
+             ORDER BY y.ordinal LIMIT 1) IS NOT NULL
+     ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id
+     LIMIT p_n) q;
+  FOR v_i IN 1 .. coalesce(cardinality(v_runs), 0) LOOP
+    -- Round-robin share of run i among k runs: one each, the first (n mod k) runs one more.
+    v_share := p_n / cardinality(v_runs) + CASE WHEN v_i <= p_n % cardinality(v_runs) THEN 1 ELSE 0 END;
+    PERFORM 1 FROM awp.runs x WHERE x.run_id = v_runs[v_i] FOR UPDATE SKIP LOCKED;
+    CONTINUE WHEN NOT FOUND;
+    v_done := v_done + awp._dispatch_many(v_runs[v_i], p_worker.executor_kinds, v_share);
+  END LOOP;
+  RETURN v_done;
+END $$;
+COMMENT ON FUNCTION awp._replace_dispatches(awp.workers, integer) IS 'Creates up to n dispatches in place of the leases a batch of completions freed (round-robin over runs in fairness order).';

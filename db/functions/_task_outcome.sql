@@ -3,7 +3,7 @@
 -- Dispatch, then Task/Attempt rows of that run).
 
 -- awp._settle_run(run): when no task of the run can still change, the run becomes
--- `succeeded` (every task succeeded) or `failed`. Returns the run's status.
+-- `succeeded` (every task succeeded, and its output is set) or `failed`. Returns the run's status.
 CREATE OR REPLACE FUNCTION awp._settle_run(p_run_id text) RETURNS text
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
@@ -11,7 +11,8 @@ DECLARE
   v_left   integer;
   v_final  text;
 BEGIN
-  SELECT r.status, r.unfinished_tasks INTO v_status, v_left FROM awp.runs r WHERE r.run_id = p_run_id;
+  SELECT r.status, r.unfinished_tasks + (awp._run_state(p_run_id)).unfinished_delta INTO v_status, v_left
+    FROM awp.runs r WHERE r.run_id = p_run_id;
   IF v_status NOT IN ('pending', 'running') OR v_left > 0 THEN
     RETURN v_status;
   END IF;
@@ -20,12 +21,39 @@ BEGIN
   UPDATE awp.runs r SET status = v_final, finished_at = awp._now(),
                         started_at = coalesce(r.started_at, awp._now())
    WHERE r.run_id = p_run_id;
+  IF v_final = 'succeeded' THEN
+    PERFORM awp._set_run_output(p_run_id);
+  END IF;
   PERFORM awp._log1(p_run_id, 'run', p_run_id, v_status, v_final,
                     CASE v_final WHEN 'succeeded' THEN 'all tasks succeeded' ELSE 'a task failed' END);
   PERFORM awp._wake('awp_coordinator', 'run_finished');
   RETURN v_final;
 END $$;
 COMMENT ON FUNCTION awp._settle_run(text) IS 'Finishes a run (succeeded/failed) once none of its tasks can change.';
+
+-- awp._set_run_output(run): the output of a succeeded run: {task key: output of its succeeded attempt}
+-- for every task with no dependants, in definition order. Bounded at 1 MiB (sum of the outputs' jsonb
+-- text): the tasks past that map to null and output_truncated is set; their outputs stay readable
+-- through awp.task_attempts.
+CREATE OR REPLACE FUNCTION awp._set_run_output(p_run_id text) RETURNS void
+LANGUAGE sql SET search_path = '' AS $$
+  WITH leaves AS (
+    SELECT t.task_key, a.output,
+           sum(coalesce(octet_length(a.output::text), 4) + octet_length(t.task_key) + 6)
+             OVER (ORDER BY t.ordinal) AS upto
+      FROM awp.tasks t
+      LEFT JOIN awp.attempts a ON a.run_id = t.run_id AND a.task_key = t.task_key AND a.attempt = t.attempts
+                              AND a.status = 'succeeded'
+     WHERE t.run_id = p_run_id AND cardinality(t.dependants) = 0
+  )
+  UPDATE awp.runs r
+     SET output = x.output, output_truncated = x.truncated
+    FROM (SELECT coalesce(jsonb_object_agg(l.task_key, CASE WHEN l.upto <= 1048576 THEN l.output END), '{}') AS output,
+                 coalesce(bool_or(l.upto > 1048576), false) AS truncated
+            FROM leaves l) x
+   WHERE r.run_id = p_run_id
+$$;
+COMMENT ON FUNCTION awp._set_run_output(text) IS 'Sets a succeeded run''s output: the outputs of its tasks without dependants (at most 1 MiB).';
 
 -- awp._skip_descendants(run, task): every task that transitively depends on a failed task
 -- (all of them still waiting) becomes `skipped`.
@@ -45,8 +73,7 @@ BEGIN
     RETURNING t.task_key, t.ordinal
   )
   SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_keys FROM u;
-  UPDATE awp.runs r SET unfinished_tasks = r.unfinished_tasks - coalesce(cardinality(v_keys), 0)
-   WHERE r.run_id = p_run_id AND v_keys IS NOT NULL;
+  PERFORM awp._unfinished_add(p_run_id, -coalesce(cardinality(v_keys), 0));
   PERFORM awp._log(p_run_id, 'task', v_keys, array_fill('waiting_dependencies'::text, ARRAY[coalesce(cardinality(v_keys), 0)]),
                    'skipped', format('dependency %s failed', p_task_key));
 END $$;
@@ -90,7 +117,7 @@ BEGIN
          finished_at = CASE WHEN v_to IN ('succeeded', 'failed') THEN v_now END
    WHERE x.run_id = p_run_id AND x.task_key = p_task_key;
   IF v_to IN ('succeeded', 'failed') THEN
-    UPDATE awp.runs x SET unfinished_tasks = x.unfinished_tasks - 1 WHERE x.run_id = p_run_id;
+    PERFORM awp._unfinished_add(p_run_id, -1);
   END IF;
   PERFORM awp._logn(p_run_id, '{attempt,task}', ARRAY[p_task_key || '#' || p_attempt, p_task_key],
                     ARRAY['running', t.status], ARRAY[p_attempt_status, v_to], ARRAY[p_reason, p_reason]);
@@ -168,6 +195,7 @@ BEGIN
     INTO v_keys, v_from FROM u;
   PERFORM awp._log(p_run_id, 'task', v_keys, v_from, 'canceled', 'run canceled');
 
+  PERFORM awp._log_flush();   -- pending counter changes first: the count is set to 0 here
   UPDATE awp.runs r SET status = 'canceled', finished_at = v_now, unfinished_tasks = 0 WHERE r.run_id = p_run_id;
   PERFORM awp._log1(p_run_id, 'run', p_run_id, v_status, 'canceled', 'cancellation converged');
   PERFORM awp._wake('awp_coordinator', 'run_canceled');

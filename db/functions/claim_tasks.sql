@@ -2,7 +2,12 @@
 -- worker, oldest first. For each: attempt N+1 is created (`running`), the task becomes `running`,
 -- the dispatch `leased` with a new random lease token (only its SHA-256 stored),
 -- attempt_deadline = now + timeout, lease_expires_at = least(now + lease, deadline) and a strictly
--- increasing fencing token; revision and events in the same transaction.
+-- increasing fencing token; revision and events in the same transaction. Each lease carries the
+-- run's input (`run_input`) and `upstream`: {dependency task key: its output} of the task's direct
+-- dependencies ({} for a root; awp._upstream). Lease payload limit: `upstream` is at most 1 MiB
+-- (1,048,576 bytes as jsonb text; input and run_input are at most 64 KiB each by their own checks).
+-- A task whose upstream is larger is not handed out: its attempt fails at once with error_code
+-- `lease_payload_too_large` (permanent; dependants skipped), see docs/data-flow.md.
 -- Raises AWSES (session, checked first), AWDRN (worker draining), AWREQ (slots < 1),
 -- AWCAP (slots above the worker's free capacity, computed here from its leases).
 -- Locks: the worker row, then Run and Dispatch together with
@@ -13,14 +18,50 @@ CREATE OR REPLACE FUNCTION awp.claim_tasks(p_worker_id text, p_session_token tex
 RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
                run_id text, task_key text, executor_kind text, action text, input jsonb,
                attempt integer, attempt_deadline timestamptz, lease_expires_at timestamptz,
-               lease_remaining_ms bigint, fencing_token bigint)
+               lease_remaining_ms bigint, fencing_token bigint, run_input jsonb, upstream jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  w      awp.workers := awp._session(p_worker_id, p_session_token, true);
+  v_free integer;
+BEGIN
+  IF w.status = 'draining' THEN
+    RAISE EXCEPTION 'worker is draining' USING ERRCODE = 'AWDRN',
+      DETAIL = 'a draining worker completes its leases but claims nothing new';
+  END IF;
+  IF p_slots IS NULL OR p_slots < 1 THEN
+    PERFORM awp._bad_request('invalid slots', 'slots must be at least 1');
+  END IF;
+  v_free := awp._free_slots(w);
+  IF p_slots > v_free THEN
+    RAISE EXCEPTION 'worker capacity exceeded' USING ERRCODE = 'AWCAP',
+      DETAIL = format('asked for %s slots, %s of %s free', p_slots, v_free, w.max_concurrency);
+  END IF;
+  RETURN QUERY SELECT * FROM awp._claim(w, p_slots);
+  PERFORM awp._log_flush();
+END $$;
+COMMENT ON FUNCTION awp.claim_tasks(text, text, integer) IS 'Leases up to slots pending dispatches to a worker (attempt, lease token, fencing token); AWSES/AWDRN/AWCAP/AWREQ.';
+
+-- awp._free_slots(worker): the worker's max_concurrency less its leases. Locks: none.
+CREATE OR REPLACE FUNCTION awp._free_slots(w awp.workers) RETURNS integer
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+BEGIN
+  RETURN w.max_concurrency - (SELECT count(*) FROM awp.dispatches d WHERE d.worker_id = w.worker_id AND d.status = 'leased');
+END $$;
+COMMENT ON FUNCTION awp._free_slots(awp.workers) IS 'Free slots of a worker: max_concurrency less its leases.';
+
+-- awp._claim(worker, slots): the leasing part of awp.claim_tasks for a worker whose session, status
+-- and free capacity the caller has checked (holding the worker row's lock).
+CREATE OR REPLACE FUNCTION awp._claim(w awp.workers, p_slots integer)
+RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
+               run_id text, task_key text, executor_kind text, action text, input jsonb,
+               attempt integer, attempt_deadline timestamptz, lease_expires_at timestamptz,
+               lease_remaining_ms bigint, fencing_token bigint, run_input jsonb, upstream jsonb)
+LANGUAGE plpgsql SET search_path = '' AS $$
 #variable_conflict use_column
 DECLARE
-  w       awp.workers := awp._session(p_worker_id, p_session_token, true);
   s       awp.settings := awp._settings();
-  v_now   timestamptz;
-  v_free  integer;
+  v_worker_id text := w.worker_id;
+  v_now   timestamptz := awp._now();
   v_ids   text[];
   c       record;
   v_token text;
@@ -30,24 +71,12 @@ DECLARE
   v_fence bigint;
   v_busy  text;
   v_id    text;
+  v_up    jsonb;
 BEGIN
-  IF w.status = 'draining' THEN
-    RAISE EXCEPTION 'worker is draining' USING ERRCODE = 'AWDRN',
-      DETAIL = 'a draining worker completes its leases but claims nothing new';
-  END IF;
-  IF p_slots IS NULL OR p_slots < 1 THEN
-    PERFORM awp._bad_request('invalid slots', 'slots must be at least 1');
-  END IF;
-  SELECT w.max_concurrency - count(*) INTO v_free
-    FROM awp.dispatches d WHERE d.worker_id = p_worker_id AND d.status = 'leased';
-  IF p_slots > v_free THEN
-    RAISE EXCEPTION 'worker capacity exceeded' USING ERRCODE = 'AWCAP',
-      DETAIL = format('asked for %s slots, %s of %s free', p_slots, v_free, w.max_concurrency);
-  END IF;
   -- A claim is a sign of life too (written at most every half heartbeat interval: one row write less per task).
-  UPDATE awp.workers x SET last_heartbeat_at = awp._now()
-   WHERE x.worker_id = p_worker_id
-     AND x.last_heartbeat_at < awp._now() - make_interval(secs => s.heartbeat_interval_ms / 2000.0);
+  IF w.last_heartbeat_at < v_now - make_interval(secs => s.heartbeat_interval_ms / 2000.0) THEN
+    UPDATE awp.workers x SET last_heartbeat_at = v_now WHERE x.worker_id = v_worker_id;
+  END IF;
 
   SELECT array_agg(q.dispatch_id ORDER BY q.created_at, q.dispatch_id) INTO v_ids FROM (
     SELECT d.dispatch_id, d.created_at
@@ -84,10 +113,10 @@ BEGIN
     RETURN;
   END IF;
 
-  v_now := awp._now();
+  v_now := awp._now();   -- after a possible wait for a busy run's lock
   FOREACH v_id IN ARRAY v_ids LOOP
     SELECT d.dispatch_id, d.run_id, d.task_key, d.executor_kind, t.action, t.input, t.attempts,
-           t.timeout_ms, r.workflow_id, r.workflow_version
+           t.timeout_ms, t.depends_on, r.workflow_id, r.workflow_version, r.input AS run_input
       INTO c
       FROM awp.dispatches d
       JOIN awp.tasks t ON t.run_id = d.run_id AND t.task_key = d.task_key
@@ -99,20 +128,65 @@ BEGIN
     v_exp := least(v_now + make_interval(secs => s.lease_duration_ms / 1000.0), v_dl);
     v_fence := nextval('awp.fencing_token_seq');
     UPDATE awp.dispatches d
-       SET status = 'leased', worker_id = p_worker_id, lease_token_hash = awp._hash(v_token),
+       SET status = 'leased', worker_id = v_worker_id, lease_token_hash = awp._hash(v_token),
            attempt = v_att, fencing_token = v_fence, leased_at = v_now,
            lease_expires_at = v_exp, attempt_deadline = v_dl
      WHERE d.dispatch_id = c.dispatch_id;
     INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token,
                               started_at, deadline)
-    VALUES (c.run_id, c.task_key, v_att, c.dispatch_id, p_worker_id, v_fence, v_now, v_dl);
+    VALUES (c.run_id, c.task_key, v_att, c.dispatch_id, v_worker_id, v_fence, v_now, v_dl);
     UPDATE awp.tasks t SET status = 'running', attempts = v_att, updated_at = v_now
      WHERE t.run_id = c.run_id AND t.task_key = c.task_key;
     PERFORM awp._logn(c.run_id, '{dispatch,task,attempt}', ARRAY[c.dispatch_id, c.task_key, c.task_key || '#' || v_att],
                       ARRAY['pending', 'queued', NULL], '{leased,running,running}',
-                      ARRAY['claimed by ' || p_worker_id, 'attempt ' || v_att || ' started', 'claimed by ' || p_worker_id]);
+                      ARRAY['claimed by ' || v_worker_id, 'attempt ' || v_att || ' started', 'claimed by ' || v_worker_id]);
+    v_up := CASE WHEN cardinality(c.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(c.run_id, c.depends_on) END;
+    -- Each output is at most 64 KiB, so only a task with many dependencies can pass the limit.
+    IF cardinality(c.depends_on) > 8 AND octet_length(v_up::text) > 1048576 THEN
+      PERFORM awp._fail_oversize_lease(c.run_id, c.task_key, c.dispatch_id, v_att, octet_length(v_up::text));
+      CONTINUE;
+    END IF;
     RETURN QUERY SELECT c.dispatch_id, v_token, c.workflow_id, c.workflow_version, c.run_id, c.task_key,
-                        c.executor_kind, c.action, c.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence;
+                        c.executor_kind, c.action, c.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence,
+                        c.run_input, v_up;
   END LOOP;
 END $$;
-COMMENT ON FUNCTION awp.claim_tasks(text, text, integer) IS 'Leases up to slots pending dispatches to a worker (attempt, lease token, fencing token); AWSES/AWDRN/AWCAP/AWREQ.';
+COMMENT ON FUNCTION awp._claim(awp.workers, integer) IS 'Leases up to slots pending dispatches to a checked worker (the body of claim_tasks).';
+
+-- awp._upstream(run, depends_on): {dependency key: output of its succeeded attempt} (JSON null when
+-- that attempt had no output). Called only for tasks that are being leased, so every dependency has
+-- succeeded and its last attempt (tasks.attempts) is the succeeded one. Locks: none.
+CREATE OR REPLACE FUNCTION awp._upstream(p_run_id text, p_depends_on text[]) RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = '' AS $$
+  SELECT coalesce(jsonb_object_agg(u.task_key, a.output), '{}'::jsonb)
+    FROM unnest(p_depends_on) AS u(task_key)
+    JOIN awp.tasks t ON t.run_id = p_run_id AND t.task_key = u.task_key
+    LEFT JOIN awp.attempts a ON a.run_id = p_run_id AND a.task_key = u.task_key AND a.attempt = t.attempts
+                            AND a.status = 'succeeded'
+$$;
+COMMENT ON FUNCTION awp._upstream(text, text[]) IS 'The outputs of a task''s direct dependencies, keyed by task key.';
+
+-- awp._fail_oversize_lease(run, task, dispatch, attempt, bytes): settles an attempt that claim_tasks
+-- just started but cannot hand out because its upstream is over the lease payload limit: the
+-- dispatch is completed with a permanent failure (error_code lease_payload_too_large) as if its
+-- worker had reported it, and the task fails (dependants skipped, run settled). Locks: the caller
+-- holds the run and the dispatch.
+CREATE OR REPLACE FUNCTION awp._fail_oversize_lease(p_run_id text, p_task_key text, p_dispatch_id text,
+                                                    p_attempt integer, p_bytes integer) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_msg text := format('the outputs of this task''s dependencies are %s bytes, over the 1048576-byte lease payload limit',
+                       p_bytes);
+BEGIN
+  UPDATE awp.dispatches d
+     SET status = 'completed', finished_at = awp._now(),
+         result_hash = sha256(convert_to(jsonb_build_object(
+           'kind', 'permanent_failure', 'output', NULL, 'error_code', 'lease_payload_too_large',
+           'error_message', v_msg)::text, 'UTF8'))
+   WHERE d.dispatch_id = p_dispatch_id;
+  PERFORM awp._log1(p_run_id, 'dispatch', p_dispatch_id, 'leased', 'completed', 'upstream over the lease payload limit');
+  PERFORM awp._end_attempt(p_run_id, p_task_key, p_attempt, 'failed', false, NULL,
+                           'lease_payload_too_large', v_msg, 'upstream over the lease payload limit');
+  PERFORM awp._wake('awp_coordinator', 'completed');
+END $$;
+COMMENT ON FUNCTION awp._fail_oversize_lease(text, text, text, integer, integer) IS 'Fails an attempt whose upstream outputs are over the lease payload limit, before it is handed out.';

@@ -10,12 +10,12 @@
 -- Result: {"kind": success|temporary_failure|permanent_failure, "output": any,
 --          "error_code": text <= 128, "error_message": text <= 8 KiB}, output <= 64 KiB.
 -- Locks: Run, then Dispatch, then the task rows of that run.
-CREATE OR REPLACE FUNCTION awp._complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
-                                              p_lease_token text, p_result jsonb)
+CREATE OR REPLACE FUNCTION awp._complete_task(w awp.workers, p_dispatch_id text, p_lease_token text,
+                                              p_result jsonb, p_replace boolean DEFAULT true)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
-  w        awp.workers := awp._session(p_worker_id, p_session_token, false);
+  p_worker_id text := w.worker_id;
   v_kind   text;
   v_hash   bytea;
   v_run_id text;
@@ -34,6 +34,10 @@ BEGIN
   IF NOT FOUND THEN
     RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = format('no dispatch %s', p_dispatch_id);
   END IF;
+  -- Completions of one run queue on a transaction advisory lock before the run row: the lock
+  -- manager wakes one waiter per release, where waiters on the row itself all wake on each commit
+  -- and re-check it (a thundering herd that made 16 workers slower than 4 on one run).
+  PERFORM pg_advisory_xact_lock(hashtextextended(v_run_id, 0));
   SELECT * INTO r FROM awp.runs x WHERE x.run_id = v_run_id FOR UPDATE;
   SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id FOR UPDATE;
   v_now := awp._now();
@@ -72,25 +76,32 @@ BEGIN
                            v_kind = 'temporary_failure',
                            p_result->'output', p_result->>'error_code', p_result->>'error_message',
                            v_kind);
-  -- Fast path (SPEC section 9): the lease this completion frees is replaced at once by a dispatch
-  -- for the next run in fairness order (awp._replace_dispatch). The coordinator is woken when that
-  -- was not possible, or when ready tasks remain and some worker still has room (e.g. a fan-out
-  -- unlocked several tasks): not on every completion of a busy run, where a pass finds nothing to do.
+  -- Fast path: the lease this completion frees is replaced at once by a dispatch for the next run in
+  -- fairness order (awp._replace_dispatch). The coordinator is woken when that was not possible, or
+  -- when a success unlocked dependants while some worker still has room (a fan-out: more new work
+  -- than the one replaced slot): not on every completion of a busy run, where a pass finds nothing
+  -- to do. (Other new work, such as a retry falling due, waits for the coordinator's next pass.)
+  IF NOT p_replace THEN
+    RETURN true;   -- the caller replaces the freed leases itself (awp.complete_tasks)
+  END IF;
   IF NOT awp._replace_dispatch(w)
-     OR ((SELECT t.ordinal FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready' ORDER BY t.ordinal LIMIT 1) IS NOT NULL
+     OR (v_kind = 'success'
+         AND (SELECT cardinality(t.dependants) FROM awp.tasks t WHERE t.run_id = r.run_id AND t.task_key = d.task_key) > 0
+         AND (SELECT t.ordinal FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready' ORDER BY t.ordinal LIMIT 1) IS NOT NULL
          AND (awp._dispatch_budget()).worker_free > 0) THEN
     PERFORM awp._wake('awp_coordinator', 'completed');
   END IF;
   RETURN true;
 END $$;
-COMMENT ON FUNCTION awp._complete_task(text, text, text, text, jsonb) IS 'awp.complete_task without the final NOTIFY.';
+COMMENT ON FUNCTION awp._complete_task(awp.workers, text, text, jsonb, boolean) IS 'awp.complete_task for a checked worker session, without the final NOTIFY; p_replace false leaves the freed lease unreplaced.';
 
 CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
                                              p_lease_token text, p_result jsonb)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
-  v_applied boolean := awp._complete_task(p_worker_id, p_session_token, p_dispatch_id, p_lease_token, p_result);
+  v_applied boolean := awp._complete_task(awp._session(p_worker_id, p_session_token, false), p_dispatch_id,
+                                          p_lease_token, p_result);
 BEGIN
   PERFORM awp._notify_pending();
   RETURN v_applied;
@@ -142,24 +153,93 @@ CREATE OR REPLACE FUNCTION awp.complete_and_claim(p_worker_id text, p_session_to
 RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
                run_id text, task_key text, executor_kind text, action text, input jsonb,
                attempt integer, attempt_deadline timestamptz, lease_expires_at timestamptz,
-               lease_remaining_ms bigint, fencing_token bigint)
+               lease_remaining_ms bigint, fencing_token bigint, run_input jsonb, upstream jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
   w      awp.workers := awp._session(p_worker_id, p_session_token, true);  -- worker lock first, as in claim
   v_free integer;
 BEGIN
-  PERFORM awp._complete_task(p_worker_id, p_session_token, p_dispatch_id, p_lease_token, p_result);
-  IF p_slots IS NULL OR p_slots < 1 THEN
+  PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result);
+  IF p_slots IS NULL OR p_slots < 1 OR w.status <> 'active' THEN
     PERFORM awp._notify_pending();
     RETURN;
   END IF;
-  SELECT w.max_concurrency - count(*) INTO v_free
-    FROM awp.dispatches d WHERE d.worker_id = p_worker_id AND d.status = 'leased';
-  IF w.status <> 'active' OR v_free < 1 THEN
-    PERFORM awp._notify_pending();
-    RETURN;
+  v_free := awp._free_slots(w);
+  IF v_free >= 1 THEN
+    RETURN QUERY SELECT * FROM awp._claim(w, least(p_slots, v_free));
   END IF;
-  RETURN QUERY SELECT * FROM awp.claim_tasks(p_worker_id, p_session_token, least(p_slots, v_free));
   PERFORM awp._notify_pending();   -- only for what this call created and did not lease itself
 END $$;
 COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, integer) IS 'complete_task, then claim_tasks for up to slots free leases, in one transaction; returns the new leases.';
+
+-- awp.complete_tasks(worker_id, session_token, results, slots): several completions and a claim in
+-- one transaction, for a worker with several slots (one request and one commit for many tasks).
+-- `results` is a JSON array of 1-256 {"dispatch_id", "lease_token", "result"} objects (distinct
+-- dispatch ids); each is settled exactly as awp.complete_task would (fenced, idempotent), and an
+-- item that complete_task would refuse (AWLST, AWCNF, AWREQ for its result) is answered with that
+-- error without affecting the others. Then, as awp.complete_and_claim, up to `slots` new leases
+-- (never more than are free; none while draining). Returns
+--   {"results": [{"dispatch_id", "applied": true} | {"dispatch_id", "error": {"sqlstate", "message"}}],
+--    "leases": [lease objects: the columns of awp.claim_tasks]}
+-- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array).
+-- Locks: the worker row, then the runs of the items in run_id order (each: Run, then Dispatch, then
+-- Task/Attempt, as complete_task), then as claim_tasks. Sorting by run keeps two batches that
+-- touch the same runs from deadlocking.
+CREATE OR REPLACE FUNCTION awp.complete_tasks(p_worker_id text, p_session_token text, p_results jsonb,
+                                              p_slots integer DEFAULT 0)
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  w        awp.workers := awp._session(p_worker_id, p_session_token, true);
+  v_item   record;
+  v_out    jsonb := '{}';
+  v_msg    text;
+  v_detail text;
+  v_state  text;
+  v_free   integer;
+  v_leases jsonb := '[]';
+  v_freed  integer := 0;
+BEGIN
+  IF jsonb_typeof(p_results) IS DISTINCT FROM 'array' OR jsonb_array_length(p_results) NOT BETWEEN 1 AND 256
+     OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_results) e
+                 WHERE jsonb_typeof(e) <> 'object'
+                    OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
+                    OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
+                    OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN ('dispatch_id', 'lease_token', 'result')))
+     OR (SELECT count(DISTINCT e->>'dispatch_id') FROM jsonb_array_elements(p_results) e) <> jsonb_array_length(p_results) THEN
+    PERFORM awp._bad_request('invalid results',
+      'results must be an array of 1-256 {"dispatch_id": string, "lease_token": string, "result": object} with distinct dispatch ids');
+  END IF;
+  FOR v_item IN
+    SELECT e->>'dispatch_id' AS dispatch_id, e->>'lease_token' AS lease_token, e->'result' AS result
+      FROM jsonb_array_elements(p_results) e
+      LEFT JOIN awp.dispatches d ON d.dispatch_id = e->>'dispatch_id'
+     ORDER BY d.run_id NULLS LAST, e->>'dispatch_id'
+  LOOP
+    BEGIN
+      PERFORM awp._complete_task(w, v_item.dispatch_id, v_item.lease_token, v_item.result, false);
+      v_freed := v_freed + 1;
+      v_out := v_out || jsonb_build_object(v_item.dispatch_id, jsonb_build_object('dispatch_id', v_item.dispatch_id, 'applied', true));
+    EXCEPTION WHEN SQLSTATE 'AWLST' OR SQLSTATE 'AWCNF' OR SQLSTATE 'AWREQ' THEN
+      GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_detail = PG_EXCEPTION_DETAIL;
+      v_out := v_out || jsonb_build_object(v_item.dispatch_id, jsonb_build_object('dispatch_id', v_item.dispatch_id,
+                 'error', jsonb_build_object('sqlstate', v_state, 'message', v_msg, 'detail', nullif(v_detail, ''))));
+    END;
+  END LOOP;
+  -- The freed leases are replaced together (one dispatch per freed slot, as complete_task would);
+  -- the coordinator is woken when not all of them could be.
+  IF v_freed > 0 AND awp._replace_dispatches(w, v_freed) < v_freed THEN
+    PERFORM awp._wake('awp_coordinator', 'completed');
+  END IF;
+  IF p_slots IS NOT NULL AND p_slots >= 1 AND w.status = 'active' THEN
+    v_free := awp._free_slots(w);
+    IF v_free >= 1 THEN
+      SELECT coalesce(jsonb_agg(to_jsonb(c)), '[]') INTO v_leases FROM awp._claim(w, least(p_slots, v_free)) c;
+    END IF;
+  END IF;
+  PERFORM awp._notify_pending();
+  RETURN jsonb_build_object(
+    'results', (SELECT jsonb_agg(v_out->(e->>'dispatch_id') ORDER BY o) FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o)),
+    'leases', v_leases);
+END $$;
+COMMENT ON FUNCTION awp.complete_tasks(text, text, jsonb, integer) IS 'Several fenced, idempotent completions (each answered applied or with its error) and a claim of up to slots leases, in one transaction.';

@@ -1,9 +1,10 @@
 -- The coordinator's work (SPEC rule 12), one function per step plus awp.coordinator_tick(), one
 -- full pass. The gateway runs the tick under an advisory lock so one coordinator is active per
 -- database; every step is also safe to call by hand from psql.
--- Locks: worker rows first (offline marking, before any run lock), then per run: Run, then its
--- Dispatches, then its Task/Attempt rows. Runs busy in another transaction are skipped
--- (SKIP LOCKED) and picked up by the next pass.
+-- Locks: worker rows first (offline marking, before any run lock), then due schedule rows (firing
+-- schedules, db/functions/schedules.sql), then per run: Run, then its Dispatches, then its
+-- Task/Attempt rows. Runs busy in another transaction are skipped (SKIP LOCKED) and picked up by
+-- the next pass.
 
 -- awp.mark_offline_workers(): active/draining workers silent for offline_after_heartbeats
 -- heartbeat intervals become offline. Silence counts only since the current coordinator took
@@ -46,6 +47,7 @@ BEGIN
       v_n := v_n + 1;
     END IF;
   END LOOP;
+  PERFORM awp._log_flush();
   RETURN v_n;
 END $$;
 COMMENT ON FUNCTION awp.converge_cancellations() IS 'Converges requested cancellations (dispatches, attempts, tasks, run canceled); returns the number of runs.';
@@ -99,6 +101,7 @@ BEGIN
                              CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed' ELSE 'lease expired' END);
     v_n := v_n + 1;
   END LOOP;
+  PERFORM awp._log_flush();
   RETURN v_n;
 END $$;
 COMMENT ON FUNCTION awp.reap_expired_leases() IS 'Expires invalid leases (attempt interrupted or timed_out, then retry or fail); returns the count.';
@@ -131,6 +134,7 @@ BEGIN
                      'ready', 'retry interval elapsed');
     v_n := v_n + coalesce(cardinality(v_keys), 0);
   END LOOP;
+  PERFORM awp._log_flush();
   RETURN v_n;
 END $$;
 COMMENT ON FUNCTION awp.promote_retries() IS 'Makes due waiting_retry tasks ready; returns the count.';
@@ -161,6 +165,7 @@ BEGIN
     PERFORM awp._log1(c.run_id, 'task', c.task_key, 'queued', 'ready', 'no compatible active worker');
     v_n := v_n + 1;
   END LOOP;
+  PERFORM awp._log_flush();
   RETURN v_n;
 END $$;
 COMMENT ON FUNCTION awp.withdraw_orphan_dispatches() IS 'Withdraws pending dispatches no active worker can take (task back to ready); returns the count.';
@@ -225,10 +230,10 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.create_dispatches() IS 'Creates pending dispatches for ready tasks under the backpressure limits and the fairness rule; returns the count.';
 
--- awp.coordinator_tick(takeover): one full coordinator pass: offline marking, cancel convergence,
--- reaping, retry promotion, orphan withdrawal, dispatch creation. A coordinator that has just
--- taken over (p_takeover, or no pass for a full offline window) restarts the offline clock.
--- Returns {canceled, reaped, offline, promoted, withdrawn, dispatched}.
+-- awp.coordinator_tick(takeover): one full coordinator pass: offline marking, schedule firing, cancel
+-- convergence, reaping, retry promotion, orphan withdrawal, dispatch creation. A coordinator that has
+-- just taken over (p_takeover, or no pass for a full offline window) restarts the offline clock.
+-- Returns {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired}.
 CREATE OR REPLACE FUNCTION awp.coordinator_tick(p_takeover boolean DEFAULT false) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
@@ -240,6 +245,7 @@ DECLARE
   v_prom  integer;
   v_wd    integer;
   v_disp  integer;
+  v_fired integer;
 BEGIN
   SELECT * INTO s FROM awp.settings FOR UPDATE;
   UPDATE awp.settings x
@@ -249,6 +255,7 @@ BEGIN
                 OR x.last_tick_at < v_now - make_interval(secs => x.heartbeat_interval_ms * x.offline_after_heartbeats / 1000.0)
            THEN v_now ELSE x.coordinator_since END;
   v_off  := awp.mark_offline_workers();
+  v_fired := awp.fire_schedules();   -- schedule rows before any run lock
   v_can  := awp.converge_cancellations();
   v_reap := awp.reap_expired_leases();
   v_prom := awp.promote_retries();
@@ -256,6 +263,7 @@ BEGIN
   v_disp := awp._create_dispatches();
   PERFORM awp._notify_pending();
   RETURN jsonb_build_object('canceled', v_can, 'reaped', v_reap, 'offline', v_off,
-                            'promoted', v_prom, 'withdrawn', v_wd, 'dispatched', v_disp);
+                            'promoted', v_prom, 'withdrawn', v_wd, 'dispatched', v_disp,
+                            'schedules_fired', v_fired);
 END $$;
-COMMENT ON FUNCTION awp.coordinator_tick(boolean) IS 'One full coordinator pass; returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched}.';
+COMMENT ON FUNCTION awp.coordinator_tick(boolean) IS 'One full coordinator pass; returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired}.';

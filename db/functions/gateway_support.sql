@@ -32,7 +32,8 @@ END $$;
 COMMENT ON FUNCTION awp.get_task(text, text) IS 'One task of a run with its attempts as a jsonb array; AWNTF when unknown.';
 
 -- awp.metrics_snapshot(): counts for the gateway's /metrics gauges:
--- {"runs": {status: n}, "dispatches": {status: n}, "workers": {status: n}, "leases_active": n}.
+-- {"runs": {status: n}, "dispatches": {status: n}, "workers": {status: n}, "leases_active": n,
+--  "ready_without_worker": {executor kind: ready tasks that no active worker offers}).
 -- Terminal dispatches are not counted (the table only grows). Locks: none.
 CREATE OR REPLACE FUNCTION awp.metrics_snapshot()
 RETURNS jsonb
@@ -45,6 +46,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
                  WHERE d.status IN ('pending', 'leased') GROUP BY 1) x),
     'workers', (SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}') FROM
                (SELECT w.status, count(*) AS n FROM awp.workers w GROUP BY 1) x),
-    'leases_active', (SELECT count(*) FROM awp.dispatches d WHERE d.status = 'leased'))
+    'leases_active', (SELECT count(*) FROM awp.dispatches d WHERE d.status = 'leased'),
+    'ready_without_worker', (SELECT coalesce(jsonb_object_agg(x.executor, x.n), '{}') FROM
+               (SELECT t.executor, count(*) AS n FROM awp.tasks t
+                 WHERE t.status = 'ready'
+                   AND NOT EXISTS (SELECT 1 FROM awp.workers w
+                                    WHERE w.status = 'active' AND t.executor = ANY (w.executor_kinds))
+                 GROUP BY 1) x))
 $$;
 COMMENT ON FUNCTION awp.metrics_snapshot() IS 'Counts of runs, live dispatches, workers by status and active leases, for /metrics.';

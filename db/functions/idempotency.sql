@@ -64,11 +64,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.apply_workflow_idempotent(text, text, jsonb) IS 'apply_workflow behind an Idempotency-Key: a replay returns the first answer; AWIDM when the key was used for another request.';
 
--- awp.start_run_idempotent(idempotency_key, request_hash, workflow_id, version): awp.start_run
--- behind an idempotency key (scope 'runs'); the key is also passed to start_run. Returns
+-- awp.start_run_idempotent(idempotency_key, request_hash, workflow_id, version, input): awp.start_run
+-- behind an idempotency key (scope 'runs'); the key and the input are also passed to start_run. Returns
 -- (run_id, status, replayed); a replay returns the first answer. Raises what start_run raises, AWIDM.
 CREATE OR REPLACE FUNCTION awp.start_run_idempotent(p_idempotency_key text, p_request_hash text,
-                                                    p_workflow_id text, p_version integer)
+                                                    p_workflow_id text, p_version integer,
+                                                    p_input jsonb DEFAULT NULL)
 RETURNS TABLE (run_id text, status text, replayed boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
@@ -80,10 +81,10 @@ BEGIN
     RETURN QUERY SELECT v_old->>'run_id', v_old->>'status', true;
     RETURN;
   END IF;
-  v_run_id := awp.start_run(p_workflow_id, p_version, p_idempotency_key);
+  v_run_id := awp.start_run(p_workflow_id, p_version, p_idempotency_key, p_input);
   SELECT r.status INTO v_status FROM awp.runs r WHERE r.run_id = v_run_id;
   PERFORM awp._idempotency_finish('runs', p_idempotency_key,
     jsonb_build_object('run_id', v_run_id, 'status', v_status));
   RETURN QUERY SELECT v_run_id, v_status, false;
 END $$;
-COMMENT ON FUNCTION awp.start_run_idempotent(text, text, text, integer) IS 'start_run behind an Idempotency-Key: a replay returns the first answer; AWIDM when the key was used for another request.';
+COMMENT ON FUNCTION awp.start_run_idempotent(text, text, text, integer, jsonb) IS 'start_run behind an Idempotency-Key: a replay returns the first answer; AWIDM when the key was used for another request.';

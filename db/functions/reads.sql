@@ -43,12 +43,14 @@ CREATE OR REPLACE FUNCTION awp._run_rows(p_run_id text, p_workflow_id text, p_st
                                          p_after text, p_limit integer)
 RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status text, revision bigint,
                cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
-               finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb)
+               finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
+               schedule_id text)
 LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT r.run_id, r.workflow_id, r.workflow_version, r.status, r.revision, r.cancel_requested_at,
          r.created_at, r.started_at, r.finished_at, r.concurrency, r.idempotency_key,
          (SELECT coalesce(jsonb_object_agg(c.status, c.n), '{}')
-            FROM (SELECT t.status, count(*) AS n FROM awp.tasks t WHERE t.run_id = r.run_id GROUP BY 1) c)
+            FROM (SELECT t.status, count(*) AS n FROM awp.tasks t WHERE t.run_id = r.run_id GROUP BY 1) c),
+         r.schedule_id
     FROM awp.runs r
    WHERE (p_run_id IS NULL OR r.run_id = p_run_id)
      AND (p_workflow_id IS NULL OR r.workflow_id = p_workflow_id)
@@ -60,18 +62,38 @@ LANGUAGE sql STABLE SET search_path = '' AS $$
 $$;
 COMMENT ON FUNCTION awp._run_rows(text, text, text, text, integer) IS 'Run rows, newest first, with keyset paging.';
 
+-- awp.get_run(run_id): one run: the columns of awp.list_runs, plus its `input`, its `output` (set when
+-- it succeeded, else NULL; `output_truncated` when it was cut at 1 MiB) and `waiting_for_executors`:
+-- the executor kinds of its ready or queued tasks that no active worker offers (such a task waits
+-- until a worker with that kind registers; empty when none). AWNTF when unknown. Locks: none.
 CREATE OR REPLACE FUNCTION awp.get_run(p_run_id text)
 RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status text, revision bigint,
                cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
-               finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb)
+               finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
+               schedule_id text, input jsonb, output jsonb, output_truncated boolean,
+               waiting_for_executors text[])
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
-  RETURN QUERY SELECT * FROM awp._run_rows(p_run_id, NULL, NULL, NULL, 1);
+  RETURN QUERY
+  SELECT x.*, r.input, r.output, r.output_truncated,
+         CASE WHEN r.status IN ('pending', 'running') THEN awp._waiting_for_executors(r.run_id) ELSE '{}' END
+    FROM awp._run_rows(p_run_id, NULL, NULL, NULL, 1) x JOIN awp.runs r ON r.run_id = x.run_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'run not found' USING ERRCODE = 'AWNTF', DETAIL = format('no run %s', p_run_id);
   END IF;
 END $$;
-COMMENT ON FUNCTION awp.get_run(text) IS 'One run with its revision and task counts by status; AWNTF when unknown.';
+COMMENT ON FUNCTION awp.get_run(text) IS 'One run with its revision, task counts, input, output and the executor kinds it waits for; AWNTF when unknown.';
+
+-- awp._waiting_for_executors(run_id): executor kinds of the run's ready or queued tasks that no active
+-- worker offers, sorted. Locks: none.
+CREATE OR REPLACE FUNCTION awp._waiting_for_executors(p_run_id text) RETURNS text[]
+LANGUAGE sql STABLE SET search_path = '' AS $$
+  SELECT coalesce(array_agg(DISTINCT t.executor ORDER BY t.executor), '{}')
+    FROM awp.tasks t
+   WHERE t.run_id = p_run_id AND t.status IN ('ready', 'queued')
+     AND NOT EXISTS (SELECT 1 FROM awp.workers w WHERE w.status = 'active' AND t.executor = ANY (w.executor_kinds))
+$$;
+COMMENT ON FUNCTION awp._waiting_for_executors(text) IS 'Executor kinds a run''s ready tasks wait for because no active worker offers them.';
 
 -- awp.list_runs(workflow_id, status, after_run_id, limit): newest first; page on with the last
 -- run_id of a page as p_after. limit 1-1000 (AWREQ otherwise).
@@ -79,7 +101,8 @@ CREATE OR REPLACE FUNCTION awp.list_runs(p_workflow_id text DEFAULT NULL, p_stat
                                          p_after text DEFAULT NULL, p_limit integer DEFAULT 50)
 RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status text, revision bigint,
                cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
-               finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb)
+               finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
+               schedule_id text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
   IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1000 THEN

@@ -26,6 +26,7 @@ BEGIN
       PERFORM awp._wake('awp_coordinator', 'cancel_requested');
     END IF;
   END IF;
+  PERFORM awp._log_flush();
   RETURN QUERY SELECT x.run_id, x.status, x.cancel_requested_at FROM awp.runs x WHERE x.run_id = p_run_id;
 END $$;
 COMMENT ON FUNCTION awp.request_cancel(text) IS 'Requests cancellation of a run (durable intent; converged at once when nothing is leased, else by the coordinator); AWNTF when unknown.';

@@ -1,27 +1,31 @@
--- awp.start_run(workflow_id, version, idempotency_key): creates a run of a workflow version
+-- awp.start_run(workflow_id, version, idempotency_key, input): creates a run of a workflow version
 -- (the latest when version is null) with one task per definition task: roots `ready`, the
--- others `waiting_dependencies`. The same idempotency key for the same workflow returns the
--- same run. Defaults of SPEC section 1 are applied here (concurrency 10, max_attempts 1,
--- interval_ms 1000, timeout_ms 300000, input {}, action = key). Raises AWNTF for an unknown workflow or version, AWREQ for a bad key.
+-- others `waiting_dependencies`. `input` is the run's input, a JSON object of at most 64 KiB (NULL
+-- means {}); every lease of the run carries it as `run_input` (docs/data-flow.md). The same
+-- idempotency key for the same workflow with the same input returns the same run; with another input
+-- it raises AWIDM. Defaults are applied here (concurrency 10, max_attempts 1,
+-- interval_ms 1000, timeout_ms 300000, input {}, action = key). Raises AWNTF for an unknown workflow
+-- or version, AWREQ for a bad key or input.
 -- Locks: inserts (the unique index serialises two starts with one key), then as
 -- awp.create_dispatches (other runs with SKIP LOCKED).
-CREATE OR REPLACE FUNCTION awp.start_run(p_workflow_id text, p_version integer DEFAULT NULL,
-                                         p_idempotency_key text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION awp._start_run(p_workflow_id text, p_version integer, p_idempotency_key text,
+                                          p_input jsonb, p_schedule_id text)
 RETURNS text
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_def    jsonb;
   v_ver    integer;
   v_run_id text;
   v_now    timestamptz := awp._now();
+  v_input  jsonb := coalesce(p_input, '{}'::jsonb);
 BEGIN
+  PERFORM awp._check_run_input(v_input);
   IF p_idempotency_key IS NOT NULL AND length(p_idempotency_key) NOT BETWEEN 1 AND 255 THEN
     PERFORM awp._bad_request('invalid idempotency key', 'idempotency key must have 1-255 characters');
   END IF;
   IF p_idempotency_key IS NOT NULL THEN
-    SELECT r.run_id INTO v_run_id FROM awp.runs r
-     WHERE r.workflow_id = p_workflow_id AND r.idempotency_key = p_idempotency_key;
-    IF FOUND THEN
+    v_run_id := awp._existing_run(p_workflow_id, p_idempotency_key, v_input);
+    IF v_run_id IS NOT NULL THEN
       RETURN v_run_id;
     END IF;
   END IF;
@@ -40,14 +44,12 @@ BEGIN
 
   v_run_id := awp._new_id('run');
   INSERT INTO awp.runs (run_id, workflow_id, workflow_version, concurrency, unfinished_tasks, idempotency_key,
-                        created_at)
+                        input, schedule_id, created_at)
   VALUES (v_run_id, p_workflow_id, v_ver, coalesce((v_def->>'concurrency')::integer, 10),
-          jsonb_array_length(v_def->'tasks'), p_idempotency_key, v_now)
+          jsonb_array_length(v_def->'tasks'), p_idempotency_key, v_input, p_schedule_id, v_now)
   ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
   IF NOT FOUND THEN   -- a concurrent start with the same key won
-    SELECT r.run_id INTO v_run_id FROM awp.runs r
-     WHERE r.workflow_id = p_workflow_id AND r.idempotency_key = p_idempotency_key;
-    RETURN v_run_id;
+    RETURN awp._existing_run(p_workflow_id, p_idempotency_key, v_input);
   END IF;
 
   WITH defs AS (
@@ -91,4 +93,46 @@ BEGIN
   PERFORM awp._notify_pending();
   RETURN v_run_id;
 END $$;
-COMMENT ON FUNCTION awp.start_run(text, integer, text) IS 'Starts a run of a workflow version (latest when null); the same idempotency key returns the same run; AWNTF when unknown.';
+COMMENT ON FUNCTION awp._start_run(text, integer, text, jsonb, text) IS 'awp.start_run, also recording the schedule that started the run.';
+
+CREATE OR REPLACE FUNCTION awp.start_run(p_workflow_id text, p_version integer DEFAULT NULL,
+                                         p_idempotency_key text DEFAULT NULL, p_input jsonb DEFAULT NULL)
+RETURNS text
+LANGUAGE sql SECURITY DEFINER SET search_path = '' AS $$
+  SELECT awp._start_run(p_workflow_id, p_version, p_idempotency_key, p_input, NULL)
+$$;
+COMMENT ON FUNCTION awp.start_run(text, integer, text, jsonb) IS 'Starts a run of a workflow version (latest when null) with an input object; the same idempotency key and input return the same run (another input: AWIDM); AWNTF when unknown.';
+
+-- awp._check_run_input(input): AWREQ unless input is a JSON object of at most 64 KiB (as jsonb text,
+-- the same rule as a task's input).
+CREATE OR REPLACE FUNCTION awp._check_run_input(p_input jsonb) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = '' AS $$
+BEGIN
+  IF jsonb_typeof(p_input) IS DISTINCT FROM 'object' THEN
+    PERFORM awp._bad_request('invalid run input', 'input must be a JSON object');
+  END IF;
+  IF octet_length(p_input::text) > 65536 THEN
+    PERFORM awp._bad_request('run input too large',
+      format('input is %s bytes, over the 65536-byte limit', octet_length(p_input::text)));
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._check_run_input(jsonb) IS 'Validates a run input (AWREQ unless an object of at most 64 KiB).';
+
+-- awp._existing_run(workflow_id, idempotency_key, input): the run started earlier with this key, NULL
+-- when none; AWIDM when that run was started with another input.
+CREATE OR REPLACE FUNCTION awp._existing_run(p_workflow_id text, p_idempotency_key text, p_input jsonb)
+RETURNS text
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+DECLARE
+  v_run_id text;
+  v_input  jsonb;
+BEGIN
+  SELECT r.run_id, r.input INTO v_run_id, v_input FROM awp.runs r
+   WHERE r.workflow_id = p_workflow_id AND r.idempotency_key = p_idempotency_key;
+  IF FOUND AND v_input IS DISTINCT FROM p_input THEN
+    RAISE EXCEPTION 'idempotency key reused with a different input' USING ERRCODE = 'AWIDM',
+      DETAIL = format('run %s was started with key %s and another input', v_run_id, p_idempotency_key);
+  END IF;
+  RETURN v_run_id;
+END $$;
+COMMENT ON FUNCTION awp._existing_run(text, text, jsonb) IS 'The run started with an idempotency key (NULL when none); AWIDM when its input differs.';

@@ -107,12 +107,15 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL
                  ORDER BY 1),
           '{}'::text[], 'every awp function has a COMMENT');
--- awp._int_ok is exempt on purpose: it names only pg_catalog objects and must stay inlinable
--- (create_workflow_version.sql says why); any other function without the SET fails here.
+-- awp._int_ok, _ms, _new_id, _token and _hash are exempt on purpose: they name only pg_catalog objects
+-- (or schema-qualified ones) and must stay inlinable (create_workflow_version.sql and 00_helpers.sql
+-- say why); any other function without the SET fails here.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace
                    AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)
-                   AND p.oid <> 'awp._int_ok(jsonb, bigint, bigint)'::regprocedure
+                   AND p.oid NOT IN ('awp._int_ok(jsonb, bigint, bigint)'::regprocedure, 'awp._ms(interval)'::regprocedure,
+                                     'awp._new_id(text)'::regprocedure, 'awp._token()'::regprocedure,
+                                     'awp._hash(text)'::regprocedure)
                  ORDER BY 1),
           '{}'::text[], 'every awp function has SET search_path = ''''');
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
@@ -137,7 +140,7 @@ SELECT cmp_ok((SELECT count(*) FROM pg_proc WHERE pronamespace = 'awp'::regnames
 -- SPEC section 4 signatures.
 SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_string(args, ', ')))
   FROM (VALUES ('create_workflow_version', ARRAY['jsonb']),
-               ('start_run', ARRAY['text', 'integer', 'text']),
+               ('start_run', ARRAY['text', 'integer', 'text', 'jsonb']),
                ('request_cancel', ARRAY['text']),
                ('register_worker', ARRAY['text', 'text[]', 'integer', 'integer']),
                ('claim_tasks', ARRAY['text', 'text', 'integer']),
@@ -156,7 +159,7 @@ SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_stri
 
 SELECT function_returns('awp', 'coordinator_tick', ARRAY['boolean'], 'jsonb', 'coordinator_tick returns jsonb');
 SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer'], 'jsonb', 'configure returns jsonb');
-SELECT function_returns('awp', 'start_run', ARRAY['text', 'integer', 'text'], 'text', 'start_run returns the run id');
+SELECT function_returns('awp', 'start_run', ARRAY['text', 'integer', 'text', 'jsonb'], 'text', 'start_run returns the run id');
 SELECT function_returns('awp', 'complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb'], 'boolean', 'complete_task returns applied');
 
 -- Result columns, in SPEC order (more trailing columns are allowed where SPEC says so).
@@ -174,8 +177,9 @@ SELECT is(tests.out_columns('awp.register_worker(text, text[], integer, integer)
           'register_worker returns the SPEC columns');
 SELECT is(tests.out_columns('awp.claim_tasks(text, text, integer)'),
           ARRAY['dispatch_id', 'lease_token', 'workflow_id', 'workflow_version', 'run_id', 'task_key', 'executor_kind',
-                'action', 'input', 'attempt', 'attempt_deadline', 'lease_expires_at', 'lease_remaining_ms', 'fencing_token'],
-          'claim_tasks returns the SPEC lease columns');
+                'action', 'input', 'attempt', 'attempt_deadline', 'lease_expires_at', 'lease_remaining_ms', 'fencing_token',
+                'run_input', 'upstream'],
+          'claim_tasks returns the lease columns, run_input and upstream included');
 SELECT is(tests.out_columns('awp.heartbeat(text, text, jsonb)'), ARRAY['dispatch_id', 'status', 'lease_remaining_ms'],
           'heartbeat returns (dispatch_id, status, lease_remaining_ms)');
 SELECT is((tests.out_columns('awp.get_run(text)'))[1:9],
@@ -198,8 +202,8 @@ SELECT is((SELECT array_agg(n ORDER BY i) FROM pg_proc p, unnest(p.proargnames) 
             WHERE p.oid = 'awp.configure(integer, integer, integer, integer)'::regprocedure),
           ARRAY['lease_duration_ms', 'heartbeat_interval_ms', 'offline_after_heartbeats', 'dispatch_limit'],
           'configure has the fixed argument names');
-SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.start_run(text, integer, text)'::regprocedure),
-          2::smallint, 'start_run: version and idempotency_key are optional');
+SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.start_run(text, integer, text, jsonb)'::regprocedure),
+          3::smallint, 'start_run: version, idempotency_key and input are optional');
 SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.register_worker(text, text[], integer, integer)'::regprocedure),
           1::smallint, 'register_worker: protocol_version is optional');
 

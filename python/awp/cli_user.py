@@ -1,6 +1,7 @@
-"""The people-facing commands of ``awp``: ``worker``, ``workflow apply``, ``run start|show|watch|events|cancel``,
-``workers`` and ``demo``. Everything but ``worker`` talks to the gateway with the operator (or viewer) token,
-so it works from any machine: ``--gateway`` / ``AWP_GATEWAY_URL`` and ``--token`` / ``AWP_OPERATOR_TOKEN``.
+"""The people-facing commands of ``awp``: ``worker``, ``workflow apply``,
+``run start|show|task|watch|events|cancel``, ``workers``, ``schedule create|list|delete`` and ``demo``.
+Everything but ``worker`` talks to the gateway with the operator (or viewer) token, so it works from any
+machine: ``--gateway`` / ``AWP_GATEWAY_URL`` and ``--token`` / ``AWP_OPERATOR_TOKEN``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
+from datetime import datetime
 from functools import wraps
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +44,7 @@ TASK_STATUSES = (
     "canceled",
 )
 TASK_DONE = frozenset({"succeeded", "failed", "skipped", "canceled"})
+EXIT_WAIT_TIMEOUT = 124  # `awp run start --wait --timeout`: still running when the time was up (as timeout(1))
 STATUS_STYLE = {
     "succeeded": "green",
     "running": "cyan",
@@ -169,6 +172,13 @@ async def _with(client: Client, call: Callable[[Client], Awaitable[T]]) -> T:
     help="Ask for the next lease in the same request as each completion.",
 )
 @click.option(
+    "--batch/--no-batch",
+    envvar="AWP_WORKER_BATCH",
+    default=True,
+    show_default=True,
+    help="With --concurrency > 1: send the results that are ready together, one request for many.",
+)
+@click.option(
     "--log-level",
     envvar="AWP_WORKER_LOG_LEVEL",
     type=click.Choice(["debug", "info", "warning", "error"]),
@@ -187,6 +197,7 @@ def worker(
     safety_margin_ms: int,
     wait_ms: int,
     piggyback: bool,
+    batch: bool,
     log_level: str,
 ) -> None:
     """Run a worker: register, claim tasks, heartbeat, execute, complete; SIGTERM drains."""
@@ -208,6 +219,7 @@ def worker(
         safety_margin_ms=safety_margin_ms,
         wait_ms=wait_ms,
         piggyback=piggyback,
+        batch=batch,
     )
     sys.exit(run_worker(config))
 
@@ -249,34 +261,102 @@ def workflow_apply(client: Client, as_json: bool, file: Path) -> None:
 
 @main.group()
 def run() -> None:
-    """Runs: start, show, watch, events, cancel."""
+    """Runs: start, show, task, watch, events, cancel."""
 
 
 @run.command("start")
 @click.argument("workflow_id")
 @click.option("--version", type=int, default=None, help="Workflow version [default: latest].")
 @click.option("--idempotency-key", default=None, help="Same key, same run [default: a new run].")
+@click.option(
+    "--input", "input_text", metavar="JSON", default=None, help="The run's input: a JSON object, e.g. '{\"day\": 3}'."
+)
+@click.option(
+    "--input-file",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
+    default=None,
+    help="Read the run's input (a JSON object) from this file ('-': standard input).",
+)
 @click.option("--wait", is_flag=True, help="Watch the run until it ends; exit 1 unless it succeeded.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    metavar="SECONDS",
+    type=click.FloatRange(0, min_open=True),
+    default=None,
+    help=f"With --wait: give up watching after SECONDS (the run goes on); exit {EXIT_WAIT_TIMEOUT}.",
+)
 @gateway_options
 def run_start(
-    client: Client, as_json: bool, workflow_id: str, version: int | None, idempotency_key: str | None, wait: bool
+    client: Client,
+    as_json: bool,
+    workflow_id: str,
+    version: int | None,
+    idempotency_key: str | None,
+    input_text: str | None,
+    input_file: Path | None,
+    wait: bool,
+    timeout_s: float | None,
 ) -> None:
-    """Start a run of WORKFLOW_ID."""
+    """Start a run of WORKFLOW_ID, with --input or --input-file as the run's input.
+
+    \b
+    Exit codes: 0 started (with --wait: succeeded); 1 an error, or with --wait the run failed or was
+    canceled; 2 a usage error; 124 --timeout passed before the run ended (it is still running).
+    """
+    if timeout_s is not None and not wait:
+        raise click.UsageError("--timeout needs --wait")
+    run_input = _run_input(input_text, input_file)
 
     async def go(c: Client) -> tuple[dict[str, Any], str | None]:
-        started = await c.start_run(workflow_id, version, idempotency_key)
+        started = await c.start_run(workflow_id, version, idempotency_key, input=run_input)
         if not as_json:
             click.echo(f"run {started['run_id']} {started.get('status', '')}".rstrip())
         final = None
         if wait:
-            final = await watch_run(c, started["run_id"], Console(), quiet=as_json)
+            final = await watch_run(c, started["run_id"], Console(), quiet=as_json, timeout_s=timeout_s)
         return started, final
 
-    started, final = _run(_with(client, go))
+    try:
+        started, final = _run(_with(client, go))
+    except WatchTimeout as e:
+        if as_json:
+            _echo_json({"run_id": e.run_id, "status": e.status, "final_status": None, "timed_out": True})
+        else:
+            click.echo(
+                f"run {e.run_id} is still running after {e.timeout_s:g}s (status {e.status}); "
+                f"follow it with: awp run watch {e.run_id}",
+                err=True,
+            )
+        sys.exit(EXIT_WAIT_TIMEOUT)
     if as_json:
         _echo_json({**started, **({"final_status": final} if final else {})})
     if wait and final != "succeeded":
         sys.exit(1)
+
+
+def _run_input(text: str | None, path: Path | None) -> dict[str, Any] | None:
+    """The run input of --input or --input-file: a JSON object (a usage error otherwise), or None."""
+    if text is not None and path is not None:
+        raise click.UsageError("--input and --input-file are mutually exclusive")
+    if path is not None:
+        option = "--input-file"
+        try:
+            text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise click.BadParameter(f"cannot read {path}: {e}", param_hint=option) from e
+    elif text is not None:
+        option = "--input"
+    else:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise click.BadParameter(f"not valid JSON: {e}", param_hint=option) from e
+    if not isinstance(value, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
+        raise click.BadParameter(f"must be a JSON object, not {kind}", param_hint=option)
+    return value
 
 
 @run.command("show")
@@ -294,8 +374,13 @@ def run_show(client: Client, as_json: bool, run_id: str) -> None:
     if as_json:
         _echo_json({"run": info, "tasks": tasks})
         return
-    console = Console()
+    console = Console(highlight=False)
     console.print(_run_header(info))
+    width = max(20, console.width - 8)
+    if info.get("input"):
+        console.print(Text("input  " + _preview(info["input"], width)), crop=False, soft_wrap=True)
+    if info.get("output") is not None:
+        console.print(Text("output " + _preview(info["output"], width)), crop=False, soft_wrap=True)
     console.print(task_table(tasks))
     for t in failed:
         last = (t.get("attempt_history") or [{}])[-1]
@@ -304,6 +389,79 @@ def run_show(client: Client, as_json: bool, run_id: str) -> None:
         if last.get("error_message"):
             line.append(f": {last.get('error_message')}")
         console.print(line)
+
+
+@run.command("task")
+@click.argument("run_id")
+@click.argument("task_key")
+@gateway_options
+def run_task(client: Client, as_json: bool, run_id: str, task_key: str) -> None:
+    """One task of a run and its attempts: status, worker, times, error, output."""
+
+    async def go(c: Client) -> tuple[dict[str, Any], dict[str, str]]:
+        task = await c.get_task(run_id, task_key)
+        names: dict[str, str] = {}
+        if not as_json:
+            for worker_id in {str(a["worker_id"]) for a in task.get("attempt_history") or [] if a.get("worker_id")}:
+                with suppress(ClientError):  # the worker's name is a nicety: show its id alone otherwise
+                    names[worker_id] = str((await c.get_worker(worker_id)).get("display_name") or "")
+        return task, names
+
+    task, names = _run(_with(client, go))
+    if as_json:
+        _echo_json(task)
+        return
+    console = Console(highlight=False)
+    for line in task_lines(run_id, task, names, console.width):
+        console.print(line, crop=False, soft_wrap=True)
+
+
+def task_lines(run_id: str, task: dict[str, Any], worker_names: dict[str, str], width: int = 100) -> list[Text]:
+    """The lines of ``awp run task``: the task, then each attempt with its error and an output preview."""
+    head = Text(f"task {task.get('task_key')}  ", style="bold")
+    head.append_text(_styled(task.get("status")))
+    head.append(f"  run {run_id}  attempts {task.get('attempts', 0)}/{task.get('max_attempts', '?')}")
+    lines = [head]
+    action = f"  action {task['action']}" if task.get("action") else ""
+    timeout = f"  timeout {task['timeout_ms']} ms" if task.get("timeout_ms") else ""
+    lines.append(Text(f"executor {task.get('executor') or '-'}{action}{timeout}"))
+    deps = task.get("depends_on") or []
+    lines.append(Text(f"depends on {', '.join(deps)}" if deps else "depends on nothing (a root task)"))
+    history = task.get("attempt_history") or []
+    if not history:
+        lines.append(Text("no attempt yet", style="dim"))
+    for a in history:
+        line = Text(f"#{a.get('attempt')}  ", style="bold")
+        line.append_text(_styled(a.get("status")))
+        worker_id = a.get("worker_id")
+        if worker_id:
+            name = worker_names.get(str(worker_id))
+            line.append(f"  on {name} ({worker_id})" if name else f"  on {worker_id}")
+        started, finished = _parse_time(a.get("started_at")), _parse_time(a.get("finished_at"))
+        line.append(f"  started {_short_time(a.get('started_at'))}")
+        if finished is not None:
+            line.append(f"  finished {_short_time(a.get('finished_at'))}")
+            if started is not None:
+                line.append(f"  took {max(0.0, (finished - started).total_seconds()):.2f}s")
+        elif a.get("deadline"):
+            line.append(f"  deadline {_short_time(a.get('deadline'))}")
+        lines.append(line)
+        if a.get("error_code") or a.get("error_message"):
+            error = Text("    error ", style="red")
+            error.append(str(a.get("error_code") or "-"))
+            if a.get("error_message"):
+                error.append(f": {a.get('error_message')}")
+            lines.append(error)
+        if a.get("output") is not None or a.get("status") == "succeeded":
+            prefix = "    output "
+            lines.append(Text(prefix + _preview(a.get("output"), max(20, width - len(prefix)))))
+    return lines
+
+
+def _preview(value: Any, limit: int) -> str:
+    """Compact JSON of ``value``, cut to ``limit`` characters (ending with …)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 @run.command("watch")
@@ -349,9 +507,17 @@ def run_cancel(client: Client, as_json: bool, run_id: str) -> None:
     if as_json:
         _echo_json(answer)
     else:
-        click.echo(
-            f"run {answer['run_id']} {answer.get('status')}; cancel requested at {answer.get('cancel_requested_at')}"
-        )
+        click.echo(cancel_message(answer))
+
+
+def cancel_message(answer: dict[str, Any]) -> str:
+    """What a cancel request did, from its answer (a finished run is returned unchanged)."""
+    run_id, status, requested = answer.get("run_id"), answer.get("status"), answer.get("cancel_requested_at")
+    if status == "canceled":
+        return f"run {run_id} canceled" + (f" (cancel requested at {requested})" if requested else "")
+    if status in RUN_TERMINAL or not requested:
+        return f"run {run_id} already {status}; nothing to cancel"
+    return f"run {run_id} {status}; cancel requested at {requested} (it converges shortly)"
 
 
 # ---- awp workers ---------------------------------------------------------------------------------------------
@@ -382,6 +548,117 @@ def workers_table(items: list[dict[str, Any]]) -> Table:
     return table
 
 
+# ---- awp schedule --------------------------------------------------------------------------------------------
+
+
+@main.group()
+def schedule() -> None:
+    """Schedules: start runs of a workflow on a cron expression or every N ms (docs/schedules.md)."""
+
+
+@schedule.command("create")
+@click.argument("schedule_id")
+@click.argument("workflow_id")
+@click.option(
+    "--cron",
+    metavar="EXPR",
+    default=None,
+    help="Cron expression: 5 fields (minute hour day-of-month month day-of-week) or 6 (seconds first).",
+)
+@click.option(
+    "--every-ms",
+    "every_ms",
+    metavar="N",
+    type=click.IntRange(1000, 2**31 - 1),
+    default=None,
+    help="Fire every N milliseconds (at least 1000), counted from the schedule's creation.",
+)
+@click.option("--input", "input_text", metavar="JSON", default=None, help="The input of every run: a JSON object.")
+@click.option(
+    "--input-file",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path),
+    default=None,
+    help="Read the runs' input (a JSON object) from this file ('-': standard input).",
+)
+@click.option("--timezone", default=None, help="Time zone of the cron expression, e.g. Europe/Berlin [default: UTC].")
+@gateway_options
+def schedule_create(
+    client: Client,
+    as_json: bool,
+    schedule_id: str,
+    workflow_id: str,
+    cron: str | None,
+    every_ms: int | None,
+    input_text: str | None,
+    input_file: Path | None,
+    timezone: str | None,
+) -> None:
+    """Create SCHEDULE_ID: start a run of WORKFLOW_ID (its latest version) at every fire time of --cron EXPR or
+    every --every-ms N. The same definition again is a no-op; another one is refused (delete it first)."""
+    if (cron is None) == (every_ms is None):
+        raise click.UsageError("give exactly one of --cron and --every-ms")
+    schedule_input = _run_input(input_text, input_file)
+    answer = _run(
+        _with(
+            client,
+            lambda c: c.create_schedule(
+                schedule_id, workflow_id, cron=cron, interval_ms=every_ms, input=schedule_input, timezone=timezone
+            ),
+        )
+    )
+    if as_json:
+        _echo_json(answer)
+    else:
+        click.echo(
+            f"schedule {answer['schedule_id']}: workflow {answer['workflow_id']} {_schedule_trigger(answer)}; "
+            f"next fire at {answer.get('next_fire_at')}"
+        )
+
+
+@schedule.command("list")
+@gateway_options
+def schedule_list(client: Client, as_json: bool) -> None:
+    """Every schedule with its next and last fire times."""
+    items = _run(_with(client, lambda c: c.list_schedules()))
+    if as_json:
+        _echo_json(items)
+        return
+    # Plain aligned columns, never wrapped or cut (rich tables squeeze long cron expressions on narrow terminals).
+    rows = [("schedule", "workflow", "when", "next fire", "last fired", "last run")]
+    for s in items:
+        rows.append(
+            (
+                str(s.get("schedule_id")),
+                str(s.get("workflow_id")),
+                _schedule_trigger(s),
+                str(s.get("next_fire_at") or "-"),
+                str(s.get("last_fired_at") or "-"),
+                str(s.get("last_run_id") or "-"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+@schedule.command("delete")
+@click.argument("schedule_id")
+@gateway_options
+def schedule_delete(client: Client, as_json: bool, schedule_id: str) -> None:
+    """Delete SCHEDULE_ID (runs it started are kept)."""
+    answer = _run(_with(client, lambda c: c.delete_schedule(schedule_id)))
+    if as_json:
+        _echo_json(answer)
+    else:
+        click.echo(f"schedule {answer.get('schedule_id', schedule_id)} deleted")
+
+
+def _schedule_trigger(s: dict[str, Any]) -> str:
+    if s.get("cron"):
+        return f"cron '{s['cron']}' ({s.get('timezone') or 'UTC'})"
+    return f"every {s.get('interval_ms')} ms"
+
+
 # ---- rendering and watching ----------------------------------------------------------------------------------
 
 
@@ -400,7 +677,18 @@ def _run_header(info: dict[str, Any]) -> Text:
     text.append(f"  revision {info.get('revision')}")
     if info.get("cancel_requested_at"):
         text.append("  (cancel requested)", style="magenta")
+    waiting = waiting_text(info)
+    if waiting:
+        text.append("\n" + waiting, style="yellow")
     return text
+
+
+def waiting_text(info: dict[str, Any]) -> str:
+    """'waiting for a worker with executor python' while ready tasks have no worker that could take them."""
+    kinds = [str(k) for k in info.get("waiting_for_executors") or []]
+    if not kinds:
+        return ""
+    return f"waiting for a worker with executor {', '.join(kinds)}"
 
 
 def task_table(tasks: list[dict[str, Any]], workers_by_task: dict[str, str] | None = None) -> Table:
@@ -473,22 +761,62 @@ async def watch_run(
             done = sum(counts[s] for s in TASK_DONE)
             if bar is None:
                 bar = progress.add_task(f"{info.get('workflow_id')} {run_id}", total=len(tasks) or 1, counts="")
-            progress.update(bar, completed=done, total=len(tasks) or 1, counts=_counts_text(counts))
+            waiting = waiting_text(info)
+            progress.update(
+                bar,
+                completed=done,
+                total=len(tasks) or 1,
+                counts=_counts_text(counts) + (f"  [yellow]{waiting}[/]" if waiting else ""),
+            )
             if on_tick is not None:
                 await on_tick(info, tasks)
             if info.get("status") in RUN_TERMINAL and all(t.get("status") in TASK_DONE for t in tasks):
                 break
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                raise TimeoutError(f"run {run_id} still {info.get('status')} after {timeout_s:.0f}s")
-            await asyncio.sleep(poll_s)
+            if timeout_s is not None and time.monotonic() - start >= timeout_s:
+                break
+            delay = poll_s if timeout_s is None else min(poll_s, max(0.0, start + timeout_s - time.monotonic()))
+            await asyncio.sleep(delay)
+    if not quiet and not console.is_terminal:
+        console.print()  # the last frame of the bar does not end its line off a terminal
+    if info.get("status") not in RUN_TERMINAL or not all(t.get("status") in TASK_DONE for t in tasks):
+        raise WatchTimeout(run_id, str(info.get("status")), timeout_s or 0.0)
     if not quiet:
-        if not console.is_terminal:
-            console.print()  # the last frame of the bar does not end its line off a terminal
         console.print(task_table(tasks))
         console.print(_run_header(info))
         counts = status_counts(tasks)
-        console.print(f"{len(tasks)} tasks: {_counts_text(counts)}; {time.monotonic() - start:.1f}s")
+        duration = run_duration_s(info)
+        took = f"{duration:.1f}s" if duration is not None else f"{time.monotonic() - start:.1f}s watched"
+        console.print(f"{len(tasks)} tasks: {_counts_text(counts)}; {took}")
     return str(info.get("status"))
+
+
+class WatchTimeout(TimeoutError):
+    """``watch_run`` gave up after ``timeout_s`` while the run was still going (``status``)."""
+
+    def __init__(self, run_id: str, status: str, timeout_s: float) -> None:
+        super().__init__(f"run {run_id} still {status} after {timeout_s:.0f}s")
+        self.run_id = run_id
+        self.status = status
+        self.timeout_s = timeout_s
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+
+
+def run_duration_s(info: dict[str, Any]) -> float | None:
+    """A finished run's duration by the database's clock: finished_at - started_at (created_at when it never
+    started); None while it has not finished."""
+    finished = _parse_time(info.get("finished_at"))
+    began = _parse_time(info.get("started_at")) or _parse_time(info.get("created_at"))
+    if finished is None or began is None:
+        return None
+    return max(0.0, (finished - began).total_seconds())
 
 
 # ---- awp demo --------------------------------------------------------------------------------------------------

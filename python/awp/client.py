@@ -202,6 +202,19 @@ class Client:
         )
         return bool(answer.get("applied")), list(answer.get("leases") or [])
 
+    async def complete_many(
+        self, worker_id: str, session_token: str, items: list[dict[str, Any]], claim_slots: int = 0
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(per-result answers in the order given, new leases): ``items`` are {dispatch_id, lease_token, result};
+        each answer is {dispatch_id, applied: true} or {dispatch_id, error: {code, message}}."""
+        body: dict[str, Any] = {"results": items}
+        if claim_slots:
+            body["claim_slots"] = claim_slots
+        answer = await self.request(
+            "POST", f"/workers/{_q(worker_id)}/completions", body, token=session_token, headers=self._worker_headers()
+        )
+        return list(answer.get("results") or []), list(answer.get("leases") or [])
+
     async def drain(self, worker_id: str, session_token: str) -> dict[str, Any]:
         return await self.request(
             "POST", f"/workers/{_q(worker_id)}/drain", {}, token=session_token, headers=self._worker_headers()
@@ -220,15 +233,21 @@ class Client:
         return [item async for item in self._pages("/workflows")]
 
     async def start_run(
-        self, workflow_id: str, version: int | None = None, idempotency_key: str | None = None
+        self,
+        workflow_id: str,
+        version: int | None = None,
+        idempotency_key: str | None = None,
+        input: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """Start a run (of the latest version when ``version`` is None); the body is ``{"input": input}`` when
+        ``input`` is given, else ``{}``."""
         if version is None:
             wf = await self.get_workflow(workflow_id)
             version = int(wf.get("latest_version") or wf.get("version"))
         return await self.request(
             "POST",
             f"/workflows/{_q(workflow_id)}/versions/{int(version)}/runs",
-            {},
+            {"input": input} if input is not None else {},
             headers={"Idempotency-Key": idempotency_key or str(uuid.uuid4())},
         )
 
@@ -250,6 +269,28 @@ class Client:
 
     async def cancel_run(self, run_id: str) -> dict[str, Any]:
         return await self.request("POST", f"/runs/{_q(run_id)}/cancel", {})
+
+    async def create_schedule(
+        self,
+        schedule_id: str,
+        workflow_id: str,
+        *,
+        cron: str | None = None,
+        interval_ms: int | None = None,
+        input: dict[str, Any] | None = None,
+        timezone: str | None = None,
+    ) -> dict[str, Any]:
+        """Create a schedule (exactly one of ``cron`` and ``interval_ms``); the same definition again returns it."""
+        body: dict[str, Any] = {"schedule_id": schedule_id, "workflow_id": workflow_id}
+        optional = {"cron": cron, "interval_ms": interval_ms, "input": input, "timezone": timezone}
+        body.update({k: v for k, v in optional.items() if v is not None})
+        return await self.request("POST", "/schedules", body)
+
+    async def list_schedules(self) -> list[dict[str, Any]]:
+        return [item async for item in self._pages("/schedules")]
+
+    async def delete_schedule(self, schedule_id: str) -> dict[str, Any]:
+        return await self.request("DELETE", f"/schedules/{_q(schedule_id)}")
 
     async def list_workers(self) -> list[dict[str, Any]]:
         return [item async for item in self._pages("/workers")]

@@ -128,9 +128,12 @@ class Database:
 
     # -- runs -------------------------------------------------------------------------------------
 
-    async def start_run_idempotent(self, key: str, request_hash: str, workflow_id: str, version: int) -> Row:
+    async def start_run_idempotent(
+        self, key: str, request_hash: str, workflow_id: str, version: int, run_input: dict[str, Any]
+    ) -> Row:
         return await self._row(
-            "SELECT * FROM awp.start_run_idempotent(%s, %s, %s, %s)", (key, request_hash, workflow_id, version)
+            "SELECT * FROM awp.start_run_idempotent(%s, %s, %s, %s, %s)",
+            (key, request_hash, workflow_id, version, Jsonb(run_input)),
         )
 
     async def list_runs(self, workflow_id: str | None, status: str | None, after: str | None, limit: int) -> list[Row]:
@@ -150,6 +153,35 @@ class Database:
 
     async def request_cancel(self, run_id: str) -> Row:
         return await self._row("SELECT * FROM awp.request_cancel(%s)", (run_id,))
+
+    # -- schedules --------------------------------------------------------------------------------
+
+    async def create_schedule(
+        self,
+        schedule_id: str,
+        workflow_id: str,
+        cron: str | None,
+        interval_ms: int | None,
+        schedule_input: dict[str, Any] | None,
+        timezone: str,
+    ) -> Row:
+        return await self._row(
+            "SELECT * FROM awp.create_schedule(%s, %s, %s, %s::integer, %s, %s)",
+            (
+                schedule_id,
+                workflow_id,
+                cron,
+                interval_ms,
+                None if schedule_input is None else Jsonb(schedule_input),
+                timezone,
+            ),
+        )
+
+    async def list_schedules(self) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.list_schedules()")
+
+    async def delete_schedule(self, schedule_id: str) -> Row:
+        return await self._row("SELECT * FROM awp.delete_schedule(%s)", (schedule_id,))
 
     # -- workers ----------------------------------------------------------------------------------
 
@@ -190,6 +222,13 @@ class Database:
         return await self._rows(
             "SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, %s)",
             (worker_id, session_token, dispatch_id, lease_token, Jsonb(result), slots),
+        )
+
+    async def complete_tasks(
+        self, worker_id: str, session_token: str, items: list[dict[str, Any]], slots: int
+    ) -> dict[str, Any]:
+        return await self._value(
+            "SELECT awp.complete_tasks(%s, %s, %s, %s) AS answer", (worker_id, session_token, Jsonb(items), slots)
         )
 
     async def drain_worker(self, worker_id: str, session_token: str) -> Row:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -47,8 +48,12 @@ class Timings:
     sleep_scale: float
 
 
-NORMAL = Timings(lease_ms=3000, heartbeat_ms=500, safety_margin_ms=600, coordinator_interval_s=0.25, sleep_scale=2.0)
-FAST = Timings(lease_ms=2000, heartbeat_ms=200, safety_margin_ms=400, coordinator_interval_s=0.1, sleep_scale=0.6)
+# NORMAL applies examples/demo-etl.yaml unchanged (so applying that file after the demo keeps its version);
+# FAST (tests) scales the sleeps and applies the result under its own id, demo-etl-fast.
+NORMAL = Timings(lease_ms=3000, heartbeat_ms=500, safety_margin_ms=600, coordinator_interval_s=0.25, sleep_scale=1.0)
+# The run's input: every lease carries it as run_input (summarize reads it as ctx.run_input).
+DEMO_INPUT = {"batch": "demo-1", "source": "examples/demo-etl.yaml"}
+FAST = Timings(lease_ms=2000, heartbeat_ms=200, safety_margin_ms=400, coordinator_interval_s=0.1, sleep_scale=0.3)
 
 
 def examples_dir() -> Path:
@@ -147,6 +152,7 @@ def _local_database(console: Console) -> tuple[str, Any]:
 def _prepare_definition(timings: Timings) -> dict[str, Any]:
     definition = yaml.safe_load((examples_dir() / "demo-etl.yaml").read_text())
     if timings.sleep_scale != 1.0:
+        definition["id"] = f"{definition['id']}-fast"
         for task in definition["tasks"]:
             inp = task.get("input") or {}
             if isinstance(inp.get("sleep_ms"), int):
@@ -304,7 +310,7 @@ async def _main(
             f"workflow [bold]{applied['workflow_id']}[/] version {applied['version']}: "
             f"{len(definition['tasks'])} tasks (fan-out, fan-in, a flaky task, a python handler)"
         )
-        run = await client.start_run(applied["workflow_id"], applied["version"])
+        run = await client.start_run(applied["workflow_id"], applied["version"], input=DEMO_INPUT)
         run_id = state.run_id = run["run_id"]
         console.print(f"run [bold]{run_id}[/] started; a worker will be killed with SIGKILL while it holds a lease")
 
@@ -332,10 +338,30 @@ async def _main(
         console.print(
             f"flaky task transform-05: {flaky.get('status')} after {flaky.get('attempts')} attempts ({history})"
         )
+        await _show_data_flow(console, client, run_id)
         console.print(workers_table(await _our_workers(client, state)))
         ok = final == "succeeded" and all(t.new_worker for t in state.takeovers) and bool(state.takeovers)
         console.print(f"[bold {'green' if ok else 'red'}]run {run_id} {final}[/]")
         return 0 if ok else 1
+
+
+async def _show_data_flow(console: Console, client: Client, run_id: str) -> None:
+    """What the fan-in tasks received: the run's input and their dependencies' outputs; then the run's output."""
+    console.rule("[bold]data flow")
+    validate = (await client.get_task(run_id, "validate-a")).get("attempt_history") or [{}]
+    echoed = validate[-1].get("output") or {}
+    upstream = echoed.get("upstream") or {}
+    console.print(
+        f"validate-a (mock, echo) received run_input {json.dumps(echoed.get('run_input'))} and the outputs of "
+        f"{', '.join(sorted(upstream)) or 'nothing'}, e.g. {json.dumps(next(iter(upstream.values()), None))}"
+    )
+    summary = ((await client.get_task(run_id, "summarize")).get("attempt_history") or [{}])[-1].get("output") or {}
+    console.print(
+        f"summarize (python) read ctx.run_input batch={summary.get('batch')!r} and "
+        f"ctx.upstream from {', '.join(summary.get('inputs_from') or []) or 'nothing'}"
+    )
+    run = await client.get_run(run_id)
+    console.print(f"run output (the tasks no other task depends on): {json.dumps(run.get('output'))}")
 
 
 async def _our_workers(client: Client, state: DemoState) -> list[dict[str, Any]]:

@@ -73,10 +73,17 @@ def from_database_error(exc: psycopg.Error | psycopg_pool.PoolTimeout) -> ApiErr
         diag = getattr(exc, "diag", None)
         primary = diag.message_primary if diag is not None else None
         detail = diag.message_detail if diag is not None else None
-        message = primary or code
-        if detail and detail != primary:
-            message = f"{message}: {detail}"
-        return ApiError(status, code, message)
+        return ApiError(status, code, join_message(primary or code, detail))
     if is_connection_error(exc):
         return ApiError.of(503, "the database is unavailable; retry later")
     return None
+
+
+def join_message(primary: str, detail: str | None) -> str:
+    """``primary: detail``, without repeating the primary message when the detail already starts with it
+    (``dependency cycle`` + ``dependency cycle: a -> a`` is ``dependency cycle: a -> a``)."""
+    if not detail or detail == primary:
+        return primary
+    if detail.startswith(primary + ":"):
+        return detail
+    return f"{primary}: {detail}"

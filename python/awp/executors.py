@@ -2,7 +2,8 @@
 ``{"kind": "success" | "temporary_failure" | "permanent_failure", "output"?, "error_code"?, "error_message"?}``.
 
 - ``mock``: deterministic, driven by the input only (no code, no commands): ``sleep_ms``, ``fail``
-  (``temporary`` | ``permanent``), ``fail_attempts`` (fail while attempt <= N), ``output``.
+  (``temporary`` | ``permanent``), ``fail_attempts`` (fail while attempt <= N), ``output``, ``echo``
+  (``true``: the output is ``{"task", "run_input", "upstream"[, "output"]}``, what the task received).
 - ``python``: the action names a handler registered with ``@awp.handlers.handler`` in a module the worker
   imported (``--handlers``). Never an import path, a file or a shell command.
 
@@ -100,6 +101,12 @@ class MockExecutor:
             return failure("temporary_failure", "mock_temporary", "mock task failed (temporary)")
         if fail == "permanent":
             return failure("permanent_failure", "mock_permanent", "mock task failed (permanent)")
+        if spec.get("echo") is True:
+            # Data flow made visible: what this task received (for demos and tests).
+            echoed: dict[str, Any] = {"task": ctx.task_key, "run_input": ctx.run_input, "upstream": ctx.upstream}
+            if "output" in spec:
+                echoed["output"] = spec["output"]
+            return success(echoed)
         if "output" in spec:
             return success(spec["output"])
         return success({"task": ctx.task_key, "action": action, "attempt": ctx.attempt})

@@ -35,7 +35,7 @@ from aiohttp import web
 
 from awp.coordinator import Coordinator
 from awp.db import Database, DispatchListener
-from awp.errors import ApiError, from_database_error
+from awp.errors import SQLSTATE_ERRORS, ApiError, from_database_error, join_message
 from awp.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
@@ -444,9 +444,16 @@ async def start_run(request: web.Request) -> web.Response:
     key = idempotency_key(request)
     workflow_id, version = path_param(request, "workflow_id"), path_int(request, "version")
     body = await json_body(request, allow_empty=True)
-    only_fields(body)
-    request_hash = canonical_hash({"workflow_id": workflow_id, "version": version, "body": body})
-    row = await request.app[DB].start_run_idempotent(key, request_hash, workflow_id, version)
+    only_fields(body, optional=("input",))
+    run_input = body.get("input")
+    if run_input is None:
+        run_input = {}
+    if not isinstance(run_input, dict):
+        raise bad_request("input must be a JSON object")
+    # No input, null and {} are one request (hashed as the empty body was before runs took input).
+    normal_body = {"input": run_input} if run_input else {}
+    request_hash = canonical_hash({"workflow_id": workflow_id, "version": version, "body": normal_body})
+    row = await request.app[DB].start_run_idempotent(key, request_hash, workflow_id, version, run_input)
     return json_response({"run_id": row["run_id"], "status": row["status"]}, status=202)
 
 
@@ -508,6 +515,43 @@ def idempotency_key(request: web.Request) -> str:
     if len(key) > 255:
         raise bad_request("the Idempotency-Key header must have 1-255 characters")
     return key
+
+
+# schedules (docs/schedules.md): creating is idempotent by itself (the same definition returns the same
+# schedule), so no Idempotency-Key header is needed.
+
+
+def _parse_schedule(body: dict[str, Any]) -> tuple[str, str, str | None, int | None, dict[str, Any] | None, str]:
+    only_fields(body, required=("schedule_id", "workflow_id"), optional=("cron", "interval_ms", "input", "timezone"))
+    schedule_id = as_str(body["schedule_id"], "schedule_id", 128)
+    workflow_id = as_str(body["workflow_id"], "workflow_id", 128)
+    cron = None if body.get("cron") is None else as_str(body["cron"], "cron", 256)
+    interval_ms = body.get("interval_ms")
+    if interval_ms is not None:
+        interval_ms = as_int(interval_ms, "interval_ms", 1000, INT32_MAX)
+    if (cron is None) == (interval_ms is None):
+        raise bad_request("give exactly one of cron and interval_ms")
+    schedule_input = body.get("input")
+    if schedule_input is not None and not isinstance(schedule_input, dict):
+        raise bad_request("input must be a JSON object")
+    timezone = "UTC" if body.get("timezone") is None else as_str(body["timezone"], "timezone", 128)
+    return schedule_id, workflow_id, cron, interval_ms, schedule_input, timezone
+
+
+@route("POST", API + "/schedules", Access.WRITE)
+async def create_schedule(request: web.Request) -> web.Response:
+    parsed = _parse_schedule(await json_body(request))
+    return json_response(await request.app[DB].create_schedule(*parsed), status=201)
+
+
+@route("GET", API + "/schedules", Access.READ)
+async def list_schedules(request: web.Request) -> web.Response:
+    return json_response(page(await request.app[DB].list_schedules()))
+
+
+@route("DELETE", API + "/schedules/{schedule_id}", Access.WRITE)
+async def delete_schedule(request: web.Request) -> web.Response:
+    return json_response(await request.app[DB].delete_schedule(path_param(request, "schedule_id")))
 
 
 # workers
@@ -616,6 +660,12 @@ def _parse_complete(body: dict[str, Any]) -> tuple[str, dict[str, Any], int | No
     lease_token = as_str(body["lease_token"], "lease_token")
     claim_slots = as_int(body["claim_slots"], "claim_slots", 0, 1000) if "claim_slots" in body else None
     result = body["result"]
+    _check_result_shape(result)
+    return lease_token, result, claim_slots
+
+
+def _check_result_shape(result: Any) -> None:
+    """The result object's shape (its sizes are checked by the database)."""
     if not isinstance(result, dict):
         raise bad_request("result must be an object")
     only_fields(result, required=("kind",), optional=("output", "error_code", "error_message"))
@@ -624,7 +674,6 @@ def _parse_complete(body: dict[str, Any]) -> tuple[str, dict[str, Any], int | No
     for name in ("error_code", "error_message"):
         if result.get(name) is not None and not isinstance(result[name], str):
             raise bad_request(f"result.{name} must be a string")
-    return lease_token, result, claim_slots
 
 
 @route("POST", API + "/workers/{worker_id}/leases/{dispatch_id}/complete", Access.WORKER)
@@ -643,6 +692,53 @@ async def complete(request: web.Request) -> web.Response:
         metrics.claims.labels("leased" if leases else "empty").inc()
         metrics.leases_issued.inc(len(leases))
     return json_response({"applied": True, "leases": leases})
+
+
+MAX_BATCH = 256
+
+
+def _parse_completions(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    only_fields(body, required=("results",), optional=("claim_slots",))
+    items = body["results"]
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
+        raise bad_request(f"results must be a list of 1-{MAX_BATCH} {{dispatch_id, lease_token, result}} objects")
+    seen: set[str] = set()
+    for item in items:
+        if not isinstance(item, dict):
+            raise bad_request("each result must be an object {dispatch_id, lease_token, result}")
+        only_fields(item, required=("dispatch_id", "lease_token", "result"))
+        dispatch_id = as_str(item["dispatch_id"], "dispatch_id")
+        if dispatch_id in seen:
+            raise bad_request(f"dispatch {dispatch_id} appears twice")
+        seen.add(dispatch_id)
+        as_str(item["lease_token"], "lease_token")
+        _check_result_shape(item["result"])
+    claim_slots = as_int(body["claim_slots"], "claim_slots", 0, 1000) if "claim_slots" in body else 0
+    return items, claim_slots
+
+
+@route("POST", API + "/workers/{worker_id}/completions", Access.WORKER)
+async def complete_many(request: web.Request) -> web.Response:
+    """Several results (and the next leases) in one request and one transaction: each result is answered on
+    its own (``applied`` or the error complete would give), a bad one does not spoil the others."""
+    worker_id, token, (items, claim_slots) = await worker_request(request, _parse_completions)
+    db, metrics = request.app[DB], request.app[METRICS]
+    answer = await db.complete_tasks(worker_id, token, items, claim_slots)
+    results = []
+    for item in answer["results"]:
+        error = item.get("error")
+        if error is None:
+            results.append({"dispatch_id": item["dispatch_id"], "applied": True})
+            metrics.completions.labels("true").inc()
+            continue
+        _, code = SQLSTATE_ERRORS[error["sqlstate"]]  # only AWLST, AWCNF and AWREQ are answered per item
+        message = join_message(error["message"], error.get("detail"))
+        results.append({"dispatch_id": item["dispatch_id"], "error": {"code": code, "message": message}})
+    leases = answer["leases"]
+    if claim_slots:
+        metrics.claims.labels("leased" if leases else "empty").inc()
+        metrics.leases_issued.inc(len(leases))
+    return json_response({"results": results, "leases": leases})
 
 
 @route("POST", API + "/workers/{worker_id}/drain", Access.WORKER)
@@ -750,6 +846,9 @@ def create_app(config: GatewayConfig) -> web.Application:
         )
     for method, path, _access, handler in ROUTES:
         app.router.add_route(method, path, handler, name=handler.__name__)
+    from awp.ui import setup_ui  # the dashboard (/ui/); imported here since it imports this module
+
+    setup_ui(app)
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_on_shutdown)
     return app

@@ -8,6 +8,7 @@ A handler is a sync or async function ``(input, ctx)`` registered under an actio
     async def send_invoice(input: dict, ctx: Context) -> dict:
         if "customer" not in input:
             raise PermanentError("no customer")          # permanent_failure: no retry
+        # ctx.run_input: the run's input; ctx.upstream: {dependency key: its output}
         await billing.send(input["customer"], idempotency_key=ctx.idempotency_key)
         return {"sent": True}                             # the task's output (any JSON)
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 HandlerFunc = Callable[[Any, "Context"], Any] | Callable[[Any, "Context"], Awaitable[Any]]
@@ -46,6 +47,9 @@ class Context:
     also keep being renewed, so it is at most ``deadline - time.monotonic()``, and grows with each renewal.
     Use ``idempotency_key`` (stable across attempts of a task) and ``fencing_token`` (grows with every lease)
     to make side effects safe to repeat.
+
+    ``run_input`` is the input the run was started with (``{}`` when none). ``upstream`` maps the key of each
+    task this one depends on to that task's output (``None`` when it returned none); ``{}`` for a root task.
     """
 
     run_id: str
@@ -56,6 +60,8 @@ class Context:
     action: str
     deadline: float
     _deadline_fn: Callable[[], float] | None = None
+    run_input: dict[str, Any] = field(default_factory=dict)
+    upstream: dict[str, Any] = field(default_factory=dict)
 
     @property
     def idempotency_key(self) -> str:

@@ -1,7 +1,8 @@
 """Prometheus metrics of one ``awp serve`` process, in their own registry (served at ``/metrics``).
 
 Counters and histograms are updated as requests and coordinator passes happen; the gauges of database
-state (runs, dispatches, workers by status, active leases) are refreshed from ``awp.metrics_snapshot()``
+state (runs, dispatches, workers by status, active leases, ready tasks per executor kind that no active
+worker offers) are refreshed from ``awp.metrics_snapshot()``
 at scrape time, so they cost one cheap query per scrape and nothing otherwise.
 """
 
@@ -15,7 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 RUN_STATUSES = ("pending", "running", "succeeded", "failed", "canceled")
 LIVE_DISPATCH_STATUSES = ("pending", "leased")
 WORKER_STATUSES = ("active", "draining", "stopped", "offline")
-COORDINATOR_COUNTS = ("canceled", "reaped", "offline", "promoted", "withdrawn", "dispatched")
+COORDINATOR_COUNTS = ("canceled", "reaped", "offline", "promoted", "withdrawn", "dispatched", "schedules_fired")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -56,6 +57,12 @@ class Metrics:
         self.dispatches = Gauge("awp_dispatches", "Live dispatches in the database by status", ["status"], registry=r)
         self.runs = Gauge("awp_runs", "Runs in the database by status", ["status"], registry=r)
         self.workers = Gauge("awp_workers", "Worker sessions in the database by status", ["status"], registry=r)
+        self.ready_without_worker = Gauge(
+            "awp_ready_tasks_without_worker",
+            "Ready tasks whose executor kind no active worker offers (they wait until one registers)",
+            ["executor_kind"],
+            registry=r,
+        )
         for kind in COORDINATOR_COUNTS:
             self.coordinator_items.labels(kind)
         for result in ("empty", "leased"):
@@ -88,6 +95,10 @@ class Metrics:
             counts = snapshot.get(name) or {}
             for status in statuses:
                 gauge.labels(status).set(int(counts.get(status, 0)))
+        # Only the kinds that wait now: a kind a worker came for drops out of the scrape.
+        self.ready_without_worker.clear()
+        for kind, n in (snapshot.get("ready_without_worker") or {}).items():
+            self.ready_without_worker.labels(kind).set(int(n))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

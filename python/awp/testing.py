@@ -88,10 +88,12 @@ def libpq_env(dsn: str) -> dict[str, str]:
 
 
 def run_pg_prove(test_dir: Path, extra_args: list[str] | None = None) -> int:
-    """Run pg_prove over ``test_dir`` against a fresh database migrated with pgTAP; return its exit code."""
-    if not test_dir.is_dir() or not any(test_dir.rglob("*.sql")):
-        log.warning("no pgTAP test files (*.sql) under %s: nothing to run", test_dir)
-        return 0
+    """Run pg_prove over ``test_dir`` (a directory, or one ``.sql`` file) against a fresh database migrated
+    with pgTAP; return its exit code (1 when there is no test file: a run that tests nothing is no pass)."""
+    is_file = test_dir.is_file() and test_dir.suffix == ".sql"
+    if not is_file and (not test_dir.is_dir() or not any(test_dir.rglob("*.sql"))):
+        log.error("no pgTAP test files (*.sql) under %s: nothing to run", test_dir)
+        return 1
     pg_prove = shutil.which("pg_prove")
     if not pg_prove:
         log.error("pg_prove not found: run `make setup` (apt-get install -y libtap-parser-sourcehandler-pgtap-perl)")

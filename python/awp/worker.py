@@ -9,12 +9,17 @@ local safety deadline = lease end - safety margin (capped at half the lease), pu
 
 Exit codes: 0 after a drain (SIGTERM/SIGINT), 2 for a rejected bootstrap token or bad configuration,
 3 when the session became invalid (``worker_session_invalid``), 130 on a second signal.
+
+``AWP_WORKER_ACK_LOG=PATH`` makes the worker append one JSON line per completion the gateway acknowledged
+(``{"dispatch_id", "run_id", "task_key", "attempt", "fencing_token", "kind", "applied"}``), written after the
+answer arrived: tests use it to prove that no acknowledged result is lost (e.g. across a database failover).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -38,6 +43,7 @@ EXIT_SESSION = 3
 EXIT_SIGNAL = 130
 
 SESSION_INVALID = "worker_session_invalid"
+MAX_BATCH = 64  # results per completions request (the gateway takes up to 256)
 
 
 class SessionInvalid(Exception):
@@ -64,6 +70,7 @@ class WorkerConfig:
     backoff_min_ms: int = 100
     backoff_max_ms: int = 5000
     piggyback: bool = True  # ask for the next lease with each completion (one round trip per task)
+    batch: bool = True  # with concurrency > 1: send the results that are ready together (one request for many)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -158,6 +165,14 @@ class Worker:
         self._heartbeat_failures = 0
         self._stopped_by_drain = False
         self._claim_task: asyncio.Task[None] | None = None
+        self._ack_log = os.environ.get("AWP_WORKER_ACK_LOG") or None  # see the module docstring
+        # Results waiting for the completer (batching): (execution, result, future of the leases for its slot).
+        self._results: list[tuple[Execution, dict[str, Any], asyncio.Future[list[dict[str, Any]]]]] = []
+        self._results_ready = asyncio.Event()
+
+    @property
+    def batching(self) -> bool:
+        return self.config.batch and self.config.concurrency > 1
 
     # ---- entry point -------------------------------------------------------------------------------------
 
@@ -191,6 +206,7 @@ class Worker:
             return EXIT_OK
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
         self._claim_task = asyncio.create_task(self._claim_loop(), name="claim")
+        completer = asyncio.create_task(self._completer_loop(), name="completer")
         stop_wait = asyncio.create_task(self.stopping.wait())
         fatal_wait = asyncio.create_task(self.fatal_event.wait())
         try:
@@ -201,7 +217,8 @@ class Worker:
             for t in (stop_wait, fatal_wait, heartbeat, self._claim_task):
                 t.cancel()
             await self._cancel_all("worker is exiting")
-            for t in (heartbeat, self._claim_task):
+            completer.cancel()
+            for t in (heartbeat, self._claim_task, completer):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
         if self.fatal is not None:
@@ -346,7 +363,13 @@ class Worker:
         try:
             result = await self._run_executor(ex)
             if result is not None and ex.abort_reason is None:
-                leases = await self._complete(ex, result)
+                if self.batching:
+                    done: asyncio.Future[list[dict[str, Any]]] = asyncio.get_running_loop().create_future()
+                    self._results.append((ex, result, done))
+                    self._results_ready.set()
+                    leases = await done  # the slot stays taken until the result is acknowledged or dropped
+                else:
+                    leases = await self._complete(ex, result)
         except SessionInvalid as e:
             self._set_fatal(e)
         except Exception as e:
@@ -376,6 +399,8 @@ class Worker:
             workflow_id=str(lease.get("workflow_id", "")),
             action=str(lease.get("action", "")),
             deadline=ex.attempt_deadline - ex.margin_s,
+            run_input=lease.get("run_input") or {},
+            upstream=lease.get("upstream") or {},
             _deadline_fn=lambda: ex.deadline,
         )
         work = asyncio.create_task(executor.execute(ctx.action, lease.get("input"), ctx))
@@ -423,7 +448,11 @@ class Worker:
                 return []
             try:
                 applied, leases = await self.client.complete(
-                    self.worker_id, self.session_token, ex.dispatch_id, ex.lease_token, result,
+                    self.worker_id,
+                    self.session_token,
+                    ex.dispatch_id,
+                    ex.lease_token,
+                    result,
                     claim_slots=claim_slots if claim_slots else None,
                 )
             except TransportError as e:
@@ -447,6 +476,7 @@ class Worker:
                     result["kind"],
                     "" if applied else " (not applied)",
                 )
+                self._record_ack(ex, result, applied)
                 return leases
             claim_slots = 0
             # The server's lease ends at most one margin after our local deadline: past that, a retry can only
@@ -457,6 +487,122 @@ class Worker:
             delay = backoff.next_delay()
             log.warning("lease %s: complete failed (%s); retrying in %.2fs", ex.describe(), reason, delay)
             await asyncio.sleep(delay)
+
+    # ---- batched completions -----------------------------------------------------------------------------
+
+    async def _completer_loop(self) -> None:
+        """Send the results that are ready, many per request (POST .../completions): while one request is in
+        flight the next results gather, so a busy worker needs about one request per batch instead of one per
+        task, and an idle one sends each result at once (no added delay)."""
+        try:
+            while True:
+                await self._results_ready.wait()
+                self._results_ready.clear()
+                while self._results:
+                    batch, self._results = self._results[:MAX_BATCH], self._results[MAX_BATCH:]
+                    await self._complete_batch(batch)
+        except SessionInvalid as e:
+            self._set_fatal(e)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug: exit loudly rather than hold every slot forever
+            log.exception("completer failed")
+            self._set_fatal(e)
+        finally:
+            for _, _, done in self._results:
+                if not done.done():
+                    done.set_result([])
+
+    async def _complete_batch(
+        self, batch: list[tuple[Execution, dict[str, Any], asyncio.Future[list[dict[str, Any]]]]]
+    ) -> None:
+        """Report a batch of results; like :meth:`_complete`, retried until answered for good, the first try
+        asking for one new lease per freed slot, retries for none. Each result's future gets its slot's leases."""
+        backoff = Backoff(100, 2000)
+        claim_slots = 0 if self.stopping.is_set() or not self.config.piggyback else len(batch)
+        pending = list(batch)
+        try:
+            while pending:
+                for item in [i for i in pending if i[0].abort_reason is not None]:
+                    log.warning(
+                        "lease %s: %s while completing; dropping the result", item[0].describe(), item[0].abort_reason
+                    )
+                    pending.remove(item)
+                    item[2].set_result([])
+                if not pending:
+                    return
+                items = [
+                    {"dispatch_id": ex.dispatch_id, "lease_token": ex.lease_token, "result": r} for ex, r, _ in pending
+                ]
+                try:
+                    answers, leases = await self.client.complete_many(
+                        self.worker_id, self.session_token, items, claim_slots
+                    )
+                except (TransportError, ApiError) as e:
+                    if isinstance(e, ApiError) and e.code == SESSION_INVALID:
+                        raise SessionInvalid(e.message) from e
+                    if isinstance(e, ApiError) and not e.retryable:
+                        for ex, _, done in pending:
+                            log.error("lease %s: completions refused (%s); dropped", ex.describe(), e)
+                            done.set_result([])
+                        return
+                    claim_slots = 0
+                    now = time.monotonic()
+                    for item in [i for i in pending if now > i[0].deadline + i[0].margin_s + 1.0]:
+                        log.warning(
+                            "lease %s: complete failed (%s) and the lease has expired; dropped", item[0].describe(), e
+                        )
+                        pending.remove(item)
+                        item[2].set_result([])
+                    delay = backoff.next_delay()
+                    log.warning("%d result(s): complete failed (%s); retrying in %.2fs", len(pending), e, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                by_id = {a.get("dispatch_id"): a for a in answers}
+                for ex, result, done in pending:
+                    answer = by_id.get(ex.dispatch_id) or {}
+                    error = answer.get("error")
+                    if error is None:
+                        log.info("completed %s: %s", ex.describe(), result["kind"])
+                        self._record_ack(ex, result, True)
+                    else:
+                        log.warning(
+                            "lease %s: complete answered %s (%s); dropped",
+                            ex.describe(),
+                            error.get("code"),
+                            error.get("message"),
+                        )
+                    done.set_result([leases.pop(0)] if leases else [])
+                for (
+                    lease
+                ) in leases:  # more leases than results cannot happen (claim_slots <= results); never strand one
+                    self._start(lease, time.monotonic())
+                return
+        finally:
+            for _, _, done in batch:
+                if not done.done():
+                    done.set_result([])
+
+    def _record_ack(self, ex: Execution, result: dict[str, Any], applied: bool) -> None:
+        """Append an acknowledged completion to ``AWP_WORKER_ACK_LOG`` (when set)."""
+        if self._ack_log is None:
+            return
+        line = json.dumps(
+            {
+                "dispatch_id": ex.dispatch_id,
+                "run_id": ex.run_id,
+                "task_key": ex.task_key,
+                "attempt": ex.attempt,
+                "fencing_token": ex.lease.get("fencing_token"),
+                "kind": result.get("kind"),
+                "applied": applied,
+            }
+        )
+        try:
+            with open(self._ack_log, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as e:  # a test aid: never let it break a worker
+            log.warning("cannot append to AWP_WORKER_ACK_LOG %s: %s", self._ack_log, e)
 
     # ---- heartbeat loop ----------------------------------------------------------------------------------
 

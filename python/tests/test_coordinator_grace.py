@@ -13,8 +13,9 @@ def _worker_after_passes(dsn: str, serving: bool) -> str:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT awp.configure(heartbeat_interval_ms => 50, lease_duration_ms => 500)")
         worker_id = c.execute("SELECT worker_id FROM awp.register_worker('quiet', ARRAY['mock'], 1)").fetchone()[0]
-        c.execute("UPDATE awp.workers SET last_heartbeat_at = now() - interval '1 hour' WHERE worker_id = %s",
-                  [worker_id])
+        c.execute(
+            "UPDATE awp.workers SET last_heartbeat_at = now() - interval '1 hour' WHERE worker_id = %s", [worker_id]
+        )
 
         async def passes() -> None:
             coordinator = Coordinator(dsn, interval_s=0.05, serving=lambda: serving)

@@ -28,6 +28,11 @@ def test_demo_runs_to_the_end_with_a_takeover(db_dsn: str) -> None:
     assert "flaky task transform-05: succeeded after 2 attempts" in out
     assert "30 tasks: succeeded 30" in out
     assert "gateway exited with 0" in out
+    # Data flow: the fan-in tasks received the run's input and their dependencies' outputs.
+    assert 'validate-a (mock, echo) received run_input {"batch": "demo-1"' in out
+    assert "the outputs of transform-01, transform-02, transform-03, transform-04" in out
+    assert "summarize (python) read ctx.run_input batch='demo-1' and ctx.upstream from validate-a, validate-b" in out
+    assert 'run output (the tasks no other task depends on): {"report": {"report": "ok"}}' in out
     with psycopg.connect(db_dsn) as conn:
         workers = dict(conn.execute("SELECT status, count(*) FROM awp.list_workers() GROUP BY status").fetchall())
         settings = conn.execute("SELECT awp.get_settings()").fetchone()[0]

@@ -57,16 +57,26 @@ def test_a_dispatch_leased_in_its_own_transaction_wakes_nobody(db_dsn):
         ).fetchone()
         c.execute(
             "SELECT awp.create_workflow_version(%s)",
-            [json.dumps({"id": "chain", "tasks": [{"key": "a", "executor": "mock"},
-                                                  {"key": "b", "executor": "mock", "depends_on": ["a"]}]})],
+            [
+                json.dumps(
+                    {
+                        "id": "chain",
+                        "tasks": [
+                            {"key": "a", "executor": "mock"},
+                            {"key": "b", "executor": "mock", "depends_on": ["a"]},
+                        ],
+                    }
+                )
+            ],
         )
         c.execute("SELECT awp.start_run('chain')")
         c.execute("SELECT awp.coordinator_tick()")
         dispatch_id, lease_token = c.execute(
-            "SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 1)", worker).fetchone()
+            "SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 1)", worker
+        ).fetchone()
         listen.execute("LISTEN awp_dispatch")
         leases = c.execute(
-            "SELECT task_key FROM awp.complete_and_claim(%s, %s, %s, %s, '{\"kind\": \"success\"}', 1)",
+            'SELECT task_key FROM awp.complete_and_claim(%s, %s, %s, %s, \'{"kind": "success"}\', 1)',
             [*worker, dispatch_id, lease_token],
         ).fetchall()
         payloads = [n.payload for n in listen.notifies(timeout=0.5)]

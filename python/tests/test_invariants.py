@@ -72,7 +72,7 @@ PLANTED = {
     " WHERE run_id = %(run)s AND task_key = 'b'",
     "events_contiguous": "DELETE FROM awp.events WHERE run_id = %(run)s AND sequence = 3",
     "unfinished_count": "UPDATE awp.runs SET unfinished_tasks = 1 WHERE run_id = %(run)s",
-    "events_match_status": "UPDATE awp.runs SET status = 'failed' WHERE run_id = %(run)s",
+    "events_match_status": "UPDATE awp.runs SET status = 'failed', output = NULL WHERE run_id = %(run)s",
     "illegal_transition": "UPDATE awp.events SET from_status = 'succeeded' WHERE run_id = %(run)s"
     " AND entity_type = 'run' AND to_status = 'succeeded'",
     "run_concurrency": "UPDATE awp.runs SET concurrency = 1 WHERE run_id = %(run)s;"
@@ -103,7 +103,7 @@ def test_awp_check_exits_non_zero_on_a_violation(db, db_dsn, finished_run):
     ok = subprocess.run([AWP, "check", finished_run["run_id"]], capture_output=True, text=True, env=env, check=False)
     assert ok.returncode == 0, ok.stderr
     assert "0 violation(s)" in ok.stdout
-    db.execute("UPDATE awp.runs SET status = 'failed' WHERE run_id = %s", [finished_run["run_id"]])
+    db.execute("UPDATE awp.runs SET status = 'failed', output = NULL WHERE run_id = %s", [finished_run["run_id"]])
     try:
         bad = subprocess.run([AWP, "check"], capture_output=True, text=True, env=env, check=False)
         assert bad.returncode == 1

@@ -1,0 +1,298 @@
+// AWP dashboard: the only script, no library, no build step. Progressive enhancement of server-rendered pages:
+// live tables (runs, workers), the live run page (DAG statuses, summary, events), the task panel.
+(() => {
+  "use strict";
+  const $ = (selector, root = document) => root.querySelector(selector);
+  const TERMINAL = ["succeeded", "failed", "canceled"];
+
+  function signedOut() {
+    location.assign("/ui/?next=" + encodeURIComponent(location.pathname + location.search));
+  }
+
+  function setLiveState(text, on) {
+    const el = $("#live-state");
+    if (!el) return;
+    el.textContent = text;
+    el.classList.toggle("on", !!on);
+  }
+
+  // Replace the content of `el`, keeping the keyboard focus on the "same" element (by id, href or name).
+  function swap(el, html) {
+    const active = document.activeElement;
+    let selector = null;
+    if (active && el.contains(active)) {
+      if (active.id) selector = "#" + CSS.escape(active.id);
+      else if (active.getAttribute("href")) selector = `[href="${CSS.escape(active.getAttribute("href"))}"]`;
+      else if (active.name) selector = `[name="${CSS.escape(active.name)}"]`;
+    }
+    el.innerHTML = html;
+    if (selector) {
+      const again = el.querySelector(selector);
+      if (again) again.focus({ preventScroll: true });
+    }
+  }
+
+  // ---- live tables: re-fetch ?fragment=1 (ETag) every few seconds ---------------------------------------
+  const live = $("#live[data-live]");
+  if (live) {
+    const period = Number(live.dataset.live) || 2000;
+    let etag = null;
+    const refresh = async () => {
+      if (!document.hidden) {
+        try {
+          const url = new URL(location.href);
+          url.searchParams.set("fragment", "1");
+          const response = await fetch(url, {
+            headers: etag ? { "If-None-Match": etag } : {},
+            cache: "no-store",
+            credentials: "same-origin",
+          });
+          if (response.status === 401) return signedOut();
+          if (response.status === 200) {
+            etag = response.headers.get("ETag");
+            swap(live, await response.text());
+          }
+        } catch (err) {
+          // the gateway is unreachable for now: try again next period
+        }
+      }
+      setTimeout(refresh, period);
+    };
+    setTimeout(refresh, period);
+  }
+
+  // ---- the run page -------------------------------------------------------------------------------------
+  const stateEl = $("#run-state");
+  if (stateEl) runPage(JSON.parse(stateEl.textContent));
+
+  function runPage(st) {
+    const runPath = "/ui/runs/" + encodeURIComponent(st.run_id);
+    const nodes = new Map();
+    document.querySelectorAll("#dag [data-task-key]").forEach((n) => nodes.set(n.dataset.taskKey, n));
+    const panel = $("#task-panel");
+    const events = $("#events");
+    let revision = st.revision;
+    let after = st.after;
+    let openKey = new URL(location.href).searchParams.get("task");
+    let opener = null;
+
+    // overview of a large run: each task's box and last known status, and the counts of each box
+    const bandOf = new Map();
+    const known = new Map();
+    const bandCounts = [];
+    const bands = [];
+    if (st.bands) {
+      st.bands.forEach((keys, i) => {
+        const codes = st.band_status[i];
+        const counts = {};
+        keys.forEach((k, j) => {
+          const status = st.statuses[parseInt(codes[j], 36)] || "unknown";
+          bandOf.set(k, i);
+          known.set(k, status);
+          counts[status] = (counts[status] || 0) + 1;
+        });
+        bandCounts[i] = counts;
+      });
+      document.querySelectorAll("#overview [data-band]").forEach((box) => (bands[Number(box.dataset.band)] = box));
+    }
+
+    function setNodeStatus(node, status) {
+      node.dataset.status = status;
+      const key = node.dataset.taskKey;
+      const words = status.replace(/_/g, " ");
+      node.setAttribute("aria-label", `${key}: ${words}`);
+      const glyph = node.querySelector(".glyph");
+      if (glyph) glyph.textContent = st.glyph[status] || "?";
+      const title = node.querySelector("title");
+      if (title) title.textContent = `${key} · ${words}`;
+    }
+
+    function redrawBand(i) {
+      const box = bands[i];
+      const counts = bandCounts[i];
+      if (!box) return;
+      const bar = box.querySelector(".band-bar");
+      const width = Number(bar.dataset.width);
+      let total = 0;
+      for (const n of Object.values(counts)) total += n;
+      let x = 0;
+      bar.querySelectorAll(".seg").forEach((seg) => {
+        const n = counts[seg.dataset.status] || 0;
+        const w = total ? (width * n) / total : 0;
+        seg.setAttribute("x", String(Number(seg.dataset.x0) + x));
+        seg.setAttribute("width", String(w));
+        seg.dataset.n = String(n);
+        x += w;
+      });
+      const done = ["succeeded", "failed", "canceled", "skipped"].reduce((a, s) => a + (counts[s] || 0), 0);
+      const text = box.querySelector(".band-count");
+      text.textContent = `${done}/${text.dataset.total} done`;
+    }
+
+    function eventRow(e) {
+      const tr = document.createElement("tr");
+      tr.dataset.sequence = e.sequence;
+      tr.className = "new";
+      const cell = (text, cls) => {
+        const td = document.createElement("td");
+        if (cls) td.className = cls;
+        if (text !== null) td.textContent = text;
+        tr.appendChild(td);
+        return td;
+      };
+      cell(String(e.sequence), "num");
+      const time = document.createElement("time");
+      time.dateTime = e.at;
+      time.title = e.at;
+      time.textContent = e.time;
+      cell(null).appendChild(time);
+      const entity = cell(null);
+      const type = document.createElement("span");
+      type.className = "muted";
+      type.textContent = e.entity_type + " ";
+      const key = document.createElement("span");
+      key.className = "mono";
+      key.textContent = e.entity_key;
+      entity.append(type, key);
+      const change = cell(`${e.from_status || "created"} → `);
+      const to = document.createElement("b");
+      to.textContent = e.to_status;
+      change.appendChild(to);
+      cell(e.reason);
+      return tr;
+    }
+
+    function apply(list) {
+      const dirty = new Set();
+      let panelStale = false;
+      for (const e of list) {
+        if (e.entity_type === "task") {
+          const node = nodes.get(e.entity_key);
+          if (node) setNodeStatus(node, e.to_status);
+          const b = bandOf.get(e.entity_key);
+          const was = known.get(e.entity_key);
+          if (b !== undefined && was !== e.to_status) {
+            // from the last known status, not the event's from_status: a change the page already shows
+            // (made between the page's reads) is then not counted twice
+            const c = bandCounts[b];
+            c[was] = Math.max(0, (c[was] || 0) - 1);
+            c[e.to_status] = (c[e.to_status] || 0) + 1;
+            known.set(e.entity_key, e.to_status);
+            dirty.add(b);
+          }
+        }
+        if (openKey && (e.entity_key === openKey || e.entity_key.startsWith(openKey + "#"))) panelStale = true;
+      }
+      dirty.forEach(redrawBand);
+      const tail = list.slice(-st.timeline);
+      const rows = document.createDocumentFragment();
+      for (let i = tail.length - 1; i >= 0; i--) rows.appendChild(eventRow(tail[i]));
+      events.insertBefore(rows, events.firstChild);
+      while (events.rows.length > st.timeline) events.deleteRow(-1);
+      if (panelStale) loadTask(openKey, false);
+    }
+
+    async function poll() {
+      let delay = 500;
+      if (document.hidden) {
+        delay = 2000;
+      } else {
+        try {
+          const url = `${runPath}/changes?revision=${revision}&after=${after}`;
+          const response = await fetch(url, { cache: "no-store", credentials: "same-origin" });
+          if (response.status === 401) return signedOut();
+          if (!response.ok) {
+            setLiveState(`updates failed (HTTP ${response.status}); retrying`, false);
+            delay = 3000;
+          } else {
+            const c = await response.json();
+            if (!c.unchanged) {
+              apply(c.events);
+              after = c.after;
+              if (c.summary !== undefined) swap($("#summary"), c.summary);
+              if (c.more) delay = 0;
+              else revision = c.revision;
+            }
+            const done = TERMINAL.includes(c.status);
+            setLiveState(done ? `${c.status} · revision ${c.revision}` : "live", !done);
+            if (done && c.unchanged) delay = 5000;
+          }
+        } catch (err) {
+          setLiveState("connection lost; retrying", false);
+          delay = 3000;
+        }
+      }
+      setTimeout(poll, delay);
+    }
+    setLiveState("live", true);
+    setTimeout(poll, 300);
+
+    // ---- the task panel ---------------------------------------------------------------------------------
+    function selectNode(key) {
+      nodes.forEach((n, k) => n.classList.toggle("selected", k === key));
+    }
+
+    function setTaskParam(key) {
+      const url = new URL(location.href);
+      if (key) url.searchParams.set("task", key);
+      else url.searchParams.delete("task");
+      history.replaceState(null, "", url);
+    }
+
+    async function loadTask(key, focus) {
+      try {
+        const response = await fetch(`${runPath}/tasks/${encodeURIComponent(key)}`, {
+          cache: "no-store",
+          credentials: "same-origin",
+        });
+        if (response.status === 401) return signedOut();
+        if (!response.ok || key !== openKey) return;
+        panel.innerHTML = await response.text();
+        panel.hidden = false;
+        if (focus) {
+          const heading = $("#task-h", panel);
+          if (heading) heading.focus();
+        }
+      } catch (err) {
+        // keep what is shown; the next change retries
+      }
+    }
+
+    function openTask(key, from) {
+      openKey = key;
+      opener = from || nodes.get(key) || null;
+      selectNode(key);
+      setTaskParam(key);
+      loadTask(key, true);
+    }
+
+    function closeTask() {
+      openKey = null;
+      panel.hidden = true;
+      selectNode(null);
+      setTaskParam(null);
+      if (opener && document.contains(opener)) opener.focus();
+      opener = null;
+    }
+
+    if (openKey) selectNode(openKey);
+
+    document.addEventListener("click", (event) => {
+      if (event.defaultPrevented || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) return;
+      const target = event.target.closest ? event.target.closest("[data-task-key], [data-task-link], [data-close]") : null;
+      if (!target) return;
+      event.preventDefault();
+      if (target.hasAttribute("data-close")) closeTask();
+      else openTask(target.dataset.taskKey || target.dataset.taskLink, nodes.get(target.dataset.taskKey) || target);
+    });
+
+    document.addEventListener("keydown", (event) => {
+      if (event.key === "Escape" && openKey) closeTask();
+      // Space activates a task like Enter does (SVG links only answer Enter by themselves)
+      if (event.key === " " && event.target.dataset && event.target.dataset.taskKey) {
+        event.preventDefault();
+        openTask(event.target.dataset.taskKey, event.target);
+      }
+    });
+  }
+})();

@@ -1,0 +1,675 @@
+"""Routes of the dashboard, its session cookie and its CSRF token.
+
+Sign-in: ``POST /ui/login`` with the viewer or the operator token (never a worker token) sets a session cookie
+``awp_ui`` = ``role.expires.nonce.signature``: an HMAC-SHA256 under a key derived from that role's token, so
+every gateway replica accepts it without shared state, and changing a token signs its sessions out. The cookie
+is HttpOnly, SameSite=Strict, Secure when the request came over TLS (directly or ``X-Forwarded-Proto: https``),
+and limited to ``/ui``. Every form that changes something (cancel, sign-out) carries a CSRF token derived from
+the session (HMAC of its nonce); a POST without it, or from another origin (``Origin``, ``Sec-Fetch-Site``), is
+403, and a viewer's cancel is 403 whatever it carries.
+
+Live updates: the run page polls ``/ui/runs/{id}/changes?revision=R&after=S`` about twice a second; the answer
+is tiny while the run's ``revision`` is unchanged and otherwise carries the new events (sequence > S, from
+``awp.run_events``), which the page applies to the DAG in place, and the re-rendered summary. The runs and
+workers pages re-fetch their table (``?fragment=1``, with an ETag) every two seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import hmac
+import json
+import logging
+import mimetypes
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+import jinja2
+import psycopg
+import psycopg_pool
+from aiohttp import web
+from markupsafe import Markup
+
+from awp.errors import ApiError, from_database_error
+from awp.gateway import CONFIG, DB, GatewayConfig, Role, dumps, role_of
+from awp.ui import dag
+
+log = logging.getLogger(__name__)
+
+COOKIE = "awp_ui"
+SESSION_TTL_S = 12 * 3600
+RUNS_PAGE = 25
+TIMELINE = 100  # events shown on the run page
+CHANGES_LIMIT = 1000  # events per /changes answer
+PREVIEW_CHARS = 2000
+
+RUN_STATUSES = ("pending", "running", "succeeded", "failed", "canceled")
+LIVE_RUN = ("pending", "running")
+TASK_STATUSES = (
+    "succeeded",
+    "running",
+    "queued",
+    "ready",
+    "waiting_retry",
+    "waiting_dependencies",
+    "failed",
+    "canceled",
+    "skipped",
+)
+GLYPH = {
+    "waiting_dependencies": "…",
+    "ready": "○",
+    "queued": "◔",
+    "running": "▶",
+    "waiting_retry": "↻",
+    "succeeded": "✓",
+    "failed": "✗",
+    "canceled": "⊘",
+    "skipped": "\u2013",  # en dash
+}
+WORKER_ORDER = {"active": 0, "draining": 1, "offline": 2, "stopped": 3}
+
+# Scripts and styles from the gateway only, no inline script. 'unsafe-eval' is allowed because browser automation
+# (Playwright's wait_for_function, used by tests and by people scripting the dashboard) evaluates strings in the
+# page; the dashboard's own script never does, and with no inline or foreign script nothing else could.
+CSP = (
+    "default-src 'none'; script-src 'self' 'unsafe-eval'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+TEMPLATES = web.AppKey("ui_templates", jinja2.Environment)
+STATIC = web.AppKey("ui_static", dict)
+
+
+# -- session and CSRF ----------------------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _role_key(config: GatewayConfig, role: Role) -> bytes:
+    token = config.operator_token if role is Role.OPERATOR else config.viewer_token
+    return hmac.new(token.encode(), b"awp-ui-session-v1", hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class Session:
+    role: Role
+    nonce: str
+    expires: int
+    csrf: str
+
+    @property
+    def operator(self) -> bool:
+        return self.role is Role.OPERATOR
+
+
+def _csrf(key: bytes, nonce: str) -> str:
+    return _b64(hmac.new(key, b"csrf." + nonce.encode(), hashlib.sha256).digest())
+
+
+def new_session(config: GatewayConfig, role: Role, now: float | None = None) -> str:
+    """The cookie value of a new session for ``role`` (viewer or operator)."""
+    expires = int((now or time.time()) + SESSION_TTL_S)
+    payload = f"{role.value}.{expires}.{secrets.token_urlsafe(18)}"
+    signature = _b64(hmac.new(_role_key(config, role), payload.encode(), hashlib.sha256).digest())
+    return f"{payload}.{signature}"
+
+
+def read_session(config: GatewayConfig, value: str | None, now: float | None = None) -> Session | None:
+    """The session of a cookie value, or None when it is missing, forged, expired or of another role."""
+    if not value or len(value) > 512:
+        return None
+    parts = value.split(".")
+    if len(parts) != 4:
+        return None
+    role_name, expires, nonce, signature = parts
+    if role_name not in (Role.VIEWER.value, Role.OPERATOR.value) or not expires.isdigit():
+        return None
+    role = Role(role_name)
+    key = _role_key(config, role)
+    expected = _b64(hmac.new(key, f"{role_name}.{expires}.{nonce}".encode(), hashlib.sha256).digest())
+    if not hmac.compare_digest(expected.encode(), signature.encode()) or int(expires) < (now or time.time()):
+        return None
+    return Session(role, nonce, int(expires), _csrf(key, nonce))
+
+
+def is_tls(request: web.Request) -> bool:
+    return request.secure or request.headers.get("X-Forwarded-Proto", "").lower() == "https"
+
+
+def cross_site(request: web.Request) -> bool:
+    """Whether a POST comes from another site (the browser says so in Sec-Fetch-Site or Origin)."""
+    if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        return True
+    origin = request.headers.get("Origin")
+    return origin is not None and urlsplit(origin).netloc != request.host
+
+
+def safe_next(value: str | None) -> str:
+    """Where to go after signing in: a path under /ui/ only (never another host)."""
+    if value and value.startswith("/ui/") and not value.startswith("//") and "\\" not in value:
+        return value
+    return "/ui/runs"
+
+
+# -- formatting ----------------------------------------------------------------------------------------
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value.astimezone(dt.UTC) if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def fmt_ts(value: dt.datetime | None, with_date: bool = True, ms: bool = False) -> Markup:
+    if value is None:
+        return Markup("<span class=muted>—</span>")
+    v = _utc(value)
+    text = v.strftime("%Y-%m-%d %H:%M:%S" if with_date else "%H:%M:%S")
+    if ms:
+        text += f".{v.microsecond // 1000:03d}"
+    iso = v.isoformat(timespec="milliseconds")
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(iso, text)
+
+
+def fmt_seconds(seconds: float) -> str:
+    if seconds < 0:
+        seconds = 0
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60} m {s % 60:02d} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} m"
+    return f"{s // 86400} d {s % 86400 // 3600:02d} h"
+
+
+def fmt_duration(start: dt.datetime | None, end: dt.datetime | None, now: dt.datetime) -> str:
+    if start is None:
+        return "—"
+    return fmt_seconds(((end or now) - start).total_seconds())
+
+
+def fmt_age(value: dt.datetime | None, now: dt.datetime) -> str:
+    if value is None:
+        return "never"
+    return fmt_seconds((now - value).total_seconds()) + " ago"
+
+
+def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=False)
+    return text if len(text) <= limit else text[:limit] + f"\n… ({len(text) - limit} more characters)"
+
+
+def progress(counts: dict[str, int], width: int = 160) -> dict[str, Any]:
+    """Segments of a stacked bar of tasks by status, and the totals."""
+    total = sum(counts.values())
+    segments = []
+    x = 0.0
+    for status in TASK_STATUSES:
+        n = counts.get(status, 0)
+        w = width * n / total if total else 0
+        segments.append({"status": status, "n": n, "x": round(x, 2), "w": round(w, 2)})
+        x += w
+    done = sum(counts.get(s, 0) for s in ("succeeded", "failed", "canceled", "skipped"))
+    return {"total": total, "done": done, "segments": segments, "width": width}
+
+
+def task_url(run_id: str, key: str) -> str:
+    return f"/ui/runs/{quote(run_id, safe='')}/tasks/{quote(key, safe='')}"
+
+
+def json_island(value: Any) -> Markup:
+    """JSON for a <script type=application/json> block (no "</" can end it early)."""
+    return Markup(dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+
+
+# -- rendering -----------------------------------------------------------------------------------------
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("awp.ui", "templates"),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.globals.update(
+        ts=fmt_ts,
+        duration=fmt_duration,
+        age=fmt_age,
+        preview=preview,
+        progress=progress,
+        task_url=task_url,
+        quote=lambda s: quote(str(s), safe=""),
+        glyph=GLYPH,
+        task_statuses=TASK_STATUSES,
+        run_statuses=RUN_STATUSES,
+        json_island=json_island,
+        live_run=LIVE_RUN,
+    )
+    return env
+
+
+def _load_static() -> dict[str, tuple[bytes, str, str]]:
+    files: dict[str, tuple[bytes, str, str]] = {}
+    for entry in resources.files("awp.ui").joinpath("static").iterdir():
+        if entry.is_file():
+            body = entry.read_bytes()
+            ctype = mimetypes.guess_type(entry.name)[0] or "application/octet-stream"
+            if entry.name.endswith(".js"):
+                ctype = "text/javascript"
+            files[entry.name] = (body, ctype, hashlib.sha256(body).hexdigest()[:12])
+    return files
+
+
+def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+    env = request.app[TEMPLATES]
+    static = request.app[STATIC]
+
+    def static_url(name: str) -> str:
+        return f"/ui/static/{name}?v={static[name][2]}"
+
+    html = env.get_template(template).render(static_url=static_url, **context)
+    return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
+
+
+def _secure_headers(response: web.StreamResponse) -> None:
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "same-origin")
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("Cache-Control", "no-store")
+
+
+def redirect(location: str) -> web.Response:
+    return web.Response(status=303, headers={"Location": location})
+
+
+# -- route registration --------------------------------------------------------------------------------
+
+UiHandler = Callable[[web.Request, Session | None], Awaitable[web.StreamResponse]]
+UI_ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = []
+
+
+def ui_route(method: str, path: str, kind: str = "page") -> Callable[[UiHandler], UiHandler]:
+    """``kind``: ``page`` (HTML; signed out: redirect to the sign-in form), ``part`` (HTML or JSON fetched by
+    the page's script; signed out: 401) or ``public`` (no session needed)."""
+
+    def register(handler: UiHandler) -> UiHandler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            session = read_session(request.app[CONFIG], request.cookies.get(COOKIE))
+            try:
+                if session is None and kind != "public":
+                    if kind == "page" and method == "GET":
+                        response: web.StreamResponse = redirect("/ui/?" + urlencode({"next": request.path_qs}))
+                    else:
+                        raise ApiError.of(401, "sign in first: the session is missing or has expired")
+                else:
+                    response = await handler(request, session)
+            except (ApiError, psycopg.Error, psycopg_pool.PoolTimeout) as e:
+                if kind == "part":
+                    raise  # the gateway's middleware answers JSON
+                error = e if isinstance(e, ApiError) else from_database_error(e)
+                if error is None:
+                    raise
+                if error.status == 503:
+                    request.app[DB].connection_lost()
+                response = render(request, "error.html", status=error.status, session=session, error=error, nav="")
+            _secure_headers(response)
+            return response
+
+        guarded.__name__ = "ui_" + handler.__name__
+        UI_ROUTES.append((method, path, guarded))
+        return handler
+
+    return register
+
+
+def setup_ui(app: web.Application) -> None:
+    """Add the dashboard's routes to the gateway's application."""
+    app[TEMPLATES] = _environment()
+    app[STATIC] = _load_static()
+    for method, path, handler in UI_ROUTES:
+        app.router.add_route(method, path, handler, name=handler.__name__)
+
+
+# -- sign-in -------------------------------------------------------------------------------------------
+
+
+SIGN_IN_ERRORS = {
+    "wrong": "Wrong token: sign in with the viewer or the operator token.",
+    "empty": "Enter a token.",
+}
+
+
+@ui_route("GET", "/ui", kind="public")
+async def root(request: web.Request, session: Session | None) -> web.StreamResponse:
+    return redirect("/ui/")
+
+
+@ui_route("GET", "/ui/", kind="public")
+async def sign_in_form(request: web.Request, session: Session | None) -> web.StreamResponse:
+    next_url = safe_next(request.query.get("next"))
+    if session is not None:
+        return redirect(next_url)
+    message = SIGN_IN_ERRORS.get(request.query.get("error", ""))
+    return render(request, "login.html", session=None, next_url=next_url, message=message, nav="")
+
+
+@ui_route("POST", "/ui/login", kind="public")
+async def sign_in(request: web.Request, session: Session | None) -> web.StreamResponse:
+    if cross_site(request):
+        raise ApiError.of(403, "a sign-in from another site is refused")
+    form = await request.post()
+    token = str(form.get("token", "")).strip()
+    next_url = safe_next(str(form.get("next", "")))
+    config = request.app[CONFIG]
+    role = role_of(config, token) if token else None
+    if role not in (Role.VIEWER, Role.OPERATOR):
+        # Back to the form with the message (post/redirect/get: a reload does not post the token again, and
+        # the browser logs no failed load). Worker tokens (bootstrap or session) are wrong tokens here.
+        return redirect("/ui/?" + urlencode({"error": "wrong" if token else "empty", "next": next_url}))
+    assert role is not None
+    response = redirect(next_url)
+    response.set_cookie(
+        COOKIE,
+        new_session(config, role),
+        max_age=SESSION_TTL_S,
+        path="/ui",
+        httponly=True,
+        samesite="Strict",
+        secure=is_tls(request),
+    )
+    return response
+
+
+async def _check_csrf(request: web.Request, session: Session) -> web.MultiDictProxy[Any]:
+    if cross_site(request):
+        raise ApiError.of(403, "a request from another site is refused")
+    form = await request.post()
+    token = str(form.get("csrf_token", ""))
+    if not hmac.compare_digest(token.encode(), session.csrf.encode()):
+        raise ApiError.of(403, "missing or wrong CSRF token: reload the page and try again")
+    return form
+
+
+@ui_route("POST", "/ui/logout")
+async def sign_out(request: web.Request, session: Session | None) -> web.StreamResponse:
+    assert session is not None
+    await _check_csrf(request, session)
+    response = redirect("/ui/")
+    response.del_cookie(COOKIE, path="/ui")
+    return response
+
+
+# -- static files --------------------------------------------------------------------------------------
+
+
+@ui_route("GET", "/ui/static/{name}", kind="public")
+async def static_file(request: web.Request, session: Session | None) -> web.StreamResponse:
+    entry = request.app[STATIC].get(request.match_info["name"])
+    if entry is None:
+        raise ApiError.of(404, "no such file")
+    body, ctype, etag = entry
+    headers = {"ETag": f'"{etag}"', "Cache-Control": "public, max-age=31536000, immutable"}
+    if "v" not in request.query:
+        headers["Cache-Control"] = "no-cache"
+    if request.headers.get("If-None-Match") == f'"{etag}"':
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=body, content_type=ctype, headers=headers)
+
+
+# -- runs ----------------------------------------------------------------------------------------------
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _query(request: web.Request, name: str, max_len: int = 256) -> str | None:
+    value = request.query.get(name, "").strip()
+    if not value:
+        return None
+    if len(value) > max_len or "\x00" in value:
+        raise ApiError.of(400, f"invalid {name}")
+    return value
+
+
+def _fragment_response(request: web.Request, response: web.Response) -> web.Response:
+    """A fragment with an ETag; 304 when the page already has it."""
+    assert response.body is not None
+    etag = '"' + hashlib.sha256(bytes(response.body)).hexdigest()[:16] + '"'
+    if request.headers.get("If-None-Match") == etag:
+        return web.Response(status=304, headers={"ETag": etag})
+    response.headers["ETag"] = etag
+    return response
+
+
+@ui_route("GET", "/ui/runs")
+async def runs_page(request: web.Request, session: Session | None) -> web.StreamResponse:
+    status = _query(request, "status")
+    if status is not None and status not in RUN_STATUSES:
+        raise ApiError.of(400, f"unknown run status {status!r}")
+    workflow = _query(request, "workflow")
+    after = _query(request, "after")
+    db = request.app[DB]
+    rows = await db.list_runs(workflow, status, after, RUNS_PAGE + 1)
+    more = len(rows) > RUNS_PAGE
+    rows = rows[:RUNS_PAGE]
+    filters = {k: v for k, v in (("status", status), ("workflow", workflow)) if v}
+    older = "/ui/runs?" + urlencode({**filters, "after": rows[-1]["run_id"]}) if more else None
+    newest = "/ui/runs?" + urlencode(filters) if after else None
+    context = {
+        "session": session,
+        "runs": rows,
+        "older": older,
+        "newest": newest,
+        "now": _now(),
+        "nav": "runs",
+    }
+    if request.query.get("fragment"):
+        return _fragment_response(request, render(request, "_runs_table.html", **context))
+    workflows = [w["workflow_id"] for w in await db.list_workflows()]
+    return render(request, "runs.html", status_filter=status, workflow_filter=workflow, workflows=workflows, **context)
+
+
+async def latest_events(db: Any, run_id: str, n: int) -> tuple[list[dict[str, Any]], int]:
+    """The last ``n`` events of a run (oldest first) and the last sequence, through ``awp.run_events`` only.
+
+    Sequences are contiguous from 1, so the last one is found with a galloping then binary search on
+    "is there an event after k" (one indexed row each): about 2·log2(events) tiny queries."""
+
+    async def after(k: int) -> bool:  # is the last sequence > k?
+        return bool(await db.run_events(run_id, k, 1))
+
+    if not await after(0):
+        return [], 0
+    hi = 1
+    while await after(hi):
+        hi *= 2
+    lo = hi // 2  # the last sequence is in (lo, hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if await after(mid):
+            lo = mid
+        else:
+            hi = mid
+    last = hi
+    rows = await db.run_events(run_id, max(0, last - n), n)
+    return rows, (rows[-1]["sequence"] if rows else last)
+
+
+@dataclass
+class RunView:
+    """What the run page draws: the DAG (all of it, or one page of it plus an overview)."""
+
+    drawing: dag.Drawing
+    overview: dag.Overview | None
+    page: int
+    pages: int
+    shown_from: int
+    shown_to: int
+    matching: int
+    total: int
+
+
+def run_view(rows: list[dict[str, Any]], page: int, status: str | None, page_size: int = dag.PAGE_SIZE) -> RunView:
+    layered = dag.layer(dag.tasks_from_rows(rows))
+    total = len(rows)
+    if total <= page_size and status is None:
+        return RunView(dag.draw(layered), None, 0, 1, 1 if total else 0, total, total, total)
+    keys = layered.order if status is None else [k for k in layered.order if layered.tasks[k].status == status]
+    cut = dag.pages(layered, page_size, keys)
+    page = min(max(page, 0), len(cut) - 1)
+    shown = cut[page]
+    start = page * page_size
+    over = dag.overview(layered, page_size) if total > page_size else None
+    return RunView(
+        dag.draw(layered, shown), over, page, len(cut), start + 1 if shown else 0, start + len(shown), len(keys), total
+    )
+
+
+async def _workers_by_id(db: Any) -> dict[str, dict[str, Any]]:
+    return {w["worker_id"]: w for w in await db.list_workers()}
+
+
+async def _task_context(db: Any, run_id: str, task_key: str) -> dict[str, Any]:
+    task = await db.get_task(run_id, task_key)
+    for attempt in task["attempt_history"]:  # jsonb: timestamps arrive as ISO strings
+        for name in ("started_at", "finished_at", "deadline"):
+            if isinstance(attempt.get(name), str):
+                attempt[name] = dt.datetime.fromisoformat(attempt[name])
+    return {"task": task, "workers": await _workers_by_id(db), "run_id": run_id, "now": _now()}
+
+
+@ui_route("GET", "/ui/runs/{run_id}")
+async def run_page(request: web.Request, session: Session | None) -> web.StreamResponse:
+    run_id = request.match_info["run_id"]
+    db = request.app[DB]
+    status = _query(request, "status")
+    if status is not None and status not in TASK_STATUSES:
+        raise ApiError.of(400, f"unknown task status {status!r}")
+    page_arg = request.query.get("page", "1")
+    page = int(page_arg) - 1 if page_arg.isdigit() and 0 < int(page_arg) < 10**6 else 0
+    # Events first, tasks second: the tasks then include every change up to the last event shown, and the page
+    # replays the changes after it (replaying one already included is harmless: statuses are set, not shifted).
+    run = await db.get_run(run_id)
+    events, last_sequence = await latest_events(db, run_id, TIMELINE)
+    rows = await db.run_tasks(run_id)
+    view = run_view(rows, page, status)
+    selected = _query(request, "task", 1024)
+    task_context = await _task_context(db, run_id, selected) if selected else None
+    base = {k: v for k, v in (("status", status),) if v}
+
+    def page_url(p: int) -> str:
+        return f"/ui/runs/{quote(run_id, safe='')}?" + urlencode({**base, "page": p + 1})
+
+    state = {
+        "run_id": run_id,
+        "revision": run["revision"],
+        "status": run["status"],
+        "after": last_sequence,
+        "timeline": TIMELINE,
+        "glyph": GLYPH,
+        "statuses": TASK_STATUSES,
+        "bands": view.overview.members if view.overview else None,
+        # per band, one character per task: its status, as an index into "statuses"
+        "band_status": view.overview.status_codes(TASK_STATUSES) if view.overview else None,
+    }
+    return render(
+        request,
+        "run.html",
+        session=session,
+        run=run,
+        view=view,
+        events=list(reversed(events)),
+        page_url=page_url,
+        task_status=status,
+        state=state,
+        task_ctx=task_context,
+        now=_now(),
+        nav="runs",
+    )
+
+
+def _event(e: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "sequence": e["sequence"],
+        "entity_type": e["entity_type"],
+        "entity_key": e["entity_key"],
+        "from_status": e["from_status"],
+        "to_status": e["to_status"],
+        "reason": e["reason"],
+        "time": _utc(e["occurred_at"]).strftime("%H:%M:%S.%f")[:-3],
+        "at": _utc(e["occurred_at"]).isoformat(timespec="milliseconds"),
+    }
+
+
+@ui_route("GET", "/ui/runs/{run_id}/changes", kind="part")
+async def run_changes(request: web.Request, session: Session | None) -> web.StreamResponse:
+    run_id = request.match_info["run_id"]
+    revision = request.query.get("revision", "")
+    after_arg = request.query.get("after", "0")
+    if not after_arg.isdigit() or len(after_arg) > 18:
+        raise ApiError.of(400, "after must be an event sequence number")
+    db = request.app[DB]
+    run = await db.get_run(run_id)
+    answer: dict[str, Any] = {"revision": run["revision"], "status": run["status"]}
+    if revision == str(run["revision"]):
+        answer["unchanged"] = True
+        return _json(answer)
+    rows = await db.run_events(run_id, int(after_arg), CHANGES_LIMIT + 1)
+    answer["more"] = len(rows) > CHANGES_LIMIT
+    rows = rows[:CHANGES_LIMIT]
+    answer["events"] = [_event(e) for e in rows]
+    answer["after"] = rows[-1]["sequence"] if rows else int(after_arg)
+    answer["summary"] = render(request, "_run_summary.html", session=session, run=run, now=_now()).text or ""
+    return _json(answer)
+
+
+def _json(value: Any) -> web.Response:
+    return web.Response(text=dumps(value), content_type="application/json", headers={"Cache-Control": "no-store"})
+
+
+@ui_route("GET", "/ui/runs/{run_id}/tasks/{task_key}", kind="part")
+async def task_part(request: web.Request, session: Session | None) -> web.StreamResponse:
+    run_id, task_key = request.match_info["run_id"], request.match_info["task_key"]
+    context = await _task_context(request.app[DB], run_id, task_key)
+    return render(request, "_task.html", **context)
+
+
+@ui_route("POST", "/ui/runs/{run_id}/cancel")
+async def cancel_run(request: web.Request, session: Session | None) -> web.StreamResponse:
+    assert session is not None
+    await _check_csrf(request, session)
+    if not session.operator:
+        raise ApiError.of(403, "only the operator may cancel a run; you signed in with the viewer token")
+    run_id = request.match_info["run_id"]
+    await request.app[DB].request_cancel(run_id)
+    return redirect(f"/ui/runs/{quote(run_id, safe='')}")
+
+
+# -- workers -------------------------------------------------------------------------------------------
+
+
+@ui_route("GET", "/ui/workers")
+async def workers_page(request: web.Request, session: Session | None) -> web.StreamResponse:
+    rows = await request.app[DB].list_workers()
+    rows.sort(key=lambda w: (WORKER_ORDER.get(w["status"], 9), -w["registered_at"].timestamp(), w["worker_id"]))
+    counts = {s: sum(1 for w in rows if w["status"] == s) for s in WORKER_ORDER}
+    context = {"session": session, "workers": rows, "counts": counts, "now": _now(), "nav": "workers"}
+    if request.query.get("fragment"):
+        return _fragment_response(request, render(request, "_workers_table.html", **context))
+    return render(request, "workers.html", **context)
