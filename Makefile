@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.awp-bench.stamp
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup pgtap chromium ha-deps test test-db test-py ha-test demo bench bench-quick chaos lint clean
+.PHONY: help setup pgtap chromium ha-deps test test-db test-py ha-test demo bench bench-quick chaos soak mutate lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -67,6 +67,12 @@ bench-quick: setup $(BENCH_STAMP)  ## a reduced benchmark (under 2 min), for a s
 
 chaos: setup  ## kill workers and the control plane while runs progress; check every run finishes correctly
 	AWP_CHAOS_SECONDS=$${AWP_CHAOS_SECONDS:-60} $(BIN)/pytest -s python/tests/test_chaos.py
+
+soak: setup  ## retention soak (4 min): many small runs, short retention; prints table sizes over time (docs/retention.md)
+	AWP_SOAK_SECONDS=$${AWP_SOAK_SECONDS:-240} $(BIN)/pytest -s python/tests/test_soak.py
+
+mutate: setup  ## mutation testing (a few minutes): every mutant of db/mutations/mutations.yaml must fail pgTAP (or its race tests)
+	$(BIN)/python -m awp.mutate $(MUTATE_ARGS)
 
 lint: setup  ## ruff
 	$(BIN)/ruff check python $(wildcard benchmarks)

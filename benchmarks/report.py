@@ -115,7 +115,13 @@ def _scenarios(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every AWP scenario that ends with awp.check_invariants(): throughput, idle latency, recovery."""
     lat = results.get("latency")
     rec = [r | {"label": f"recovery, {r['label']} lease"} for r in results.get("recovery") or []]
-    return [*results.get("throughput", []), *([lat | {"label": "idle latency"}] if lat else []), *rec]
+    io = results.get("io_bound")
+    return [
+        *results.get("throughput", []),
+        *([lat | {"label": "idle latency"}] if lat else []),
+        *([io] if io else []),
+        *rec,
+    ]
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
@@ -167,6 +173,20 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     name = f"(5) gateway CPU per request <= 0.5 ms ({single}, 4 workers)"
     if gw.get("median") is not None:
         out.append((name, f"{_ms(gw)} ms", gw["median"] <= 0.5))
+    else:
+        out.append((name, *missing))
+
+    io = results.get("io_bound")
+    name = "(issue 18) I/O-bound run on the default settings within 10% of the ideal time"
+    if io and io.get("ratio_to_ideal") is not None:
+        r = io["ratio_to_ideal"]
+        out.append(
+            (
+                f"{name} ({io['tasks']:,} x {io['sleep_ms'] / 1000:g} s on {io['slots']} slots: {io['ideal_s']:g} s)",
+                f"{io['span_s']['median']:.2f} s = {r:.3f} x ideal, peak {io['peak_concurrency']} at once",
+                r <= 1.10,
+            )
+        )
     else:
         out.append((name, *missing))
 
@@ -304,6 +324,28 @@ def tables(results: dict[str, Any]) -> list[Table]:
             )
         t_rec.notes.append("Killed at a random point of the heartbeat cycle; coordinator interval as in the settings.")
         out.append(t_rec)
+    if results.get("io_bound"):
+        out.append(io_table(results["io_bound"]))
+    ret = results.get("retention")
+    if ret:
+        t_ret = Table(
+            "Retention: /metrics cost by finished runs stored (median), and pruning",
+            ["finished runs", "metrics_snapshot ms", "GET /metrics ms", "counting every run (before) ms"],
+            right={0, 1, 2, 3},
+        )
+        for s in ret["sizes"]:
+            t_ret.add(
+                f"{s['finished_runs']:,}",
+                _f(s["metrics_snapshot_ms"], 2),
+                _f(s["scrape_ms"], 2),
+                _f(s["count_all_runs_ms"], 2),
+            )
+        b, p = ret["full_batch"], ret["prune_all"]
+        t_ret.notes.append(
+            f"One prune batch: {b['runs']} runs ({b['tasks']} tasks, {b['attempts']} attempts, {b['events']} events) "
+            f"in {b['ms']} ms. awp.prune('0') deleted {p['runs']:,} runs in {p['calls']} calls, {p['s']} s."
+        )
+        out.append(t_ret)
     for r in results.get("throughput", []):
         if r.get("profile"):
             t_prof = Table(
@@ -346,6 +388,39 @@ def tables(results: dict[str, Any]) -> list[Table]:
         )
     out.append(t_tgt)
     return out
+
+
+def io_table(io: dict[str, Any]) -> Table:
+    """The I/O-bound scenario of issue 18: time against the ideal (tasks x sleep / slots), default settings."""
+    t = Table(
+        f"I/O-bound on the default settings (dispatch_limit {io['dispatch_limit']}): time vs the ideal",
+        ["scenario", "s (median)", "min-max", "ideal s", "x ideal", "peak at once", "runs"],
+    )
+    span = io["span_s"]
+    t.add(
+        io["label"],
+        _f(span["median"], 2),
+        f"{_f(span['min'], 2)}-{_f(span['max'], 2)}",
+        _f(io["ideal_s"], 1),
+        _f(io["ratio_to_ideal"], 3),
+        io["peak_concurrency"],
+        span["n"],
+    )
+    waits = {}
+    for rep in io.get("repetitions") or []:
+        for reason, n in (rep.get("max_waiting_by_reason") or {}).items():
+            waits[reason] = max(waits.get(reason, 0), n)
+    t.notes.append(
+        "Ideal: every slot busy from the run's start to its end (tasks x sleep / slots); target: within 10%. The run"
+        " start to finish on the database clock; peak: the most attempts running at once (from their timestamps)."
+    )
+    if waits:
+        t.notes.append(
+            "What held the waiting tasks (awp.run_waits, sampled every 0.5 s; the most at once): "
+            + ", ".join(f"{k} {v:,}" for k, v in sorted(waits.items(), key=lambda kv: -kv[1]))
+            + "."
+        )
+    return t
 
 
 def side_by_side(results: dict[str, Any]) -> Table:

@@ -14,7 +14,12 @@ One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated databas
 4. 8 runs of 125 tasks at once, 16 and 4 workers;
 5. idle latency: one 1-task run at a time → time to claim and to finish;
 6. batching: 4 workers with ``--concurrency 16`` on one big run;
-7. recovery: kill -9 the worker holding a lease → time until the next attempt is claimed.
+6b. I/O-bound (issue 18): 2,000 tasks of 2 s (``sleep_ms`` 2000) on 2 workers x concurrency 100 = 200 slots,
+   default settings: the time against the ideal 20 s (target: within 10%), the peak number of attempts at once
+   and what held the waiting tasks (``awp.run_waits``); ``--io-only`` runs just this one;
+7. recovery: kill -9 the worker holding a lease → time until the next attempt is claimed;
+8. retention (``retention.py``): one ``/metrics`` scrape with 100 and with 100,000 finished runs, one prune
+   batch, and pruning them all.
 
 Every AWP scenario ends with ``awp.check_invariants()`` (whole database); violations are reported per
 scenario and make the exit status 1 (after the results are written), as does a failed peer measurement.
@@ -56,6 +61,7 @@ import peer_procrastinate  # noqa: E402
 import procs  # noqa: E402
 import reference  # noqa: E402
 import report  # noqa: E402
+import retention  # noqa: E402
 from procs import Gateway, Reaper, WorkerPool  # noqa: E402
 
 from awp.testing import database_name, fresh_database, throwaway_cluster  # noqa: E402
@@ -87,6 +93,13 @@ class Plan:
     ref_rows: int
     peer_workers: int  # procrastinate: processes x concurrency, on single_tasks jobs (AWP's 4-worker shape)
     peer_concurrency: int
+    # I/O-bound (issue 18): io_tasks mock tasks of io_sleep_ms each on io_workers x io_concurrency slots, default
+    # settings; the ideal is io_tasks x io_sleep_ms / slots
+    io_tasks: int = 2000
+    io_sleep_ms: int = 2000
+    io_workers: int = 2
+    io_concurrency: int = 100
+    io_repeats: int = 1
 
 
 FULL = Plan(
@@ -122,6 +135,7 @@ QUICK = replace(
     recovery=(("short", 2000, 500),),
     ref_seconds=2,
     ref_rows=60_000,
+    io_tasks=1000,  # 5 rounds of the 200 slots: ideal 10 s
 )
 
 
@@ -338,6 +352,79 @@ class Bench:
             "coordinator": m["coordinator"],
         }
 
+    def io_bound(self, plan: Plan) -> dict[str, Any]:
+        """Issue 18: an I/O-bound run (LLM calls, say) on the default settings: ``io_tasks`` mock tasks of
+        ``io_sleep_ms`` on ``io_workers`` x ``io_concurrency`` slots, run concurrency = tasks (the run does not
+        cap). The ideal is io_tasks x io_sleep_ms / slots; the old default dispatch_limit (100) took twice that
+        on 200 slots. Also the peak number of attempts at once and what held the waiting tasks (sampled)."""
+        slots = plan.io_workers * plan.io_concurrency
+        ideal_s = plan.io_tasks * plan.io_sleep_ms / 1000 / slots
+        self.pool.resize(0)
+        self.pool.resize(plan.io_workers, plan.io_concurrency)
+        wid = self.workflow(
+            f"bench-io-{plan.io_tasks}-{plan.io_sleep_ms}",
+            plan.io_tasks,
+            plan.io_tasks,
+            {"input": {"sleep_ms": plan.io_sleep_ms}},
+        )
+        label = (
+            f"I/O-bound: 1 run x {plan.io_tasks:,} tasks x {plan.io_sleep_ms / 1000:g} s, "
+            f"{plan.io_workers} workers x concurrency {plan.io_concurrency} ({slots} slots)"
+        )
+        reps = []
+        for i in range(plan.io_repeats):
+            time.sleep(0.3)
+            (run_id,) = self.start_runs(wid)
+            reasons: Counter[str] = Counter()
+            deadline = time.monotonic() + max(120.0, 10 * ideal_s)
+            while time.monotonic() < deadline:
+                rows = self.conn.execute(
+                    "SELECT reason, count(*) FROM awp.run_waits(%s) GROUP BY 1", [run_id]
+                ).fetchall()
+                for reason, n in rows:
+                    reasons[reason] = max(reasons[reason], n)  # the most tasks held for each reason at once
+                if not rows:
+                    break
+                time.sleep(0.5)
+            (row,) = self.wait_runs([run_id], timeout=max(120.0, 10 * ideal_s))
+            span = (row["finished_at"] - row["started_at"]).total_seconds()
+            peak = self.conn.execute(
+                """SELECT max(s) FROM (
+                     SELECT sum(d) OVER (ORDER BY ts, d ROWS UNBOUNDED PRECEDING) AS s FROM (
+                       SELECT started_at AS ts, 1 AS d FROM awp.attempts WHERE run_id = %(r)s
+                       UNION ALL
+                       SELECT finished_at, -1 FROM awp.attempts WHERE run_id = %(r)s) e) x""",
+                {"r": run_id},
+            ).fetchone()[0]
+            reps.append({"span_s": span, "peak_concurrency": peak, "max_waiting_by_reason": dict(reasons)})
+            log.info(
+                "  %s, repetition %d/%d: %.2f s (ideal %.1f s, %.2f x), peak %d attempts at once, waiting: %s",
+                label,
+                i + 1,
+                plan.io_repeats,
+                span,
+                ideal_s,
+                span / ideal_s,
+                peak,
+                dict(reasons),
+            )
+        spans = [r["span_s"] for r in reps]
+        return {
+            "label": label,
+            "tasks": plan.io_tasks,
+            "sleep_ms": plan.io_sleep_ms,
+            "workers": plan.io_workers,
+            "worker_concurrency": plan.io_concurrency,
+            "slots": slots,
+            "dispatch_limit": self.conn.execute("SELECT awp.get_settings()->>'dispatch_limit'").fetchone()[0],
+            "ideal_s": ideal_s,
+            "span_s": median_spread(spans),
+            "ratio_to_ideal": statistics.median(spans) / ideal_s if spans else None,
+            "peak_concurrency": max(r["peak_concurrency"] for r in reps) if reps else None,
+            "repetitions": reps,
+            "invariants": self.invariants("I/O-bound"),
+        }
+
     def recovery(self, label: str, lease_ms: int, heartbeat_ms: int, repeats: int) -> dict[str, Any]:
         """kill -9 the worker holding a lease; time until attempt 2 is claimed (all database clock)."""
         self.configure(lease_ms, heartbeat_ms)
@@ -550,6 +637,7 @@ def problems(results: dict[str, Any]) -> list[str]:
     scenarios = [
         *results.get("throughput", []),
         *([results["latency"]] if results.get("latency") else []),
+        *([results["io_bound"]] if results.get("io_bound") else []),
         *results.get("recovery", []),
     ]
     for s in scenarios:
@@ -610,7 +698,7 @@ def run_plan(
     results["settings"] = {
         "lease_duration_ms": DEFAULT_LEASE_MS,
         "heartbeat_interval_ms": DEFAULT_HEARTBEAT_MS,
-        "dispatch_limit": 100,
+        "dispatch_limit": 10000,
         "coordinator_interval_ms": b.gateway.coordinator_interval_ms,
         "claim_recheck_ms": 500,
         "gateway_pool_size": 10,
@@ -667,13 +755,40 @@ def run_plan(
             | {"workers": plan.batch_workers, "worker_concurrency": plan.batch_concurrency}
         )
         results["throughput"] = throughput
+        results["io_bound"] = b.io_bound(plan)
         results["recovery"] = [b.recovery(lbl, lease, hb, plan.repeats) for lbl, lease, hb in plan.recovery]
+        sizes = (100, 100_000) if plan.name == "full" else (100, 20_000)
+        log.info("retention: /metrics with %s finished runs; one prune batch; pruning them all", sizes)
+        results["retention"] = retention.measure(dsn, b.gateway.base_url, sizes)
+        for line in retention.lines(results["retention"]):
+            log.info(line)
     finally:
         b.pool.resize(0)
         b.gateway.stop()
         b.conn.close()
     results["elapsed_s"] = time.monotonic() - started
     return results
+
+
+def run_io_only(
+    plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, out: Path, when: dt.datetime
+) -> int:
+    """``--io-only``: the I/O-bound scenario alone, on its own gateway and workers; prints the table and writes
+    ``io-<time>.json`` (``latest.*`` are left as they are)."""
+    b = Bench(dsn, datadir, workdir, reaper)
+    b.gateway.start()
+    try:
+        io = b.io_bound(plan)
+    finally:
+        b.pool.resize(0)
+        b.gateway.stop()
+        b.conn.close()
+    print(report.io_table(io).text())
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"io-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(io, indent=2, default=str))
+    log.info("written %s", path)
+    return 1 if io["invariants"]["violations"] else 0
 
 
 def main() -> int:
@@ -686,6 +801,11 @@ def main() -> int:
         "--profile",
         action="store_true",
         help="load pg_stat_statements (track = all) and print the top statements of each throughput scenario",
+    )
+    parser.add_argument(
+        "--io-only",
+        action="store_true",
+        help="only the I/O-bound scenario (issue 18; with --quick: 1,000 tasks), printed and written to io-<time>.json",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -712,9 +832,13 @@ def main() -> int:
                 enable_pg_stat_statements(server)
             dsn = fresh_database(server, database_name("bench"))
             peer_db = database_name("bench_procrastinate")
-            peer_dsn = server.create_database(peer_db)  # empty: the peer applies its own schema
+            # empty: the peer applies its own schema (not needed for --io-only)
+            peer_dsn = None if args.io_only else server.create_database(peer_db)
             try:
-                results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile, peer_dsn)
+                if args.io_only:
+                    io_code = run_io_only(plan, dsn, datadir, workdir, reaper, args.out, when)
+                else:
+                    results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile, peer_dsn)
             finally:
                 with contextlib.suppress(Exception):
                     server.drop_database(peer_db)
@@ -729,6 +853,8 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             log.info("gateway and worker logs kept in %s", workdir)
+    if args.io_only:
+        return io_code
     results["started_at"] = when.isoformat(timespec="seconds")
     results["problems"] = problems(results)
     report.write(results, args.out, when)

@@ -41,8 +41,12 @@ COMMENT ON FUNCTION awp._dispatch_budget() IS 'The dispatch budget now: global, 
 -- queued and a pending run to running, records the run's place in the fairness order and writes the
 -- events (the NOTIFY comes from awp._notify_pending at the end of the public call). Returns the
 -- executor kind dispatched, or NULL.
+-- enable_sort = off: the first ready task must come from an index in ordinal order (tasks_ready_idx or
+-- tasks_unfinished_idx). On a young table (no statistics yet) the planner otherwise takes the primary
+-- key and sorts every task of the run, finished ones included: measured 0.37 ms per call at 1,000
+-- tasks into a 2,000-task run, growing with the run, instead of a few microseconds.
 CREATE OR REPLACE FUNCTION awp._dispatch_one(p_run_id text, p_kinds jsonb) RETURNS text
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$
 DECLARE
   r     record;
   t     record;
@@ -148,7 +152,7 @@ COMMENT ON FUNCTION awp._replace_dispatch(awp.workers) IS 'Creates one dispatch 
 -- one UPDATE of the tasks, one of the run row (its place in the fairness order) and one _logn,
 -- instead of n of each. The caller holds the run's row lock. Returns the number created.
 CREATE OR REPLACE FUNCTION awp._dispatch_many(p_run_id text, p_kinds text[], p_n integer) RETURNS integer
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$   -- see awp._dispatch_one
 DECLARE
   r      record;
   v_room integer;

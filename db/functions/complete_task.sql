@@ -9,7 +9,8 @@
 -- dispatch in place of the freed lease (awp._replace_dispatch: limits and fairness rule hold).
 -- Result: {"kind": success|temporary_failure|permanent_failure, "output": any,
 --          "error_code": text <= 128, "error_message": text <= 8 KiB}, output <= 64 KiB.
--- Locks: Run, then Dispatch, then the task rows of that run.
+-- Locks: the run's transaction advisory lock (hashtextextended(run_id, 0): completions of one run
+-- queue there), then Run, then Dispatch, then the task rows of that run.
 CREATE OR REPLACE FUNCTION awp._complete_task(w awp.workers, p_dispatch_id text, p_lease_token text,
                                               p_result jsonb, p_replace boolean DEFAULT true)
 RETURNS boolean
@@ -166,7 +167,7 @@ BEGIN
   END IF;
   v_free := awp._free_slots(w);
   IF v_free >= 1 THEN
-    RETURN QUERY SELECT * FROM awp._claim(w, least(p_slots, v_free));
+    RETURN QUERY SELECT * FROM awp._claim(w, least(p_slots, v_free), false);
   END IF;
   PERFORM awp._notify_pending();   -- only for what this call created and did not lease itself
 END $$;
@@ -234,7 +235,7 @@ BEGIN
   IF p_slots IS NOT NULL AND p_slots >= 1 AND w.status = 'active' THEN
     v_free := awp._free_slots(w);
     IF v_free >= 1 THEN
-      SELECT coalesce(jsonb_agg(to_jsonb(c)), '[]') INTO v_leases FROM awp._claim(w, least(p_slots, v_free)) c;
+      SELECT coalesce(jsonb_agg(to_jsonb(c)), '[]') INTO v_leases FROM awp._claim(w, least(p_slots, v_free), false) c;
     END IF;
   END IF;
   PERFORM awp._notify_pending();

@@ -19,7 +19,9 @@ DECLARE
   v_n      integer;
 BEGIN
   v_cutoff := v_now - make_interval(secs => s.heartbeat_interval_ms * s.offline_after_heartbeats / 1000.0);
-  IF s.coordinator_since IS NOT NULL AND s.coordinator_since > v_cutoff THEN
+  -- After a takeover, silence counts from coordinator_since (as if every worker had heartbeated then),
+  -- with the same rule as below: offline only once it exceeds the window (>=, like last_heartbeat_at <).
+  IF s.coordinator_since IS NOT NULL AND s.coordinator_since >= v_cutoff THEN
     RETURN 0;
   END IF;
   UPDATE awp.workers w SET status = 'offline', offline_at = v_now
@@ -233,7 +235,9 @@ COMMENT ON FUNCTION awp.create_dispatches() IS 'Creates pending dispatches for r
 -- awp.coordinator_tick(takeover): one full coordinator pass: offline marking, schedule firing, cancel
 -- convergence, reaping, retry promotion, orphan withdrawal, dispatch creation. A coordinator that has
 -- just taken over (p_takeover, or no pass for a full offline window) restarts the offline clock.
--- Returns {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired}.
+-- Returns {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired} (counts) and
+-- "limited": the limits that still hold ready tasks back after the pass (awp._limits_held(), e.g.
+-- ["workers_full"]; [] when none), which the gateway counts for /metrics (docs/limits.md).
 CREATE OR REPLACE FUNCTION awp.coordinator_tick(p_takeover boolean DEFAULT false) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
@@ -264,6 +268,6 @@ BEGIN
   PERFORM awp._notify_pending();
   RETURN jsonb_build_object('canceled', v_can, 'reaped', v_reap, 'offline', v_off,
                             'promoted', v_prom, 'withdrawn', v_wd, 'dispatched', v_disp,
-                            'schedules_fired', v_fired);
+                            'schedules_fired', v_fired, 'limited', to_jsonb(awp._limits_held()));
 END $$;
-COMMENT ON FUNCTION awp.coordinator_tick(boolean) IS 'One full coordinator pass; returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired}.';
+COMMENT ON FUNCTION awp.coordinator_tick(boolean) IS 'One full coordinator pass; returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired} and the limits still holding ready tasks (limited).';

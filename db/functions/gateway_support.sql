@@ -13,11 +13,13 @@ END $$;
 COMMENT ON FUNCTION awp.check_worker_session(text, text) IS 'The status of a valid worker session; AWSES when unknown, offline or stopped.';
 
 -- awp.get_task(run_id, task_key): one task (the columns of awp.run_tasks) with its attempts
--- (the rows of awp.task_attempts, oldest first) as a jsonb array. AWNTF when unknown. Locks: none.
+-- (the rows of awp.task_attempts, oldest first) as a jsonb array, then wait_reason and wait_detail
+-- (what holds it while it waits: awp.run_waits, docs/limits.md). AWNTF when unknown. Locks: none.
 CREATE OR REPLACE FUNCTION awp.get_task(p_run_id text, p_task_key text)
 RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestamptz, executor text,
                action text, depends_on text[], max_attempts integer, timeout_ms integer,
-               updated_at timestamptz, finished_at timestamptz, attempt_history jsonb)
+               updated_at timestamptz, finished_at timestamptz, attempt_history jsonb,
+               wait_reason text, wait_detail text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
   v_history jsonb;
@@ -26,26 +28,30 @@ BEGIN
     FROM awp.task_attempts(p_run_id, p_task_key) a;
   RETURN QUERY
   SELECT t.task_key, t.status, t.attempts, t.ready_at, t.executor, t.action, t.depends_on,
-         t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, v_history
-    FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key;
+         t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, v_history, w.reason, w.detail
+    FROM awp.tasks t
+    LEFT JOIN awp._task_waits(CASE WHEN t.status IN ('waiting_dependencies', 'waiting_retry', 'ready', 'queued')
+                                   THEN p_run_id END) w ON w.task_key = t.task_key
+   WHERE t.run_id = p_run_id AND t.task_key = p_task_key;
 END $$;
-COMMENT ON FUNCTION awp.get_task(text, text) IS 'One task of a run with its attempts as a jsonb array; AWNTF when unknown.';
+COMMENT ON FUNCTION awp.get_task(text, text) IS 'One task of a run with its attempts as a jsonb array and what holds it while it waits; AWNTF when unknown.';
 
 -- awp.metrics_snapshot(): counts for the gateway's /metrics gauges:
 -- {"runs": {status: n}, "dispatches": {status: n}, "workers": {status: n}, "leases_active": n,
 --  "ready_without_worker": {executor kind: ready tasks that no active worker offers}).
--- Terminal dispatches are not counted (the table only grows). Locks: none.
+-- Bounded: runs and workers by status come from awp.status_counts (maintained by triggers, folded by the
+-- coordinator: db/functions/_status_counts.sql), the other gauges from live rows through partial indexes
+-- (pending / leased dispatches, ready tasks), so a scrape costs the same with 100 or 100,000 finished
+-- runs. Terminal dispatches are not counted. Locks: none.
 CREATE OR REPLACE FUNCTION awp.metrics_snapshot()
 RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
   SELECT jsonb_build_object(
-    'runs', (SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}') FROM
-               (SELECT r.status, count(*) AS n FROM awp.runs r GROUP BY 1) x),
+    'runs', awp._counts_by_status('run'),
     'dispatches', (SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}') FROM
                (SELECT d.status, count(*) AS n FROM awp.dispatches d
                  WHERE d.status IN ('pending', 'leased') GROUP BY 1) x),
-    'workers', (SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}') FROM
-               (SELECT w.status, count(*) AS n FROM awp.workers w GROUP BY 1) x),
+    'workers', awp._counts_by_status('worker'),
     'leases_active', (SELECT count(*) FROM awp.dispatches d WHERE d.status = 'leased'),
     'ready_without_worker', (SELECT coalesce(jsonb_object_agg(x.executor, x.n), '{}') FROM
                (SELECT t.executor, count(*) AS n FROM awp.tasks t

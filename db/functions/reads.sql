@@ -1,8 +1,26 @@
 -- Read functions for DBAs and the gateway's GET routes. None changes state; none returns a
 -- token or a token hash. Unknown ids raise AWNTF (rather than returning a row of NULLs).
 
--- awp._worker_rows(worker_id): worker summary rows (all workers when null).
-CREATE OR REPLACE FUNCTION awp._worker_rows(p_worker_id text)
+-- Paging: every list function takes keyset arguments with defaults (NULL: from the start, and every row
+-- when the limit is NULL too, so calls without them keep working): the sort key of the last row of the
+-- previous page, and a limit (1-1000, AWREQ otherwise). Keys are whole sort keys, not row ids looked
+-- up, so a page follows its cursor even when that row was pruned meanwhile, and rows added while a
+-- client pages do not shift the pages it has not read yet.
+
+-- awp._check_page(limit): AWREQ unless the limit is NULL or from 1 to 1000. Locks: none.
+CREATE OR REPLACE FUNCTION awp._check_page(p_limit integer) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+BEGIN
+  IF p_limit IS NOT NULL AND p_limit NOT BETWEEN 1 AND 1000 THEN
+    PERFORM awp._bad_request('invalid limit', 'limit must be from 1 to 1000');
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._check_page(integer) IS 'AWREQ unless a page limit is null or 1-1000.';
+
+-- awp._worker_rows(worker_id, after_registered_at, after_worker_id, limit): worker summary rows (all
+-- workers when worker_id is null), by (registered_at, worker_id), after that key when given.
+CREATE OR REPLACE FUNCTION awp._worker_rows(p_worker_id text, p_after_registered_at timestamptz DEFAULT NULL,
+                                            p_after_worker_id text DEFAULT NULL, p_limit integer DEFAULT NULL)
 RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
                max_concurrency integer, active_leases integer, last_heartbeat_at timestamptz,
                registered_at timestamptz, stopped_at timestamptz)
@@ -11,19 +29,32 @@ LANGUAGE sql STABLE SET search_path = '' AS $$
          (SELECT count(*)::integer FROM awp.dispatches d WHERE d.worker_id = w.worker_id AND d.status = 'leased'),
          w.last_heartbeat_at, w.registered_at, w.stopped_at
     FROM awp.workers w
-   WHERE p_worker_id IS NULL OR w.worker_id = p_worker_id
+   WHERE (p_worker_id IS NULL OR w.worker_id = p_worker_id)
+     AND (p_after_worker_id IS NULL
+          OR (w.registered_at, w.worker_id) > (p_after_registered_at, p_after_worker_id))
    ORDER BY w.registered_at, w.worker_id
+   LIMIT p_limit
 $$;
-COMMENT ON FUNCTION awp._worker_rows(text) IS 'Worker summary rows, never a token.';
+COMMENT ON FUNCTION awp._worker_rows(text, timestamptz, text, integer) IS 'Worker summary rows, never a token, keyset-paged.';
 
-CREATE OR REPLACE FUNCTION awp.list_workers()
+-- awp.list_workers(after_registered_at, after_worker_id, limit): worker sessions, oldest first, with
+-- their active lease counts (no tokens). Page on with the registered_at and worker_id of the last row
+-- (both or neither: AWREQ). Locks: none.
+CREATE OR REPLACE FUNCTION awp.list_workers(p_after_registered_at timestamptz DEFAULT NULL,
+                                            p_after_worker_id text DEFAULT NULL,
+                                            p_limit integer DEFAULT NULL)
 RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
                max_concurrency integer, active_leases integer, last_heartbeat_at timestamptz,
                registered_at timestamptz, stopped_at timestamptz)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
-  SELECT * FROM awp._worker_rows(NULL)
-$$;
-COMMENT ON FUNCTION awp.list_workers() IS 'All worker sessions with their active lease counts (no tokens).';
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  PERFORM awp._check_page(p_limit);
+  IF (p_after_registered_at IS NULL) <> (p_after_worker_id IS NULL) THEN
+    PERFORM awp._bad_request('invalid cursor', 'give both after_registered_at and after_worker_id, or neither');
+  END IF;
+  RETURN QUERY SELECT * FROM awp._worker_rows(NULL, p_after_registered_at, p_after_worker_id, p_limit);
+END $$;
+COMMENT ON FUNCTION awp.list_workers(timestamptz, text, integer) IS 'Worker sessions, oldest first, with their active lease counts (no tokens); keyset-paged.';
 
 CREATE OR REPLACE FUNCTION awp.get_worker(p_worker_id text)
 RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
@@ -38,9 +69,11 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.get_worker(text) IS 'One worker session (no tokens); AWNTF when unknown.';
 
--- awp._run_rows(run_id, workflow_id, status, after_run_id, limit): run rows, newest first.
+-- awp._run_rows(run_id, workflow_id, status, after_run_id, limit, after_created_at): run rows, newest
+-- first, after the key (after_created_at, after_run_id); without after_created_at that run's created_at
+-- is looked up (no row when it does not exist).
 CREATE OR REPLACE FUNCTION awp._run_rows(p_run_id text, p_workflow_id text, p_status text,
-                                         p_after text, p_limit integer)
+                                         p_after text, p_limit integer, p_after_created_at timestamptz DEFAULT NULL)
 RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status text, revision bigint,
                cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
                finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
@@ -56,33 +89,35 @@ LANGUAGE sql STABLE SET search_path = '' AS $$
      AND (p_workflow_id IS NULL OR r.workflow_id = p_workflow_id)
      AND (p_status IS NULL OR r.status = p_status)
      AND (p_after IS NULL OR (r.created_at, r.run_id) <
-          (SELECT a.created_at, a.run_id FROM awp.runs a WHERE a.run_id = p_after))
+          (coalesce(p_after_created_at, (SELECT a.created_at FROM awp.runs a WHERE a.run_id = p_after)), p_after))
    ORDER BY r.created_at DESC, r.run_id DESC
    LIMIT p_limit
 $$;
-COMMENT ON FUNCTION awp._run_rows(text, text, text, text, integer) IS 'Run rows, newest first, with keyset paging.';
+COMMENT ON FUNCTION awp._run_rows(text, text, text, text, integer, timestamptz) IS 'Run rows, newest first, with keyset paging.';
 
 -- awp.get_run(run_id): one run: the columns of awp.list_runs, plus its `input`, its `output` (set when
 -- it succeeded, else NULL; `output_truncated` when it was cut at 1 MiB) and `waiting_for_executors`:
 -- the executor kinds of its ready or queued tasks that no active worker offers (such a task waits
--- until a worker with that kind registers; empty when none). AWNTF when unknown. Locks: none.
+-- until a worker with that kind registers; empty when none), and `waiting`: its waiting tasks counted
+-- by reason code (awp.run_waits, docs/limits.md; {} when none waits). AWNTF when unknown. Locks: none.
 CREATE OR REPLACE FUNCTION awp.get_run(p_run_id text)
 RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status text, revision bigint,
                cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
                finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
                schedule_id text, input jsonb, output jsonb, output_truncated boolean,
-               waiting_for_executors text[])
+               waiting_for_executors text[], waiting jsonb)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
   RETURN QUERY
   SELECT x.*, r.input, r.output, r.output_truncated,
-         CASE WHEN r.status IN ('pending', 'running') THEN awp._waiting_for_executors(r.run_id) ELSE '{}' END
+         CASE WHEN r.status IN ('pending', 'running') THEN awp._waiting_for_executors(r.run_id) ELSE '{}' END,
+         CASE WHEN r.status IN ('pending', 'running') THEN awp._run_wait_counts(r.run_id) ELSE '{}' END
     FROM awp._run_rows(p_run_id, NULL, NULL, NULL, 1) x JOIN awp.runs r ON r.run_id = x.run_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'run not found' USING ERRCODE = 'AWNTF', DETAIL = format('no run %s', p_run_id);
   END IF;
 END $$;
-COMMENT ON FUNCTION awp.get_run(text) IS 'One run with its revision, task counts, input, output and the executor kinds it waits for; AWNTF when unknown.';
+COMMENT ON FUNCTION awp.get_run(text) IS 'One run with its revision, task counts, input, output, the executor kinds it waits for and its waiting tasks by reason; AWNTF when unknown.';
 
 -- awp._waiting_for_executors(run_id): executor kinds of the run's ready or queued tasks that no active
 -- worker offers, sorted. Locks: none.
@@ -95,10 +130,12 @@ LANGUAGE sql STABLE SET search_path = '' AS $$
 $$;
 COMMENT ON FUNCTION awp._waiting_for_executors(text) IS 'Executor kinds a run''s ready tasks wait for because no active worker offers them.';
 
--- awp.list_runs(workflow_id, status, after_run_id, limit): newest first; page on with the last
--- run_id of a page as p_after. limit 1-1000 (AWREQ otherwise).
+-- awp.list_runs(workflow_id, status, after_run_id, limit, after_created_at): newest first; page on with
+-- the last run_id of a page as p_after (and its created_at as p_after_created_at: then the page follows
+-- even when that run was pruned meanwhile). limit 1-1000 (AWREQ otherwise).
 CREATE OR REPLACE FUNCTION awp.list_runs(p_workflow_id text DEFAULT NULL, p_status text DEFAULT NULL,
-                                         p_after text DEFAULT NULL, p_limit integer DEFAULT 50)
+                                         p_after text DEFAULT NULL, p_limit integer DEFAULT 50,
+                                         p_after_created_at timestamptz DEFAULT NULL)
 RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status text, revision bigint,
                cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
                finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
@@ -111,9 +148,12 @@ BEGIN
   IF p_status IS NOT NULL AND p_status NOT IN ('pending', 'running', 'succeeded', 'failed', 'canceled') THEN
     PERFORM awp._bad_request('invalid status', 'status must be a run status');
   END IF;
-  RETURN QUERY SELECT * FROM awp._run_rows(NULL, p_workflow_id, p_status, p_after, p_limit);
+  IF p_after_created_at IS NOT NULL AND p_after IS NULL THEN
+    PERFORM awp._bad_request('invalid cursor', 'after_created_at needs after (a run id)');
+  END IF;
+  RETURN QUERY SELECT * FROM awp._run_rows(NULL, p_workflow_id, p_status, p_after, p_limit, p_after_created_at);
 END $$;
-COMMENT ON FUNCTION awp.list_runs(text, text, text, integer) IS 'Runs, newest first, filtered by workflow and status, keyset-paged after a run id.';
+COMMENT ON FUNCTION awp.list_runs(text, text, text, integer, timestamptz) IS 'Runs, newest first, filtered by workflow and status, keyset-paged after a run id.';
 
 CREATE OR REPLACE FUNCTION awp._require_run(p_run_id text) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = '' AS $$
@@ -124,19 +164,35 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._require_run(text) IS 'AWNTF unless the run exists.';
 
-CREATE OR REPLACE FUNCTION awp.run_tasks(p_run_id text)
+-- awp.run_tasks(run_id, after_task_key, limit): the tasks of a run in definition order; page on with
+-- the task_key of the last row (AWREQ when the run has no such task). AWNTF for an unknown run.
+-- wait_reason and wait_detail say what holds a waiting task (awp.run_waits, docs/limits.md; NULL for
+-- a running or finished one). Locks: none.
+CREATE OR REPLACE FUNCTION awp.run_tasks(p_run_id text, p_after_task_key text DEFAULT NULL,
+                                         p_limit integer DEFAULT NULL)
 RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestamptz, executor text,
                action text, depends_on text[], max_attempts integer, timeout_ms integer,
-               updated_at timestamptz, finished_at timestamptz)
+               updated_at timestamptz, finished_at timestamptz, wait_reason text, wait_detail text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  v_after integer := -1;
 BEGIN
   PERFORM awp._require_run(p_run_id);
+  PERFORM awp._check_page(p_limit);
+  IF p_after_task_key IS NOT NULL THEN
+    SELECT t.ordinal INTO v_after FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_after_task_key;
+    IF NOT FOUND THEN
+      PERFORM awp._bad_request('invalid cursor', format('run %s has no task %s', p_run_id, p_after_task_key));
+    END IF;
+  END IF;
   RETURN QUERY
   SELECT t.task_key, t.status, t.attempts, t.ready_at, t.executor, t.action, t.depends_on,
-         t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at
-    FROM awp.tasks t WHERE t.run_id = p_run_id ORDER BY t.ordinal;
+         t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, w.reason, w.detail
+    FROM awp.tasks t LEFT JOIN awp._task_waits(p_run_id) w ON w.task_key = t.task_key
+   WHERE t.run_id = p_run_id AND t.ordinal > v_after ORDER BY t.ordinal
+   LIMIT p_limit;
 END $$;
-COMMENT ON FUNCTION awp.run_tasks(text) IS 'The tasks of a run in definition order with their status and attempts made; AWNTF when unknown.';
+COMMENT ON FUNCTION awp.run_tasks(text, text, integer) IS 'The tasks of a run in definition order with their status and attempts made, keyset-paged; AWNTF when unknown.';
 
 CREATE OR REPLACE FUNCTION awp.task_attempts(p_run_id text, p_task_key text)
 RETURNS TABLE (attempt integer, status text, worker_id text, dispatch_id text, started_at timestamptz,
@@ -172,39 +228,63 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.run_events(text, bigint, integer) IS 'The events of a run after a sequence number, in order; AWNTF when unknown.';
 
-CREATE OR REPLACE FUNCTION awp.list_workflows()
+-- awp._workflow_rows(workflow_id, after_workflow_id, limit): workflows (one, or all by id after a key)
+-- with their latest version (updated_at = when it was stored). Locks: none.
+CREATE OR REPLACE FUNCTION awp._workflow_rows(p_workflow_id text, p_after text, p_limit integer)
 RETURNS TABLE (workflow_id text, latest_version integer, created_at timestamptz, updated_at timestamptz)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
-  SELECT w.workflow_id, max(v.version), w.created_at, max(v.created_at)
-    FROM awp.workflows w JOIN awp.workflow_versions v ON v.workflow_id = w.workflow_id
-   GROUP BY w.workflow_id, w.created_at
+LANGUAGE sql STABLE SET search_path = '' AS $$
+  SELECT w.workflow_id, v.version, w.created_at, v.created_at
+    FROM awp.workflows w
+    CROSS JOIN LATERAL (SELECT x.version, x.created_at FROM awp.workflow_versions x
+                         WHERE x.workflow_id = w.workflow_id ORDER BY x.version DESC LIMIT 1) v
+   WHERE (p_workflow_id IS NULL OR w.workflow_id = p_workflow_id)
+     AND (p_after IS NULL OR w.workflow_id > p_after)
    ORDER BY w.workflow_id
+   LIMIT p_limit
 $$;
-COMMENT ON FUNCTION awp.list_workflows() IS 'Workflows with their latest version.';
+COMMENT ON FUNCTION awp._workflow_rows(text, text, integer) IS 'Workflows with their latest version, by id, keyset-paged.';
+
+-- awp.list_workflows(after_workflow_id, limit): workflows by id with their latest version; page on with
+-- the workflow_id of the last row. Locks: none.
+CREATE OR REPLACE FUNCTION awp.list_workflows(p_after text DEFAULT NULL, p_limit integer DEFAULT NULL)
+RETURNS TABLE (workflow_id text, latest_version integer, created_at timestamptz, updated_at timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  PERFORM awp._check_page(p_limit);
+  RETURN QUERY SELECT * FROM awp._workflow_rows(NULL, p_after, p_limit);
+END $$;
+COMMENT ON FUNCTION awp.list_workflows(text, integer) IS 'Workflows with their latest version, by id, keyset-paged.';
 
 CREATE OR REPLACE FUNCTION awp.get_workflow(p_workflow_id text)
 RETURNS TABLE (workflow_id text, latest_version integer, created_at timestamptz, updated_at timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
-  RETURN QUERY SELECT * FROM awp.list_workflows() w WHERE w.workflow_id = p_workflow_id;
+  RETURN QUERY SELECT * FROM awp._workflow_rows(p_workflow_id, NULL, 1);
   IF NOT FOUND THEN
     RAISE EXCEPTION 'workflow not found' USING ERRCODE = 'AWNTF', DETAIL = format('no workflow %s', p_workflow_id);
   END IF;
 END $$;
 COMMENT ON FUNCTION awp.get_workflow(text) IS 'One workflow with its latest version; AWNTF when unknown.';
 
-CREATE OR REPLACE FUNCTION awp.workflow_versions(p_workflow_id text)
+-- awp.workflow_versions(workflow_id, after_version, limit): the versions of a workflow, oldest first;
+-- page on with the version of the last row. AWNTF when the workflow is unknown. Locks: none.
+CREATE OR REPLACE FUNCTION awp.workflow_versions(p_workflow_id text, p_after_version integer DEFAULT NULL,
+                                                 p_limit integer DEFAULT NULL)
 RETURNS TABLE (workflow_id text, version integer, definition_hash text, task_count integer,
                created_at timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
-  RETURN QUERY SELECT v.workflow_id, v.version, v.definition_hash, v.task_count, v.created_at
-                 FROM awp.workflow_versions v WHERE v.workflow_id = p_workflow_id ORDER BY v.version;
-  IF NOT FOUND THEN
+  PERFORM awp._check_page(p_limit);
+  IF NOT EXISTS (SELECT 1 FROM awp.workflows w WHERE w.workflow_id = p_workflow_id) THEN
     RAISE EXCEPTION 'workflow not found' USING ERRCODE = 'AWNTF', DETAIL = format('no workflow %s', p_workflow_id);
   END IF;
+  RETURN QUERY SELECT v.workflow_id, v.version, v.definition_hash, v.task_count, v.created_at
+                 FROM awp.workflow_versions v
+                WHERE v.workflow_id = p_workflow_id AND v.version > coalesce(p_after_version, 0)
+                ORDER BY v.version
+                LIMIT p_limit;
 END $$;
-COMMENT ON FUNCTION awp.workflow_versions(text) IS 'The versions of a workflow; AWNTF when unknown.';
+COMMENT ON FUNCTION awp.workflow_versions(text, integer, integer) IS 'The versions of a workflow, oldest first, keyset-paged; AWNTF when unknown.';
 
 CREATE OR REPLACE FUNCTION awp.get_workflow_version(p_workflow_id text, p_version integer)
 RETURNS TABLE (workflow_id text, version integer, definition_hash text, task_count integer,

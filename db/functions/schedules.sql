@@ -469,14 +469,19 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.delete_schedule(text) IS 'Deletes a schedule and returns it; AWNTF when unknown.';
 
--- awp.list_schedules(): every schedule, by schedule_id (columns: schedule_id, workflow_id, cron,
--- interval_ms, input, timezone, next_fire_at, last_fired_at, last_run_id, created_at).
--- Locks: none (reads).
-CREATE OR REPLACE FUNCTION awp.list_schedules() RETURNS SETOF awp.schedules
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
-  SELECT * FROM awp.schedules s ORDER BY s.schedule_id
-$$;
-COMMENT ON FUNCTION awp.list_schedules() IS 'Every schedule with its next and last fire times.';
+-- awp.list_schedules(after_schedule_id, limit): the schedules by schedule_id (columns: schedule_id,
+-- workflow_id, cron, interval_ms, input, timezone, next_fire_at, last_fired_at, last_run_id, created_at);
+-- page on with the schedule_id of the last row; no arguments: every schedule. last_run_id may name a run
+-- that retention pruned since (docs/retention.md). Limit 1-1000 (AWREQ otherwise). Locks: none (reads).
+CREATE OR REPLACE FUNCTION awp.list_schedules(p_after text DEFAULT NULL, p_limit integer DEFAULT NULL)
+RETURNS SETOF awp.schedules
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+BEGIN
+  PERFORM awp._check_page(p_limit);
+  RETURN QUERY SELECT * FROM awp.schedules s WHERE p_after IS NULL OR s.schedule_id > p_after
+                ORDER BY s.schedule_id LIMIT p_limit;
+END $$;
+COMMENT ON FUNCTION awp.list_schedules(text, integer) IS 'The schedules with their next and last fire times, by id, keyset-paged.';
 
 -- awp.fire_schedules(): starts one run for each due schedule (next_fire_at <= now), exactly once per
 -- fire time: only the LATEST due fire time is started (fire times missed while no coordinator ran are

@@ -2,7 +2,7 @@
 -- and the shape of every function (comment, search_path, SECURITY DEFINER, SPEC section 4 signatures).
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(104);
+SELECT plan(106);
 
 -- ---------------------------------------------------------------- tables
 SELECT has_table('awp', t, 'table awp.' || t || ' exists')
@@ -148,17 +148,19 @@ SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_stri
                ('complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb']),
                ('drain_worker', ARRAY['text', 'text']),
                ('get_run', ARRAY['text']),
-               ('run_tasks', ARRAY['text']),
+               ('run_tasks', ARRAY['text', 'text', 'integer']),
                ('task_attempts', ARRAY['text', 'text']),
                ('run_events', ARRAY['text', 'bigint', 'integer']),
-               ('list_runs', ARRAY['text', 'text', 'text', 'integer']),
-               ('list_workers', ARRAY[]::text[]),
+               ('list_runs', ARRAY['text', 'text', 'text', 'integer', 'timestamptz']),
+               ('list_workers', ARRAY['timestamptz', 'text', 'integer']),
                ('get_worker', ARRAY['text']),
                ('coordinator_tick', ARRAY['boolean']),
-               ('configure', ARRAY['integer', 'integer', 'integer', 'integer'])) AS x(f, args);
+               ('configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint']),
+               ('prune', ARRAY['interval'])) AS x(f, args);
 
 SELECT function_returns('awp', 'coordinator_tick', ARRAY['boolean'], 'jsonb', 'coordinator_tick returns jsonb');
-SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer'], 'jsonb', 'configure returns jsonb');
+SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint'], 'jsonb', 'configure returns jsonb');
+SELECT function_returns('awp', 'prune', ARRAY['interval'], 'jsonb', 'prune returns jsonb');
 SELECT function_returns('awp', 'start_run', ARRAY['text', 'integer', 'text', 'jsonb'], 'text', 'start_run returns the run id');
 SELECT function_returns('awp', 'complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb'], 'boolean', 'complete_task returns applied');
 
@@ -185,7 +187,7 @@ SELECT is(tests.out_columns('awp.heartbeat(text, text, jsonb)'), ARRAY['dispatch
 SELECT is((tests.out_columns('awp.get_run(text)'))[1:9],
           ARRAY['run_id', 'workflow_id', 'workflow_version', 'status', 'revision', 'cancel_requested_at',
                 'created_at', 'started_at', 'finished_at'], 'get_run starts with the SPEC columns');
-SELECT is((tests.out_columns('awp.run_tasks(text)'))[1:4], ARRAY['task_key', 'status', 'attempts', 'ready_at'],
+SELECT is((tests.out_columns('awp.run_tasks(text, text, integer)'))[1:4], ARRAY['task_key', 'status', 'attempts', 'ready_at'],
           'run_tasks starts with the SPEC columns');
 SELECT is((tests.out_columns('awp.task_attempts(text, text)'))[1:9],
           ARRAY['attempt', 'status', 'worker_id', 'dispatch_id', 'started_at', 'finished_at', 'output',
@@ -193,14 +195,14 @@ SELECT is((tests.out_columns('awp.task_attempts(text, text)'))[1:9],
 SELECT is(tests.out_columns('awp.run_events(text, bigint, integer)'),
           ARRAY['sequence', 'revision', 'entity_type', 'entity_key', 'from_status', 'to_status', 'reason', 'occurred_at'],
           'run_events returns the SPEC columns');
-SELECT is((tests.out_columns('awp.list_workers()'))[1:7],
+SELECT is((tests.out_columns('awp.list_workers(timestamptz, text, integer)'))[1:7],
           ARRAY['worker_id', 'display_name', 'status', 'executor_kinds', 'max_concurrency', 'active_leases',
                 'last_heartbeat_at'], 'list_workers starts with the SPEC columns');
 SELECT is(tests.out_columns('awp.drain_worker(text, text)'), tests.out_columns('awp.get_worker(text)'),
           'drain_worker returns the worker summary row');
 SELECT is((SELECT array_agg(n ORDER BY i) FROM pg_proc p, unnest(p.proargnames) WITH ORDINALITY a(n, i)
-            WHERE p.oid = 'awp.configure(integer, integer, integer, integer)'::regprocedure),
-          ARRAY['lease_duration_ms', 'heartbeat_interval_ms', 'offline_after_heartbeats', 'dispatch_limit'],
+            WHERE p.oid = 'awp.configure(integer, integer, integer, integer, bigint)'::regprocedure),
+          ARRAY['lease_duration_ms', 'heartbeat_interval_ms', 'offline_after_heartbeats', 'dispatch_limit', 'retention_ms'],
           'configure has the fixed argument names');
 SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.start_run(text, integer, text, jsonb)'::regprocedure),
           3::smallint, 'start_run: version, idempotency_key and input are optional');

@@ -172,7 +172,7 @@ def check(run_ids: tuple[str, ...], database_url: str | None) -> None:
 
 # Modules that register more commands on ``main`` (serve, worker, workflow, run, workers, demo): add yours.
 # A listed module that does not exist (yet) is skipped, so the CLI keeps working while the project grows.
-_COMMAND_MODULES: tuple[str, ...] = ("awp.cli_user", "awp.serve")
+_COMMAND_MODULES: tuple[str, ...] = ("awp.cli_user", "awp.serve", "awp.cli_retention")
 
 
 def _load_command_modules() -> None:

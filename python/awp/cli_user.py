@@ -1,5 +1,5 @@
 """The people-facing commands of ``awp``: ``worker``, ``workflow apply``,
-``run start|show|task|watch|events|cancel``, ``workers``, ``schedule create|list|delete`` and ``demo``.
+``run start|show|task|watch|events|cancel``, ``workers``, ``status``, ``schedule create|list|delete`` and ``demo``.
 Everything but ``worker`` talks to the gateway with the operator (or viewer) token, so it works from any
 machine: ``--gateway`` / ``AWP_GATEWAY_URL`` and ``--token`` / ``AWP_OPERATOR_TOKEN``.
 """
@@ -382,6 +382,8 @@ def run_show(client: Client, as_json: bool, run_id: str) -> None:
     if info.get("output") is not None:
         console.print(Text("output " + _preview(info["output"], width)), crop=False, soft_wrap=True)
     console.print(task_table(tasks))
+    for line in wait_lines(tasks):  # what holds the waiting tasks, one line per reason (docs/limits.md)
+        console.print(line, crop=False, soft_wrap=True)
     for t in failed:
         last = (t.get("attempt_history") or [{}])[-1]
         line = Text(f"{t.get('task_key')} failed: ", style="red")
@@ -427,6 +429,10 @@ def task_lines(run_id: str, task: dict[str, Any], worker_names: dict[str, str], 
     lines.append(Text(f"executor {task.get('executor') or '-'}{action}{timeout}"))
     deps = task.get("depends_on") or []
     lines.append(Text(f"depends on {', '.join(deps)}" if deps else "depends on nothing (a root task)"))
+    if task.get("wait_reason"):
+        lines.append(
+            Text(f"waiting: {task['wait_reason']}: {task.get('wait_detail') or ''}".rstrip(": "), style="yellow")
+        )
     history = task.get("attempt_history") or []
     if not history:
         lines.append(Text("no attempt yet", style="dim"))
@@ -518,6 +524,86 @@ def cancel_message(answer: dict[str, Any]) -> str:
     if status in RUN_TERMINAL or not requested:
         return f"run {run_id} already {status}; nothing to cancel"
     return f"run {run_id} {status}; cancel requested at {requested} (it converges shortly)"
+
+
+# ---- awp status ----------------------------------------------------------------------------------------------
+
+
+@main.command("status")
+@gateway_options
+def status_cmd(client: Client, as_json: bool) -> None:
+    """One screen of the cluster: workers and slots by executor kind, dispatches in flight against the limits,
+    the oldest waiting task and why (docs/limits.md)."""
+    answer = _run(_with(client, lambda c: c.cluster_status()))
+    if as_json:
+        _echo_json(answer)
+        return
+    console = Console(highlight=False)
+    for line in status_lines(answer):
+        console.print(line, crop=False, soft_wrap=True)
+
+
+def status_lines(s: dict[str, Any]) -> list[Any]:
+    """The lines (and one table) of ``awp status`` from ``GET /api/v1/status``."""
+    workers, runs, dispatches = s.get("workers") or {}, s.get("runs") or {}, s.get("dispatches") or {}
+    limit = int(s.get("dispatch_limit") or 0)
+    live = int(dispatches.get("pending", 0)) + int(dispatches.get("leased", 0))
+    out: list[Any] = [
+        Text(
+            f"workers  {workers.get('active', 0)} active, {workers.get('draining', 0)} draining"
+            f"    runs  {runs.get('running', 0)} running, {runs.get('pending', 0)} pending",
+            style="bold",
+        ),
+        Text(
+            f"in flight  {dispatches.get('leased', 0)} leased + {dispatches.get('pending', 0)} pending = {live}"
+            f" of dispatch_limit {limit}" + ("  (reached)" if limit and live >= limit else "")
+        ),
+    ]
+    table = Table("executor", "workers", "slots", "busy", "free", "leased", "pending", "ready", "held by", box=None)
+    for kind, k in sorted((s.get("executors") or {}).items()):
+        slots, free = int(k.get("slots", 0)), int(k.get("free_slots", 0))
+        ready, pending = int(k.get("ready", 0)), int(k.get("pending", 0))
+        if not k.get("workers"):
+            held = Text("no active worker offers it", style="red") if ready or pending else Text("")
+        elif ready and limit and live >= limit:
+            held = Text("dispatch_limit", style="yellow")
+        elif ready and free - pending <= 0:
+            held = Text("workers full", style="yellow")
+        else:
+            held = Text("")
+        table.add_row(
+            kind,
+            str(k.get("workers", 0)),
+            str(slots),
+            str(slots - free),
+            str(free),
+            str(k.get("leased", 0)),
+            str(pending),
+            str(ready),
+            held,
+        )
+    out.append(table)
+    oldest = s.get("oldest_waiting")
+    if oldest:
+        since = _parse_time(oldest.get("since"))
+        age = ""
+        if since is not None:
+            age = f" for {max(0.0, (datetime.now(since.tzinfo) - since).total_seconds()):.1f}s"
+        line = Text("oldest waiting  ", style="bold")
+        line.append(f"{oldest.get('task_key')} of run {oldest.get('run_id')} ({oldest.get('status')}{age})")
+        out.append(line)
+        why = Text("  why  ", style="bold")
+        why.append(f"{oldest.get('reason')}: {oldest.get('detail')}", style="yellow")
+        out.append(why)
+    else:
+        out.append(Text("no task is waiting for a worker", style="dim"))
+    tick = _parse_time(s.get("last_tick_at"))
+    if tick is None:
+        out.append(Text("no coordinator pass yet: is `awp serve` running?", style="red"))
+    else:
+        ago = max(0.0, (datetime.now(tick.tzinfo) - tick).total_seconds())
+        out.append(Text(f"last coordinator pass {ago:.1f}s ago", style="red" if ago > 10 else "dim"))
+    return out
 
 
 # ---- awp workers ---------------------------------------------------------------------------------------------
@@ -683,18 +769,65 @@ def _run_header(info: dict[str, Any]) -> Text:
     return text
 
 
+# Short labels of the wait reason codes (awp.run_waits; docs/limits.md).
+WAIT_LABELS = {
+    "cancel_requested": "cancel requested",
+    "waiting_dependencies": "waiting for dependencies",
+    "waiting_retry": "waiting for a retry",
+    "no_worker_for_executor": "no worker offers the executor",
+    "run_concurrency": "run concurrency reached",
+    "dispatch_limit": "global dispatch_limit reached",
+    "workers_full": "every worker of the kind is full",
+    "fairness": "queued behind other runs",
+    "waiting_for_dispatch": "about to be dispatched",
+    "waiting_for_claim": "dispatched, waiting for a claim",
+}
+
+
 def waiting_text(info: dict[str, Any]) -> str:
-    """'waiting for a worker with executor python' while ready tasks have no worker that could take them."""
+    """What holds the run's waiting tasks: 'waiting for a worker with executor python' while ready tasks have no
+    worker that could take them, and the run's ``waiting`` counts by reason code, most first, the first one
+    explained: 'waiting: 1800 workers_full (every worker of the kind is full), 200 waiting_for_claim'. Tasks
+    waiting for their dependencies or for the next coordinator pass are left out (nothing holds them)."""
+    parts = []
     kinds = [str(k) for k in info.get("waiting_for_executors") or []]
-    if not kinds:
-        return ""
-    return f"waiting for a worker with executor {', '.join(kinds)}"
+    if kinds:
+        parts.append(f"waiting for a worker with executor {', '.join(kinds)}")
+    skip = {"waiting_dependencies", "waiting_for_dispatch"} | ({"no_worker_for_executor"} if kinds else set())
+    waits = {str(k): int(v) for k, v in (info.get("waiting") or {}).items() if k not in skip and v}
+    if waits:
+        ordered = sorted(waits.items(), key=lambda kv: (-kv[1], kv[0]))
+        (code, n), rest = ordered[0], ordered[1:]
+        first = f"{n} {code}" + (f" ({WAIT_LABELS[code]})" if code in WAIT_LABELS else "")
+        parts.append("waiting: " + ", ".join([first, *(f"{m} {k}" for k, m in rest)]))
+    return "; ".join(parts)
+
+
+def wait_lines(tasks: list[dict[str, Any]]) -> list[Text]:
+    """One line per wait reason among ``tasks`` (rows of run_tasks): how many, and the first one's detail."""
+    first: dict[str, dict[str, Any]] = {}
+    counts: Counter[str] = Counter()
+    for t in tasks:
+        reason = t.get("wait_reason")
+        if reason:
+            counts[str(reason)] += 1
+            first.setdefault(str(reason), t)
+    lines = []
+    for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        t = first[reason]
+        line = Text(f"{reason} ", style="yellow")
+        line.append(f"{n} task{'s' if n != 1 else ''}, e.g. {t.get('task_key')}: {t.get('wait_detail') or ''}")
+        lines.append(line)
+    return lines
 
 
 def task_table(tasks: list[dict[str, Any]], workers_by_task: dict[str, str] | None = None) -> Table:
     table = Table("task", "status", "attempts", "executor", "action", box=None)
     if workers_by_task is not None:
         table.add_column("worker")
+    waits = any(t.get("wait_reason") for t in tasks)
+    if waits:
+        table.add_column("waiting (why)")
     for t in tasks:
         row: list[Any] = [
             str(t.get("task_key")),
@@ -705,6 +838,8 @@ def task_table(tasks: list[dict[str, Any]], workers_by_task: dict[str, str] | No
         ]
         if workers_by_task is not None:
             row.append(workers_by_task.get(str(t.get("task_key")), ""))
+        if waits:
+            row.append(Text(str(t.get("wait_reason") or ""), style="yellow"))
         table.add_row(*row)
     return table
 
@@ -753,24 +888,30 @@ async def watch_run(
     bar = None
     info: dict[str, Any] = {}
     tasks: list[dict[str, Any]] = []
+    counts: Counter[str] = Counter()
     with Live(progress, console=console, refresh_per_second=8, transient=False) if not quiet else nullcontext():
         while True:
             info = await client.get_run(run_id)
-            tasks = await client.run_tasks(run_id)
-            counts = status_counts(tasks)
+            # The run's task_counts drive the bar (one request per poll, whatever the run's size); the task list
+            # (one request per page of tasks) only when on_tick needs it, and once for the final table.
+            counts = Counter({str(k): int(v) for k, v in (info.get("task_counts") or {}).items()})
+            if on_tick is not None:
+                tasks = await client.run_tasks(run_id)
+                counts = status_counts(tasks)
+            total = sum(counts.values())
             done = sum(counts[s] for s in TASK_DONE)
             if bar is None:
-                bar = progress.add_task(f"{info.get('workflow_id')} {run_id}", total=len(tasks) or 1, counts="")
+                bar = progress.add_task(f"{info.get('workflow_id')} {run_id}", total=total or 1, counts="")
             waiting = waiting_text(info)
             progress.update(
                 bar,
                 completed=done,
-                total=len(tasks) or 1,
+                total=total or 1,
                 counts=_counts_text(counts) + (f"  [yellow]{waiting}[/]" if waiting else ""),
             )
             if on_tick is not None:
                 await on_tick(info, tasks)
-            if info.get("status") in RUN_TERMINAL and all(t.get("status") in TASK_DONE for t in tasks):
+            if info.get("status") in RUN_TERMINAL and done == total:
                 break
             if timeout_s is not None and time.monotonic() - start >= timeout_s:
                 break
@@ -778,9 +919,11 @@ async def watch_run(
             await asyncio.sleep(delay)
     if not quiet and not console.is_terminal:
         console.print()  # the last frame of the bar does not end its line off a terminal
-    if info.get("status") not in RUN_TERMINAL or not all(t.get("status") in TASK_DONE for t in tasks):
+    if info.get("status") not in RUN_TERMINAL or sum(counts[s] for s in TASK_DONE) != sum(counts.values()):
         raise WatchTimeout(run_id, str(info.get("status")), timeout_s or 0.0)
     if not quiet:
+        if on_tick is None:
+            tasks = await client.run_tasks(run_id)
         console.print(task_table(tasks))
         console.print(_run_header(info))
         counts = status_counts(tasks)

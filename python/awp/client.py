@@ -298,12 +298,16 @@ class Client:
     async def get_worker(self, worker_id: str) -> dict[str, Any]:
         return await self.request("GET", f"/workers/{_q(worker_id)}")
 
+    async def cluster_status(self) -> dict[str, Any]:
+        """``GET /status``: workers and slots by executor kind, live dispatches, the oldest waiting task and why."""
+        return await self.request("GET", "/status")
+
     async def _pages(self, path: str, params: dict[str, Any] | None = None) -> AsyncIterator[dict[str, Any]]:
-        """Every item of a list route, following ``next_cursor``."""
-        query = {k: v for k, v in (params or {}).items() if v is not None}
+        """Every item of a list route, following ``next_cursor`` (pages of 100, the most a route gives)."""
+        query = {"limit": 100, **{k: v for k, v in (params or {}).items() if v is not None}}
         seen: set[str] = set()
         while True:
-            answer = await self.request("GET", path, params=query or None)
+            answer = await self.request("GET", path, params=query)
             if isinstance(answer, list):
                 for item in answer:
                     yield item

@@ -10,6 +10,10 @@ which restarts the workers' offline window), then waits for ``NOTIFY awp_coordin
 completion, cancel, worker change) or the interval, whichever comes first. While a pass makes
 progress it runs the next one at once. A lost connection is logged and retried with backoff; the
 process never dies of it.
+
+While active, it also applies the retention setting in the background (docs/retention.md): every
+``retention_interval_s`` one bounded prune batch, ``awp.apply_retention()``, on a connection of its own (so
+passes never wait for it), and the next batches after a short pause while one says there is ``more``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ log = logging.getLogger(__name__)
 LOCK_KEY = 0x4157_505F_434F_4F52  # "AWP_COOR"
 CHANNEL = "awp_coordinator"
 MAX_QUICK_PASSES = 100  # passes in a row without waiting, even if every one made progress
+RETENTION_BURST = 20  # retention batches in a row while each says there is more, then the interval again
+RETENTION_PAUSE_S = 0.2  # between the batches of a burst
 
 
 class Coordinator:
@@ -39,11 +45,18 @@ class Coordinator:
         self,
         dsn: str,
         interval_s: float = 1.0,
-        on_pass: Callable[[dict[str, int], float], None] | None = None,
+        on_pass: Callable[[dict[str, Any], float], None] | None = None,
         on_active: Callable[[bool], None] | None = None,
         serving: Callable[[], bool] | None = None,
+        retention_interval_s: float | None = 5.0,
+        on_retention: Callable[[dict[str, Any], float], None] | None = None,
     ) -> None:
         self.dsn = dsn
+        # None: no background retention (awp.prune by hand only).
+        self.retention_interval_s = retention_interval_s
+        self.on_retention = on_retention
+        self.retention_batches = 0
+        self._retention: asyncio.Task[None] | None = None
         # Whether this gateway can serve worker requests right now. While it cannot (its pool is
         # recovering from a database outage), each pass is a takeover: silence is not held against
         # workers whose heartbeats could not get through, and they get a full window once it can.
@@ -72,6 +85,10 @@ class Coordinator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         finally:
+            if self._retention is not None:
+                self._retention.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._retention
             if self._conn is not None:  # closing the session releases the advisory lock in any case
                 with contextlib.suppress(Exception):
                     await self._conn.close()
@@ -82,6 +99,48 @@ class Coordinator:
             log.info("coordinator %s", "active (advisory lock acquired)" if active else "standby")
             if self.on_active is not None:
                 self.on_active(active)
+            if active and self.retention_interval_s is not None:
+                self._retention = asyncio.get_running_loop().create_task(self._retention_loop(), name="awp-retention")
+            elif not active and self._retention is not None:
+                self._retention.cancel()  # it closes its connection; a batch in flight rolls back
+
+    async def _retention_loop(self) -> None:
+        """While active: ``awp.apply_retention()`` every interval, and again at once while it says ``more``."""
+        assert self.retention_interval_s is not None
+        conn: psycopg.AsyncConnection[Any] | None = None
+        try:
+            while not self._stopping.is_set():
+                await self._sleep(self.retention_interval_s)
+                for _ in range(RETENTION_BURST):
+                    if self._stopping.is_set():
+                        return
+                    try:
+                        if conn is None or conn.closed:
+                            conn = await connect(self.dsn)
+                        started = time.perf_counter()
+                        cur = await conn.execute("SELECT awp.apply_retention()")
+                        row = await cur.fetchone()
+                    except (psycopg.Error, OSError) as e:
+                        log.warning("retention batch failed (%s); next try in %.1fs", e, self.retention_interval_s)
+                        if conn is not None:
+                            with contextlib.suppress(Exception):
+                                await conn.close()
+                        conn = None
+                        break
+                    counts: dict[str, Any] = dict(row[0]) if row and row[0] else {}
+                    self.retention_batches += 1
+                    if self.on_retention is not None:
+                        self.on_retention(counts, time.perf_counter() - started)
+                    pruned = {k: v for k, v in counts.items() if k not in ("more", "cutoff", "retention_ms") and v}
+                    if pruned:
+                        log.info("retention: pruned %s (before %s)", pruned, counts.get("cutoff"))
+                    if not counts.get("more"):
+                        break
+                    await self._sleep(RETENTION_PAUSE_S)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -101,6 +160,8 @@ class Coordinator:
                     log.warning("coordinator lost its database connection (%s); retrying in %.1fs", e, backoff)
             except psycopg.Error:
                 log.exception("coordinator database error; reconnecting in %.1fs", backoff)
+            except Exception:  # a bug (e.g. in a pass callback) must not leave this replica silently standby
+                log.exception("coordinator pass failed; reconnecting in %.1fs", backoff)
             finally:
                 self._set_active(False)
                 conn, self._conn = self._conn, None
@@ -143,13 +204,18 @@ class Coordinator:
                 await self._wait_for_work(conn)
                 continue
             takeover = False
-            counts: dict[str, int] = dict(row[0]) if row and row[0] else {}
+            counts: dict[str, Any] = dict(row[0]) if row and row[0] else {}
             self.passes += 1
             if self.on_pass is not None:
-                self.on_pass(counts, time.perf_counter() - started)
-            if any(counts.values()):
+                try:
+                    self.on_pass(counts, time.perf_counter() - started)
+                except Exception:  # metrics are not worth the lead: log the bug, keep coordinating
+                    log.exception("coordinator pass callback failed")
+            # Progress is any count above zero; "limited" (the limits still holding ready tasks) is not.
+            progress = any(v for v in counts.values() if isinstance(v, int) and not isinstance(v, bool))
+            if progress:
                 log.debug("coordinator pass: %s", counts)
-            if any(counts.values()) and quick < MAX_QUICK_PASSES:
+            if progress and quick < MAX_QUICK_PASSES:
                 quick += 1
                 await self._drain_notifies(conn)
                 continue

@@ -105,7 +105,17 @@ class Database:
             await conn.execute("SELECT 1")
 
     async def metrics_snapshot(self) -> dict[str, Any]:
-        return await self._value("SELECT awp.metrics_snapshot() AS s")
+        """awp.metrics_snapshot() plus the per-kind stats and the dispatch_limit (docs/limits.md), one statement."""
+        return await self._value(
+            "SELECT awp.metrics_snapshot() || jsonb_build_object('executors', awp.executor_stats(),"
+            " 'dispatch_limit', awp.get_settings()->'dispatch_limit') AS s"
+        )
+
+    async def cluster_status(self) -> dict[str, Any]:
+        return await self._value("SELECT awp.cluster_status() AS s")
+
+    async def run_waits(self, run_id: str) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.run_waits(%s)", (run_id,))
 
     # -- workflows --------------------------------------------------------------------------------
 
@@ -114,14 +124,19 @@ class Database:
             "SELECT * FROM awp.apply_workflow_idempotent(%s, %s, %s)", (key, request_hash, Jsonb(definition))
         )
 
-    async def list_workflows(self) -> list[Row]:
-        return await self._rows("SELECT * FROM awp.list_workflows()")
+    async def list_workflows(self, after: str | None = None, limit: int | None = None) -> list[Row]:
+        """Workflows by id after ``after`` (a workflow_id); every one when ``limit`` is None."""
+        return await self._rows("SELECT * FROM awp.list_workflows(%s::text, %s::integer)", (after, limit))
 
     async def get_workflow(self, workflow_id: str) -> Row:
         return await self._row("SELECT * FROM awp.get_workflow(%s)", (workflow_id,))
 
-    async def workflow_versions(self, workflow_id: str) -> list[Row]:
-        return await self._rows("SELECT * FROM awp.workflow_versions(%s)", (workflow_id,))
+    async def workflow_versions(
+        self, workflow_id: str, after_version: int | None = None, limit: int | None = None
+    ) -> list[Row]:
+        return await self._rows(
+            "SELECT * FROM awp.workflow_versions(%s, %s::integer, %s::integer)", (workflow_id, after_version, limit)
+        )
 
     async def get_workflow_version(self, workflow_id: str, version: int) -> Row:
         return await self._row("SELECT * FROM awp.get_workflow_version(%s, %s)", (workflow_id, version))
@@ -136,14 +151,28 @@ class Database:
             (key, request_hash, workflow_id, version, Jsonb(run_input)),
         )
 
-    async def list_runs(self, workflow_id: str | None, status: str | None, after: str | None, limit: int) -> list[Row]:
-        return await self._rows("SELECT * FROM awp.list_runs(%s, %s, %s, %s)", (workflow_id, status, after, limit))
+    async def list_runs(
+        self,
+        workflow_id: str | None,
+        status: str | None,
+        after: str | None,
+        limit: int,
+        after_created_at: str | None = None,
+    ) -> list[Row]:
+        """Runs newest first after the run ``after`` (and its ``after_created_at``, ISO text, when known)."""
+        return await self._rows(
+            "SELECT * FROM awp.list_runs(%s, %s, %s, %s, %s::timestamptz)",
+            (workflow_id, status, after, limit, after_created_at),
+        )
 
     async def get_run(self, run_id: str) -> Row:
         return await self._row("SELECT * FROM awp.get_run(%s)", (run_id,))
 
-    async def run_tasks(self, run_id: str) -> list[Row]:
-        return await self._rows("SELECT * FROM awp.run_tasks(%s)", (run_id,))
+    async def run_tasks(self, run_id: str, after_task_key: str | None = None, limit: int | None = None) -> list[Row]:
+        """The run's tasks in definition order after ``after_task_key``; every one when ``limit`` is None."""
+        return await self._rows(
+            "SELECT * FROM awp.run_tasks(%s, %s::text, %s::integer)", (run_id, after_task_key, limit)
+        )
 
     async def get_task(self, run_id: str, task_key: str) -> Row:
         return await self._row("SELECT * FROM awp.get_task(%s, %s)", (run_id, task_key))
@@ -177,8 +206,8 @@ class Database:
             ),
         )
 
-    async def list_schedules(self) -> list[Row]:
-        return await self._rows("SELECT * FROM awp.list_schedules()")
+    async def list_schedules(self, after: str | None = None, limit: int | None = None) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.list_schedules(%s::text, %s::integer)", (after, limit))
 
     async def delete_schedule(self, schedule_id: str) -> Row:
         return await self._row("SELECT * FROM awp.delete_schedule(%s)", (schedule_id,))
@@ -234,8 +263,14 @@ class Database:
     async def drain_worker(self, worker_id: str, session_token: str) -> Row:
         return await self._row("SELECT * FROM awp.drain_worker(%s, %s)", (worker_id, session_token))
 
-    async def list_workers(self) -> list[Row]:
-        return await self._rows("SELECT * FROM awp.list_workers()")
+    async def list_workers(
+        self, after_registered_at: str | None = None, after_worker_id: str | None = None, limit: int | None = None
+    ) -> list[Row]:
+        """Workers oldest first after (``after_registered_at`` ISO text, ``after_worker_id``); all when no limit."""
+        return await self._rows(
+            "SELECT * FROM awp.list_workers(%s::timestamptz, %s::text, %s::integer)",
+            (after_registered_at, after_worker_id, limit),
+        )
 
     async def get_worker(self, worker_id: str) -> Row:
         return await self._row("SELECT * FROM awp.get_worker(%s)", (worker_id,))

@@ -65,6 +65,7 @@ class GatewayConfig:
     coordinator: bool = True
     coordinator_interval_ms: int = 1000
     claim_recheck_ms: int = 500
+    retention_interval_ms: int | None = 5000  # background retention batches (None: off); docs/retention.md
 
     def check(self) -> None:
         """Raise ValueError when a secret is empty or two secrets are equal."""
@@ -82,6 +83,8 @@ class GatewayConfig:
             raise ValueError("the metrics token is empty")
         if self.coordinator_interval_ms < 10:
             raise ValueError("the coordinator interval must be at least 10 ms")
+        if self.retention_interval_ms is not None and self.retention_interval_ms < 100:
+            raise ValueError("the retention interval must be at least 100 ms")
 
 
 class Role(enum.Enum):
@@ -276,6 +279,69 @@ def page(items: list[Any], next_cursor: str | None = None) -> dict[str, Any]:
     return {"items": items, "next_cursor": next_cursor}
 
 
+# Paging of list routes: ``limit`` (1-100, default 50) and an opaque ``cursor``: base64url of the JSON list of
+# the sort key of the last row of the previous page (a whole keyset key, so a page follows its cursor while
+# rows are added, and even when the cursor's row was pruned meanwhile). A malformed cursor is 400.
+PAGE_LIMIT_MAX = 100
+PAGE_LIMIT_DEFAULT = 50
+_LEGACY_RUN_CURSOR = re.compile(r"^run_[A-Za-z0-9]{1,64}$")
+
+
+def page_limit(request: web.Request) -> int:
+    return query_int(request, "limit", 1, PAGE_LIMIT_MAX, PAGE_LIMIT_DEFAULT)
+
+
+def key_cursor(*values: Any) -> str:
+    """The opaque cursor of a sort key."""
+    return encode_cursor(dumps(list(values)))
+
+
+def _key_value(value: Any, kind: str) -> Any:
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT32_MAX:
+        return value
+    if kind in ("str", "ts") and isinstance(value, str) and 1 <= len(value) <= 1024 and "\x00" not in value:
+        if kind == "str":
+            return value
+        try:
+            stamp = dt.datetime.fromisoformat(value)
+        except ValueError:
+            pass
+        else:
+            if stamp.tzinfo is not None:
+                return stamp.isoformat()  # the canonical form: PostgreSQL reads it whatever form Python accepted
+    raise bad_request("invalid cursor")
+
+
+def parse_key(raw: str, kinds: tuple[str, ...]) -> list[Any]:
+    """The sort key in a decoded cursor: a JSON list of ``kinds`` ("str", "int", "ts"); 400 otherwise."""
+    try:
+        values = json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError):
+        raise bad_request("invalid cursor") from None
+    if not isinstance(values, list) or len(values) != len(kinds):
+        raise bad_request("invalid cursor")
+    return [_key_value(v, kind) for v, kind in zip(values, kinds, strict=True)]
+
+
+def cursor_key(request: web.Request, *kinds: str) -> list[Any]:
+    """The sort key of the ``cursor`` query parameter, or ``[None, ...]`` without one; 400 when malformed."""
+    cursor = query_str(request, "cursor")
+    if cursor is None:
+        return [None] * len(kinds)
+    return parse_key(decode_cursor(cursor), kinds)
+
+
+def keyset_page(rows: list[dict[str, Any]], limit: int, key: Callable[[dict[str, Any]], list[Any]]) -> dict[str, Any]:
+    """A page of ``limit`` rows from ``limit + 1`` fetched: next_cursor is the key of its last row, or null
+    when nothing follows."""
+    next_cursor = key_cursor(*key(rows[limit - 1])) if len(rows) > limit else None
+    return page(rows[:limit], next_cursor)
+
+
+def _iso(value: Any) -> Any:
+    return _json_default(value) if isinstance(value, dt.datetime) else value
+
+
 # -- authentication ------------------------------------------------------------------------------------
 
 
@@ -417,7 +483,10 @@ async def apply_workflow(request: web.Request) -> web.Response:
 
 @route("GET", API + "/workflows", Access.READ)
 async def list_workflows(request: web.Request) -> web.Response:
-    return json_response(page(await request.app[DB].list_workflows()))
+    limit = page_limit(request)
+    (after,) = cursor_key(request, "str")
+    rows = await request.app[DB].list_workflows(after, limit + 1)
+    return json_response(keyset_page(rows, limit, lambda r: [r["workflow_id"]]))
 
 
 @route("GET", API + "/workflows/{workflow_id}", Access.READ)
@@ -427,7 +496,10 @@ async def get_workflow(request: web.Request) -> web.Response:
 
 @route("GET", API + "/workflows/{workflow_id}/versions", Access.READ)
 async def workflow_versions(request: web.Request) -> web.Response:
-    return json_response(page(await request.app[DB].workflow_versions(path_param(request, "workflow_id"))))
+    workflow_id, limit = path_param(request, "workflow_id"), page_limit(request)
+    (after,) = cursor_key(request, "int")
+    rows = await request.app[DB].workflow_versions(workflow_id, after, limit + 1)
+    return json_response(keyset_page(rows, limit, lambda r: [r["version"]]))
 
 
 @route("GET", API + "/workflows/{workflow_id}/versions/{version}", Access.READ)
@@ -459,14 +531,21 @@ async def start_run(request: web.Request) -> web.Response:
 
 @route("GET", API + "/runs", Access.READ)
 async def list_runs(request: web.Request) -> web.Response:
-    limit = query_int(request, "limit", 1, 100, 50)
+    limit = page_limit(request)
     cursor = query_str(request, "cursor")
-    after = decode_cursor(cursor) if cursor else None
+    after = after_created_at = None
+    if cursor is not None:
+        raw = decode_cursor(cursor)
+        if raw.startswith("["):
+            after_created_at, after = parse_key(raw, ("ts", "str"))
+        elif _LEGACY_RUN_CURSOR.match(raw):  # a cursor of an earlier release: the run id alone
+            after = raw
+        else:
+            raise bad_request("invalid cursor")
     rows = await request.app[DB].list_runs(
-        query_str(request, "workflow_id"), query_str(request, "status"), after, limit + 1
+        query_str(request, "workflow_id"), query_str(request, "status"), after, limit + 1, after_created_at
     )
-    next_cursor = encode_cursor(rows[limit - 1]["run_id"]) if len(rows) > limit else None
-    return json_response(page(rows[:limit], next_cursor))
+    return json_response(keyset_page(rows, limit, lambda r: [_iso(r["created_at"]), r["run_id"]]))
 
 
 @route("GET", API + "/runs/{run_id}", Access.READ)
@@ -476,7 +555,10 @@ async def get_run(request: web.Request) -> web.Response:
 
 @route("GET", API + "/runs/{run_id}/tasks", Access.READ)
 async def run_tasks(request: web.Request) -> web.Response:
-    return json_response(page(await request.app[DB].run_tasks(path_param(request, "run_id"))))
+    run_id, limit = path_param(request, "run_id"), page_limit(request)
+    (after,) = cursor_key(request, "str")
+    rows = await request.app[DB].run_tasks(run_id, after, limit + 1)
+    return json_response(keyset_page(rows, limit, lambda r: [r["task_key"]]))
 
 
 @route("GET", API + "/runs/{run_id}/tasks/{task_key}", Access.READ)
@@ -495,7 +577,7 @@ async def run_events(request: web.Request) -> web.Response:
         after = int(cursor)
     else:
         after = query_int(request, "after", 0, 2**62, 0)
-    limit = query_int(request, "limit", 1, 1000, 100)
+    limit = page_limit(request)
     rows = await request.app[DB].run_events(run_id, after, limit + 1)
     next_cursor = str(rows[limit - 1]["sequence"]) if len(rows) > limit else None
     return json_response(page(rows[:limit], next_cursor))
@@ -546,7 +628,10 @@ async def create_schedule(request: web.Request) -> web.Response:
 
 @route("GET", API + "/schedules", Access.READ)
 async def list_schedules(request: web.Request) -> web.Response:
-    return json_response(page(await request.app[DB].list_schedules()))
+    limit = page_limit(request)
+    (after,) = cursor_key(request, "str")
+    rows = await request.app[DB].list_schedules(after, limit + 1)
+    return json_response(keyset_page(rows, limit, lambda r: [r["schedule_id"]]))
 
 
 @route("DELETE", API + "/schedules/{schedule_id}", Access.WRITE)
@@ -749,12 +834,25 @@ async def drain(request: web.Request) -> web.Response:
 
 @route("GET", API + "/workers", Access.READ)
 async def list_workers(request: web.Request) -> web.Response:
-    return json_response(page(await request.app[DB].list_workers()))
+    limit = page_limit(request)
+    after_registered_at, after_worker_id = cursor_key(request, "ts", "str")
+    rows = await request.app[DB].list_workers(after_registered_at, after_worker_id, limit + 1)
+    return json_response(keyset_page(rows, limit, lambda r: [_iso(r["registered_at"]), r["worker_id"]]))
 
 
 @route("GET", API + "/workers/{worker_id}", Access.READ)
 async def get_worker(request: web.Request) -> web.Response:
     return json_response(await request.app[DB].get_worker(path_param(request, "worker_id")))
+
+
+# cluster status (`awp status`; docs/limits.md)
+
+
+@route("GET", API + "/status", Access.READ)
+async def cluster_status(request: web.Request) -> web.Response:
+    """One screen of the cluster: workers and slots by executor kind, live dispatches against dispatch_limit,
+    the oldest waiting task and why, and the time of the latest coordinator pass (awp.cluster_status)."""
+    return json_response(await request.app[DB].cluster_status())
 
 
 # -- middleware ----------------------------------------------------------------------------------------
@@ -843,6 +941,8 @@ def create_app(config: GatewayConfig) -> web.Application:
             on_pass=metrics.observe_pass,
             on_active=lambda active: metrics.coordinator_active.set(1 if active else 0),
             serving=lambda: not app[DB].failed_within(1.0),
+            retention_interval_s=None if config.retention_interval_ms is None else config.retention_interval_ms / 1000,
+            on_retention=metrics.observe_retention,
         )
     for method, path, _access, handler in ROUTES:
         app.router.add_route(method, path, handler, name=handler.__name__)

@@ -3,7 +3,10 @@
 Counters and histograms are updated as requests and coordinator passes happen; the gauges of database
 state (runs, dispatches, workers by status, active leases, ready tasks per executor kind that no active
 worker offers) are refreshed from ``awp.metrics_snapshot()``
-at scrape time, so they cost one cheap query per scrape and nothing otherwise.
+at scrape time, so they cost one cheap query per scrape and nothing otherwise. Per executor kind (ready tasks,
+pending and leased dispatches, worker slots and free slots) they come from ``awp.executor_stats()`` in the same
+query; ``awp_limit_bound_passes_total{limit}`` counts the coordinator passes after which a limit still held
+ready tasks back (docs/limits.md).
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 RUN_STATUSES = ("pending", "running", "succeeded", "failed", "canceled")
 LIVE_DISPATCH_STATUSES = ("pending", "leased")
 WORKER_STATUSES = ("active", "draining", "stopped", "offline")
+PRUNED_KINDS = ("runs", "tasks", "dispatches", "attempts", "events", "workers", "idempotency_keys")
 COORDINATOR_COUNTS = ("canceled", "reaped", "offline", "promoted", "withdrawn", "dispatched", "schedules_fired")
+# The limits a coordinator pass can find holding ready tasks back ("limited" in its answer; docs/limits.md).
+LIMITS = ("run_concurrency", "workers_full", "dispatch_limit", "no_worker_for_executor")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -63,23 +69,95 @@ class Metrics:
             ["executor_kind"],
             registry=r,
         )
+        # Per executor kind (docs/limits.md), from awp.executor_stats() at scrape time: live rows only.
+        self.executor_ready = Gauge(
+            "awp_executor_ready_tasks", "Ready tasks of live runs, by executor kind", ["executor_kind"], registry=r
+        )
+        self.executor_pending = Gauge(
+            "awp_executor_pending_dispatches",
+            "Pending dispatches (waiting for a claim), by executor kind",
+            ["executor_kind"],
+            registry=r,
+        )
+        self.executor_leased = Gauge(
+            "awp_executor_leased_dispatches",
+            "Leased dispatches (running), by executor kind",
+            ["executor_kind"],
+            registry=r,
+        )
+        self.executor_slots = Gauge(
+            "awp_executor_worker_slots",
+            "Slots (max_concurrency) of active workers offering the kind",
+            ["executor_kind"],
+            registry=r,
+        )
+        self.executor_free_slots = Gauge(
+            "awp_executor_free_worker_slots",
+            "Slots not leased of active workers offering the kind",
+            ["executor_kind"],
+            registry=r,
+        )
+        self.executor_workers = Gauge(
+            "awp_executor_workers", "Active workers offering the kind", ["executor_kind"], registry=r
+        )
+        self.dispatch_limit = Gauge(
+            "awp_dispatch_limit", "The global dispatch_limit setting (pending + leased at most)", registry=r
+        )
+        # Which limits held ready tasks back after each coordinator pass of this replica.
+        self.limit_bound = Counter(
+            "awp_limit_bound_passes",
+            "Coordinator passes after which this limit still held ready tasks back",
+            ["limit"],
+            registry=r,
+        )
+        self.limit_holding = Gauge(
+            "awp_limit_holding", "1 when this limit held ready tasks back after the latest pass", ["limit"], registry=r
+        )
+        for limit in LIMITS:
+            self.limit_bound.labels(limit)
+            self.limit_holding.labels(limit)
         for kind in COORDINATOR_COUNTS:
             self.coordinator_items.labels(kind)
         for result in ("empty", "leased"):
             self.claims.labels(result)
+        # Retention (docs/retention.md): what the active coordinator's background prune batches deleted.
+        self.pruned = Counter("awp_pruned", "Rows deleted by retention, by kind", ["kind"], registry=r)
+        self.retention_batches = Counter("awp_retention_batches", "Retention batches run", registry=r)
+        self.retention_batch_seconds = Histogram(
+            "awp_retention_batch_duration_seconds",
+            "Duration of one retention batch (awp.apply_retention)",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+            registry=r,
+        )
+        for kind in PRUNED_KINDS:
+            self.pruned.labels(kind)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
         self.latency.labels(method, route).observe(seconds)
 
-    def observe_pass(self, counts: dict[str, int], seconds: float) -> None:
+    def observe_pass(self, counts: dict[str, Any], seconds: float) -> None:
         self.coordinator_passes.inc()
         self.coordinator_pass_seconds.observe(seconds)
         for kind, n in counts.items():
-            if n:
+            if isinstance(n, int) and not isinstance(n, bool) and n:
                 self.coordinator_items.labels(kind).inc(n)
+        if "limited" in counts:  # the limits still holding ready tasks back after this pass
+            held = set(counts.get("limited") or ())
+            for limit in sorted(held | set(LIMITS)):
+                if limit in held:
+                    self.limit_bound.labels(limit).inc()
+                self.limit_holding.labels(limit).set(1 if limit in held else 0)
         if counts.get("reaped"):
             self.reaped_leases.inc(counts["reaped"])
+
+    def observe_retention(self, counts: dict[str, Any], seconds: float) -> None:
+        self.retention_batches.inc()
+        self.retention_batch_seconds.observe(seconds)
+        for kind in PRUNED_KINDS:
+            n = counts.get(kind)
+            if isinstance(n, int) and n > 0:
+                self.pruned.labels(kind).inc(n)
 
     def set_snapshot(self, snapshot: dict[str, Any] | None) -> None:
         if snapshot is None:
@@ -99,6 +177,22 @@ class Metrics:
         self.ready_without_worker.clear()
         for kind, n in (snapshot.get("ready_without_worker") or {}).items():
             self.ready_without_worker.labels(kind).set(int(n))
+        if snapshot.get("dispatch_limit") is not None:
+            self.dispatch_limit.set(int(snapshot["dispatch_limit"]))
+        if "executors" in snapshot:  # the kinds known now (awp.executor_stats): a kind gone drops out
+            gauges = {
+                "ready": self.executor_ready,
+                "pending": self.executor_pending,
+                "leased": self.executor_leased,
+                "slots": self.executor_slots,
+                "free_slots": self.executor_free_slots,
+                "workers": self.executor_workers,
+            }
+            for gauge in gauges.values():
+                gauge.clear()
+            for kind, stats in (snapshot.get("executors") or {}).items():
+                for name, gauge in gauges.items():
+                    gauge.labels(kind).set(int((stats or {}).get(name, 0)))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

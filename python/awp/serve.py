@@ -64,6 +64,14 @@ async def run_server(config: GatewayConfig, host: str, port: int, shutdown_timeo
     show_default=True,
     help="Period of coordinator passes (and of a standby's lock retries, at most 1 s) besides NOTIFY wake-ups.",
 )
+@click.option(
+    "--retention-interval-ms",
+    envvar="AWP_RETENTION_INTERVAL_MS",
+    type=click.IntRange(100, 3_600_000),
+    default=5000,
+    show_default=True,
+    help="Period of the active coordinator's retention batches (awp.apply_retention; docs/retention.md).",
+)
 @click.option("--viewer-token", envvar="AWP_VIEWER_TOKEN", default="", help="Secret for read routes.")
 @click.option("--operator-token", envvar="AWP_OPERATOR_TOKEN", default="", help="Secret for read and write routes.")
 @click.option(
@@ -86,6 +94,7 @@ def serve(
     database_url: str | None,
     no_coordinator: bool,
     coordinator_interval_ms: int,
+    retention_interval_ms: int,
     viewer_token: str,
     operator_token: str,
     bootstrap_token: str,
@@ -109,6 +118,7 @@ def serve(
         coordinator=not no_coordinator,
         coordinator_interval_ms=coordinator_interval_ms,
         claim_recheck_ms=claim_recheck_ms,
+        retention_interval_ms=retention_interval_ms,
     )
     try:
         config.check()

@@ -7,7 +7,8 @@
 - :class:`FakeWorker`: a worker driven by the test over real HTTP, for scenarios that need the lease token
   (a late complete with an old lease, a lost response, a revoked heartbeat).
 - :class:`InvariantSampler`: samples ``awp.check_invariants()`` every ~50 ms in a REPEATABLE READ
-  transaction while the system runs.
+  transaction while the system runs; ``stop()`` fails when no sample ran or a sample failed with an SQL
+  error (only connection errors, as during a database restart, are tolerated).
 - :func:`own_cluster`: a throwaway PostgreSQL cluster the test may stop, restart and terminate backends of
   (never the shared session cluster).
 """
@@ -225,14 +226,18 @@ class FakeWorker:
 class InvariantSampler:
     """Calls ``awp.check_invariants()`` every ``interval`` s in a REPEATABLE READ transaction (one snapshot).
 
-    Connection errors (a database restart) are counted, not raised. ``stop()`` returns the violations seen.
+    Connection errors (``psycopg.OperationalError``: a database restart, a terminated backend) are counted in
+    ``errors`` and the sampler reconnects; any other error (an SQL error of the checker) is a failure.
+    ``stop()`` returns the violations seen, and raises AssertionError when a sample failed with an SQL error or
+    when no sample ran at all (a sampler that checked nothing must not pass as "no violation").
     """
 
     def __init__(self, dsn: str, interval: float = 0.05) -> None:
         self.dsn = dsn
         self.interval = interval
         self.samples = 0
-        self.errors = 0
+        self.errors = 0  # connection errors (tolerated)
+        self.sql_errors: list[str] = []  # anything else (a failure)
         self.found: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="invariant-sampler")
@@ -241,8 +246,12 @@ class InvariantSampler:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None and not self._stop.is_set():  # not stopped (and judged) by the test already
+            self.stop()
+        else:  # the test failed already: just end the thread, do not mask its error
+            self._stop.set()
+            self._thread.join(10)
 
     def _loop(self) -> None:
         conn: psycopg.Connection[Any] | None = None
@@ -257,20 +266,30 @@ class InvariantSampler:
                 for row in rows:
                     if len(self.found) < 50:
                         self.found.append(row)
-            except psycopg.Error:
+            except psycopg.OperationalError:
                 self.errors += 1
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         conn.close()
                 conn = None
                 self._stop.wait(0.2)
+            except psycopg.Error as e:
+                self.sql_errors.append(f"{type(e).__name__} ({e.sqlstate}): {e}")
+                if len(self.sql_errors) >= 5:  # failing for good: stop() reports it
+                    break
             self._stop.wait(self.interval)
         if conn is not None:
-            conn.close()
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def stop(self) -> list[dict[str, Any]]:
         self._stop.set()
         self._thread.join(10)
+        assert not self._thread.is_alive(), "the invariant sampler did not stop within 10 s"
+        assert not self.sql_errors, "awp.check_invariants() failed while sampling:\n" + "\n".join(self.sql_errors)
+        assert self.samples > 0, (
+            f"the invariant sampler took no sample ({self.errors} connection errors): it checked nothing"
+        )
         return self.found
 
 

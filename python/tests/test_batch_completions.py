@@ -11,7 +11,7 @@ import httpx
 import psycopg
 import pytest
 from support import PROTOCOL, ServeProcess, bearer, serve, wait_until
-from worker_support import Workers, api, apply, mock_task, start_run, task, wait_run
+from worker_support import Workers, all_items, apply, mock_task, start_run, task, wait_run
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_a_worker_with_several_slots_sends_results_in_batches(gw: ServeProcess, 
     )
     assert singles == 0, "a worker with several slots uses the batch route"
     assert 0 < batches < n, f"{n} results in {batches} requests"
-    assert all(t["status"] == "succeeded" for t in api(gw, "GET", f"/runs/{run_id}/tasks?limit=1000")["items"])
+    assert all(t["status"] == "succeeded" for t in all_items(gw, f"/runs/{run_id}/tasks"))
     with psycopg.connect(db_dsn) as c:
         assert c.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
 

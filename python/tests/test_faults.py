@@ -105,7 +105,9 @@ def test_killed_worker_is_replaced_by_second_attempt(dsn: str, gw: ServeProcess,
     history = attempts(dsn, run_id, "slow")
     assert [a["status"] for a in history] == ["interrupted", "succeeded"]
     assert ids[history[1]["worker_id"]] != victim, "attempt 2 ran on the surviving worker"
-    assert takeover < LEASE_MS / 1000 + 2.0
+    # Taken over once the killed worker's silence made it offline (or its lease expired), never while attempt 1
+    # was still running. (How fast is recorded below, not asserted: the wait above only bounds a hang.)
+    assert history[0]["finished_at"] <= history[1]["started_at"], history
     assert_clean(dsn)
     record(
         "01_kill9_worker_takeover",
@@ -236,23 +238,19 @@ def test_gateway_restart_keeps_worker_sessions_and_unexpired_leases(dsn: str) ->
             # max_attempts 2: a claim the killed gateway had committed but not yet answered leaves a lease no
             # worker knows about; it can only expire (interrupted) and be retried. Workers long-poll claims all
             # the time, so one is often in flight at the kill.
-            tasks = [mock_task(f"t{i}", sleep_ms=800, max_attempts=2) for i in range(10)]
+            tasks = [mock_task(f"t{i}", sleep_ms=1500, max_attempts=2) for i in range(8)]
             run_id = start_run(gw, apply(gw, {"id": "s4", "concurrency": 4, "tasks": tasks}))
-            # Kill in mid-wave: every slot busy, each lease 0.1-0.4 s into its 0.8 s, so no completion and no
-            # claim is in flight (a kill during a wave turnover strands the claim answered at that instant).
-            wave = (
-                "SELECT count(*) = 4 AND min(clock_timestamp() - leased_at) >= interval '100 ms' "
-                "AND max(clock_timestamp() - leased_at) <= interval '400 ms' AS ok "
-                "FROM awp.dispatches WHERE run_id = %s AND status = 'leased'"
-            )
-            wait_until(
-                lambda: succeeded_count(dsn, run_id) >= 2 and query(dsn, wave, (run_id,))[0]["ok"],
-                15,
-                0.01,
-                "the run in mid-wave",
-            )
-            held = {x["dispatch_id"] for x in running_leases(dsn, run_id)}
-            wait_until(lambda: all(any(d in w.log() for w in procs) for d in held), 5, 0.01, "leases received")
+
+            # Kill in the first wave: every slot busy (4 leases, 2 workers x 2), each lease received by its worker
+            # (it is in the worker's log), so no claim is in flight, and no execution is near its end (1.5 s), so
+            # no completion is either. (A kill during a wave turnover strands the claim answered at that instant;
+            # the checks below allow that too.)
+            def first_wave() -> set[str] | None:
+                held = {x["dispatch_id"] for x in running_leases(dsn, run_id)}
+                logs = "".join(w.log() for w in procs)
+                return held if len(held) == 4 and all(d in logs for d in held) else None
+
+            held = wait_until(first_wave, 15, 0.01, "four leases, each received by its worker")
             gw.kill()
             killed = time.monotonic()
             killed_db = query(dsn, "SELECT clock_timestamp() AS t")[0]["t"]

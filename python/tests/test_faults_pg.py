@@ -84,8 +84,11 @@ def test_database_stop_mid_run_is_survived(cluster: Cluster, dsn: str) -> None:
         tasks = [mock_task(f"t{i:02}", max_attempts=3, sleep_ms=2000) for i in range(6)]
         run_id = start_run(gw, apply(gw, {"id": "s5", "concurrency": 4, "tasks": tasks}))
         wait_until(lambda: len(leased(dsn, run_id)) == 4, 20, 0.02, "four leases")
-        time.sleep(0.3)  # let the executions get going (and a heartbeat or two renew their leases)
         held = leased(dsn, run_id)
+        # The executions are under way: each lease has reached its worker (it is in the worker's log).
+        wait_until(
+            lambda: all(any(x["dispatch_id"] in w.log() for w in procs) for x in held), 10, 0.02, "leases received"
+        )
         busy = [w for w in procs if sessions[w.name] in {x["worker_id"] for x in held}]
         pid = gw.pid
         cluster.stop(mode="immediate")
@@ -107,7 +110,8 @@ def test_database_stop_mid_run_is_survived(cluster: Cluster, dsn: str) -> None:
         for w in procs:
             assert w.alive(), f"{w.name} exited:\n{w.log()[-2000:]}"
             assert worker_by_name(dsn, w.name)["worker_id"] == sessions[w.name]
-        # The leases cut off by the outage were never accepted: their attempts ended interrupted.
+        # The leases cut off by the outage were never accepted after it: each attempt ended interrupted, or
+        # succeeded if its result had been accepted before the stop (the executions take 2 s, so hardly ever).
         outcome = query(
             dsn,
             "SELECT a.status FROM awp.attempts a WHERE a.dispatch_id = ANY(%s)",

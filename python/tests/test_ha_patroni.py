@@ -77,10 +77,32 @@ def control_plane_whole(gateways: list[ServeProcess]) -> bool:
     )
 
 
-def timed(predicate: Callable[[], Any], since: float, timeout: float, what: str) -> float:
-    """Wait for ``predicate``; seconds from ``since`` until it held."""
-    wait_until(predicate, timeout, 0.02, what)
+def timed(
+    predicate: Callable[[], Any], since: float, timeout: float, what: str, gateways: list[ServeProcess], dsn: str
+) -> float:
+    """Wait for ``predicate``; seconds from ``since`` until it held. On a timeout the error shows what each
+    gateway's /health/ready says, the end of its log (without the access log) and who holds advisory locks."""
+    try:
+        wait_until(predicate, timeout, 0.02, what)
+    except TimeoutError as e:
+        parts = [str(e)]
+        for gw in gateways:
+            lines = [x for x in gw.log_path.read_text(errors="replace").splitlines() if "gateway.access" not in x]
+            health = r.text if (r := gw.health()) else "no answer"
+            parts.append(f"--- gateway {gw.port} (pid {gw.pid}): {health}\n" + "\n".join(lines[-40:]))
+        try:
+            parts.append(f"--- advisory locks: {query(dsn, ADVISORY_LOCKS)}")
+        except psycopg.Error as db_error:
+            parts.append(f"--- advisory locks: {db_error}")
+        raise TimeoutError("\n".join(parts)) from None
     return time.monotonic() - since
+
+
+ADVISORY_LOCKS = (
+    "SELECT l.pid, l.granted, a.application_name, a.state, a.wait_event, a.backend_start, a.client_port, "
+    "left(a.query, 80) AS query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory'"
+)
 
 
 def read_acks(paths: list[Path]) -> list[dict[str, Any]]:
@@ -139,6 +161,8 @@ def test_ack_log_records_each_acknowledged_completion(db_dsn: str, tmp_path: Pat
     assert all(a["applied"] is True and a["kind"] == "success" and a["run_id"] == run_id for a in acks)
     assert lost_acks(db_dsn, acks) == []
     assert lost_acks(db_dsn, [{**acks[0], "attempt": 2}]) != [], "the check must notice a wrong attempt"
+    assert lost_acks(db_dsn, [{**acks[0], "dispatch_id": "dsp_gone"}]) != [], "and a missing dispatch"
+    assert lost_acks(db_dsn, [{**acks[0], "kind": "permanent_failure"}]) != [], "and another outcome"
 
 
 def test_patroni_failover_and_switchover_lose_nothing(tmp_path: Path) -> None:
@@ -191,8 +215,10 @@ def scenario(ha: PatroniCluster, stack: ExitStack, tmp_path: Path) -> dict[str, 
     promoted_s = time.monotonic() - killed
     failover_s = probe.wait_write(killed, new.pg_port, 60) - killed
     writable = killed + failover_s
-    ready_s = timed(lambda: all_ready(gateways), writable, 60, "both gateways ready after the failover")
-    control_plane_s = timed(lambda: control_plane_whole(gateways), writable, 60, "listeners and a coordinator")
+    ready_s = timed(lambda: all_ready(gateways), writable, 60, "both gateways ready after the failover", gateways, dsn)
+    control_plane_s = timed(
+        lambda: control_plane_whole(gateways), writable, 60, "listeners and a coordinator", gateways, dsn
+    )
     _, back = ha.wait_whole(90)
     assert back is first, f"{first.name} should be back as synchronous standby"
     whole_s = time.monotonic() - killed
@@ -209,8 +235,12 @@ def scenario(ha: PatroniCluster, stack: ExitStack, tmp_path: Path) -> dict[str, 
     switchover_s = probe.wait_write(requested, first.pg_port, 60) - requested
     switched = requested + switchover_s
     last_on_old = probe.last_write_before(switched)
-    sw_ready_s = timed(lambda: all_ready(gateways), switched, 60, "both gateways ready after the switchover")
-    sw_control_plane_s = timed(lambda: control_plane_whole(gateways), switched, 60, "listeners and a coordinator")
+    sw_ready_s = timed(
+        lambda: all_ready(gateways), switched, 60, "both gateways ready after the switchover", gateways, dsn
+    )
+    sw_control_plane_s = timed(
+        lambda: control_plane_whole(gateways), switched, 60, "listeners and a coordinator", gateways, dsn
+    )
     assert ha.wait_whole(90) == (first, new)
 
     # -- 3. the runs finish; nothing acknowledged is lost ----------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+
+from awp.migrate import default_sql_dir
 
 AWP = str(Path(sys.executable).parent / "awp")
 
@@ -79,7 +82,33 @@ PLANTED = {
     " UPDATE awp.tasks SET status = 'queued', finished_at = NULL WHERE run_id = %(run)s",
     "worker_capacity": "UPDATE awp.dispatches SET status = 'leased', finished_at = NULL, result_hash = NULL"
     " WHERE run_id = %(run)s AND attempt = 1; UPDATE awp.workers SET max_concurrency = 1",
+    # A succeeded task with a pending dispatch (a live dispatch that nothing will ever lease).
+    "task_dispatch_match": "INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)"
+    " VALUES ('dsp_planted_b', %(run)s, 'b', 'mock', now())",
+    # Two live dispatches, one more than the limit allows.
+    "dispatch_limit": "INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)"
+    " VALUES ('dsp_planted_a', %(run)s, 'a', 'mock', now()), ('dsp_planted_b', %(run)s, 'b', 'mock', now());"
+    " UPDATE awp.settings SET dispatch_limit = 1",
 }
+
+
+def checker_invariants() -> tuple[set[str], set[str]]:
+    """The invariant names awp.check_invariants() can report (parsed from its SQL: ``SELECT '<name>', ...``),
+    and the names its header comment documents."""
+    text = (default_sql_dir() / "functions" / "check_invariants.sql").read_text()
+    reported = set(re.findall(r"^\s*SELECT '([a-z_]+)',", text, re.MULTILINE))
+    header = text[text.index("-- Checks") : text.index("-- Takes no locks")]
+    documented = set(re.findall(r"^--\s{3}([a-z_]+)\s", header, re.MULTILINE))
+    return reported, documented
+
+
+def test_every_invariant_of_the_checker_has_a_planted_violation():
+    """A new invariant needs a planted violation in PLANTED (so it is shown to fire) and a line in the header."""
+    reported, documented = checker_invariants()
+    assert len(reported) >= 14, f"parsing check_invariants.sql found only {sorted(reported)}"
+    assert reported - set(PLANTED) == set(), "invariants without a planted violation in PLANTED"
+    assert set(PLANTED) - reported == set(), "planted violations of invariants the checker does not report"
+    assert documented == reported, "the header comment of check_invariants.sql lists other invariants"
 
 
 def test_a_clean_run_has_no_violation(db, finished_run):

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import random
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from sync_support import in_thread, wait_blocked, wait_db_time_past
 
 
 def connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
@@ -131,39 +131,63 @@ def test_concurrent_claims_never_hand_out_one_dispatch_twice(db, db_dsn):
     assert_invariants(db)
 
 
+def set_lease_end(c: psycopg.Connection, lease: dict[str, Any], after: str) -> Any:
+    """Move a lease's expiry to ``clock_timestamp() + after`` (a superuser shortcut for "time passes"); returns
+    the new expiry. Waiting for the database clock to pass it (sync_support.wait_db_time_past) then takes
+    milliseconds, not a lease."""
+    return c.execute(
+        "UPDATE awp.dispatches SET lease_expires_at = clock_timestamp() + %s::interval WHERE dispatch_id = %s"
+        " RETURNING lease_expires_at",
+        [after, lease["dispatch_id"]],
+    ).fetchone()["lease_expires_at"]
+
+
+def committed_expired(c: psycopg.Connection, lease: dict[str, Any]) -> bool:
+    """What the reaper's candidate query sees now: the committed lease is leased and past its expiry."""
+    return c.execute(
+        "SELECT status = 'leased' AND lease_expires_at <= clock_timestamp() AS x FROM awp.dispatches"
+        " WHERE dispatch_id = %s",
+        [lease["dispatch_id"]],
+    ).fetchone()["x"]
+
+
+def reap(c: psycopg.Connection) -> int:
+    return c.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"]
+
+
 def test_lease_renewed_after_the_reapers_candidate_read_is_not_expired(db, db_dsn):
-    db.execute("SELECT awp.configure(heartbeat_interval_ms => 100, lease_duration_ms => 800)")
     run_id = make_run(db, 1, concurrency=1)
     worker = register(db, "w", 1)
     tick(db)
     [lease] = claim(db, worker, 1)
-    time.sleep(0.6)
+    old_end = set_lease_end(db, lease, "100 ms")
     with connect(db_dsn) as hb, connect(db_dsn) as reaper:
         with hb.transaction():
-            assert heartbeat(hb, worker, [lease]) == {lease["dispatch_id"]: "renewed"}
-            time.sleep(0.4)  # the original expiry passes while the renewal is not yet committed
-            # The reaper's candidate is locked by the heartbeat: skipped, not expired.
-            assert reaper.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 0
-        # Committed renewal: the lease is valid again, nothing to reap.
-        assert reaper.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 0
+            assert heartbeat(hb, worker, [lease]) == {lease["dispatch_id"]: "renewed"}  # to now + 15 s, uncommitted
+            wait_db_time_past(db, old_end)  # the committed expiry passes while the renewal is not yet committed
+            assert committed_expired(db, lease), "the reaper's candidate query does pick this lease"
+            # ... but the heartbeat holds it: skipped (SKIP LOCKED), not expired.
+            assert reap(reaper) == 0
+        # Committed renewal: the lease is valid again (for 15 s), nothing to reap.
+        assert not committed_expired(db, lease)
+        assert reap(reaper) == 0
     assert complete(db, worker, lease)
     assert run_status(db, run_id) == "succeeded"
 
 
 def test_heartbeat_does_not_wait_behind_a_reaper_holding_the_lease(db, db_dsn):
-    db.execute("SELECT awp.configure(heartbeat_interval_ms => 50, lease_duration_ms => 300)")
     make_run(db, 1, concurrency=1, retry={"max_attempts": 2, "interval_ms": 0})
     worker = register(db, "w", 1)
     tick(db)
     [lease] = claim(db, worker, 1)
-    time.sleep(0.4)
+    wait_db_time_past(db, set_lease_end(db, lease, "0 ms"))
     with connect(db_dsn) as reaper, connect(db_dsn) as hb:
-        hb.execute("SET statement_timeout = '2s'")
+        # If the heartbeat waited for the reaper's row lock it would wait for this very thread, which holds
+        # the reaper's transaction open: a self-deadlock that only the statement timeout (a hang bound) ends.
+        hb.execute("SET statement_timeout = '30s'")
         with reaper.transaction():
-            assert reaper.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 1
-            started = time.monotonic()
+            assert reap(reaper) == 1
             assert heartbeat(hb, worker, [lease]) == {lease["dispatch_id"]: "revoked"}
-            assert time.monotonic() - started < 2
     with pytest.raises(psycopg.Error) as err:
         complete(db, worker, lease)
     assert err.value.sqlstate == "AWLST"
@@ -171,40 +195,38 @@ def test_heartbeat_does_not_wait_behind_a_reaper_holding_the_lease(db, db_dsn):
 
 @pytest.mark.parametrize("first", ["complete", "reaper"])
 def test_complete_and_reaper_never_both_win(db, db_dsn, first):
-    db.execute("SELECT awp.configure(heartbeat_interval_ms => 50, lease_duration_ms => 400)")
     run_id = make_run(db, 1, concurrency=1, retry={"max_attempts": 3, "interval_ms": 0})
     worker = register(db, "w", 1)
     tick(db)
     [lease] = claim(db, worker, 1)
-    result: dict[str, Any] = {}
 
-    def do_complete(c: psycopg.Connection) -> None:
+    def do_complete(c: psycopg.Connection) -> Any:
         try:
-            result["complete"] = complete(c, worker, lease)
+            return complete(c, worker, lease)
         except psycopg.Error as exc:
-            result["complete"] = exc.sqlstate
+            return exc.sqlstate
 
     with connect(db_dsn) as a, connect(db_dsn) as b:
         if first == "complete":
             # Complete holds Run and Dispatch; the lease expires meanwhile; the reaper must skip it.
+            end = set_lease_end(db, lease, "200 ms")
             with a.transaction():
-                do_complete(a)
-                time.sleep(0.5)
-                assert b.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 0
-            assert result["complete"] is True
-            assert b.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 0
+                assert do_complete(a) is True
+                wait_db_time_past(db, end)
+                assert committed_expired(db, lease), "the reaper's candidate query does pick this lease"
+                assert reap(b) == 0
+            assert reap(b) == 0
             assert run_status(db, run_id) == "succeeded"
         else:
-            time.sleep(0.5)
+            wait_db_time_past(db, set_lease_end(db, lease, "0 ms"))
             with a.transaction():
-                assert a.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"] == 1
-                t = threading.Thread(target=do_complete, args=(b,))
-                t.start()
-                time.sleep(0.2)  # the complete now waits for the run lock
-            t.join(timeout=10)
-            assert result["complete"] == "AWLST"
+                assert reap(a) == 1
+                call = in_thread(lambda: do_complete(b))
+                # The complete now waits for the run lock the reaper holds (seen, not assumed after a sleep).
+                assert wait_blocked(db, b.info.backend_pid, call) == [a.info.backend_pid]
+            assert call.result() == "AWLST"
             attempts = db.execute("SELECT status FROM awp.task_attempts(%s, 't0')", [run_id]).fetchall()
-            assert [a["status"] for a in attempts] == ["interrupted"]
+            assert [x["status"] for x in attempts] == ["interrupted"]
     assert_invariants(db)
 
 
@@ -220,8 +242,6 @@ def race_cancel_against_complete(dsn: str, run_id: str, worker: tuple[str, str],
                 c.execute("SELECT * FROM awp.request_cancel(%s)", [run_id])
                 c.execute("SELECT awp.converge_cancellations()")
                 return
-            if random.random() < 0.5:
-                time.sleep(0.001)
             try:
                 result["complete"] = complete(c, worker, lease)
             except psycopg.Error as exc:
@@ -231,25 +251,64 @@ def race_cancel_against_complete(dsn: str, run_id: str, worker: tuple[str, str],
     return result["complete"]
 
 
+def cancel_and_converge(c: psycopg.Connection, run_id: str) -> None:
+    c.execute("SELECT * FROM awp.request_cancel(%s)", [run_id])
+    c.execute("SELECT awp.converge_cancellations()")
+
+
+@pytest.mark.parametrize("first", ["cancel", "complete"])
+def test_cancel_and_complete_the_one_that_locks_the_run_first_wins(db, db_dsn, first):
+    run_id = make_run(db, 1, concurrency=1, wid=f"cancel-first-{first}")
+    worker = register(db, "w", 1)
+    tick(db)
+    [lease] = claim(db, worker, 1)
+
+    def do_complete(c: psycopg.Connection) -> Any:
+        try:
+            return complete(c, worker, lease)
+        except psycopg.Error as exc:
+            return exc.sqlstate
+
+    with connect(db_dsn) as a, connect(db_dsn) as b:
+        with a.transaction():
+            if first == "cancel":
+                cancel_and_converge(a, run_id)
+                call = in_thread(lambda: do_complete(b))
+            else:
+                assert do_complete(a) is True
+                call = in_thread(lambda: cancel_and_converge(b, run_id))
+            # The second one is seen waiting for the first one's run lock before the first commits.
+            assert wait_blocked(db, b.info.backend_pid, call) == [a.info.backend_pid]
+        answer = call.result()
+    tick(db)
+    task = db.execute("SELECT status FROM awp.run_tasks(%s)", [run_id]).fetchone()["status"]
+    if first == "cancel":
+        assert answer == "AWLST"
+        assert (task, run_status(db, run_id)) == ("canceled", "canceled")
+    else:
+        assert (task, run_status(db, run_id)) == ("succeeded", "succeeded"), (
+            "a cancel of a finished run changes nothing"
+        )
+    assert_invariants(db)
+
+
 def test_cancel_and_complete_exactly_one_wins(db, db_dsn):
-    outcomes = set()
-    for i in range(12):
+    """Free races (no ordering imposed; the test above forces each order): whichever wins, exactly one does."""
+    for i in range(8):
         run_id = make_run(db, 1, concurrency=1, wid=f"cancel-race-{i}")
         worker = register(db, f"w{i}", 1)
         tick(db)
         [lease] = claim(db, worker, 1)
-        result = {"complete": race_cancel_against_complete(db_dsn, run_id, worker, lease)}
+        outcome = race_cancel_against_complete(db_dsn, run_id, worker, lease)
         tick(db)
         task = db.execute("SELECT status FROM awp.run_tasks(%s)", [run_id]).fetchone()["status"]
         run = run_status(db, run_id)
-        if result["complete"] is True:
+        if outcome is True:
             assert (task, run) == ("succeeded", "succeeded")
         else:
-            assert result["complete"] == "AWLST"
+            assert outcome == "AWLST"
             assert (task, run) == ("canceled", "canceled")
-        outcomes.add(result["complete"])
     assert_invariants(db)
-    assert outcomes  # at least one race ran; both outcomes are legal
 
 
 def sample_limits(c: psycopg.Connection, dispatch_limit: int) -> list[str]:
@@ -279,6 +338,7 @@ def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
     workers = [register(db, f"w{i}", 2) for i in range(6)]
     stop = threading.Event()
     violations: list[str] = []
+    samples = [0]
 
     def actor(i: int) -> None:
         with connect(db_dsn) as c:
@@ -286,12 +346,13 @@ def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
                 while not stop.is_set():
                     tick(c)
                 return
-            if i == 1:  # the sampler
+            if i == 1:  # the sampler (an SQL error fails the test: in_threads re-raises it)
                 while not stop.is_set():
                     with c.transaction():
                         c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                         violations.extend(sample_limits(c, 7))
                         violations.extend(str(r) for r in c.execute("SELECT * FROM awp.check_invariants()"))
+                    samples[0] += 1
                 return
             worker = workers[i - 2]
             held: list[dict[str, Any]] = []
@@ -304,6 +365,7 @@ def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
 
     threading.Timer(4.0, stop.set).start()
     in_threads(len(workers) + 2, actor)
+    assert samples[0] > 0, "the sampler checked nothing"
     assert violations == []
     for _ in range(400):
         if all(run_status(db, r) == "succeeded" for r in runs):
@@ -321,7 +383,13 @@ def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
 
 
 def test_mixed_concurrent_load_never_deadlocks(db, db_dsn):
-    db.execute("SELECT awp.configure(dispatch_limit => 50, heartbeat_interval_ms => 50, lease_duration_ms => 400)")
+    # Leases of 400 ms keep the reaper busy; a worker goes offline only after 500 ms of silence (10 x 50 ms):
+    # this test looks for deadlocks, and on 2 busy cores one thread can be descheduled for 150 ms (the default
+    # 3 heartbeats), which is a worker going offline, not a deadlock.
+    db.execute(
+        "SELECT awp.configure(dispatch_limit => 50, heartbeat_interval_ms => 50, lease_duration_ms => 400,"
+        " offline_after_heartbeats => 10)"
+    )
     for i in range(4):
         make_run(db, 60, concurrency=10, wid=f"mixed-{i}", retry={"max_attempts": 3, "interval_ms": 0})
     workers = [register(db, f"w{i}", 4) for i in range(5)]

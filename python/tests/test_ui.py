@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 from support import PROTOCOL, ServeProcess, serve, wait_until
-from worker_support import Workers, api, apply, get_run, mock_task, start_run, wait_run
+from worker_support import Workers, all_items, api, apply, get_run, mock_task, start_run, wait_run
 
 from awp.gateway import GatewayConfig, Role
 from awp.ui import dag, views
@@ -440,7 +440,7 @@ def test_the_workers_page_marks_each_worker_and_follows_a_drain(
 
 
 def _worker(gw: ServeProcess, name: str) -> dict[str, Any] | None:
-    found = [w for w in api(gw, "GET", "/workers")["items"] if w["display_name"] == name and w["status"] == "active"]
+    found = [w for w in all_items(gw, "/workers") if w["display_name"] == name and w["status"] == "active"]
     return found[-1] if found else None
 
 

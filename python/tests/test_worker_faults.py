@@ -4,13 +4,23 @@ python handlers' context and limits. Lease 2000 ms, heartbeat 200 ms, safety mar
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from support import ServeProcess, serve, wait_until
-from worker_support import TcpProxy, Workers, api, apply, mock_task, start_run, task, wait_run, wait_task_status
+from worker_support import (
+    TcpProxy,
+    Workers,
+    all_items,
+    api,
+    apply,
+    mock_task,
+    start_run,
+    task,
+    wait_run,
+    wait_task_status,
+)
 
 TEST_HANDLERS = "python/tests/handlers_for_tests.py"
 
@@ -24,7 +34,7 @@ def gw(db_dsn: str) -> Iterator[ServeProcess]:
 
 
 def worker_ids(gw: ServeProcess) -> dict[str, str]:
-    return {w["worker_id"]: w["display_name"] for w in api(gw, "GET", "/workers")["items"]}
+    return {w["worker_id"]: w["display_name"] for w in all_items(gw, "/workers")}
 
 
 def test_short_partition_is_survived_and_complete_is_retried(gw: ServeProcess) -> None:
@@ -77,10 +87,11 @@ def test_second_signal_exits_at_once(gw: ServeProcess) -> None:
         wait_task_status(gw, run_id, "long", "running")
         w.signal(signal.SIGTERM)
         w.wait_log("draining")
-        started = time.monotonic()
         w.signal(signal.SIGINT)
-        assert w.wait_exit(5) == 130
-        assert time.monotonic() - started < 2
+        # Exit code 130 is the second-signal path (os._exit): the drain (shutdown timeout 30 s, a 30 s task) was
+        # not waited for. The timeout only bounds a hang.
+        assert w.wait_exit(10) == 130
+        assert "second SIGINT: exiting at once" in w.log()
         api(gw, "POST", f"/runs/{run_id}/cancel", {})
         assert wait_run(gw, run_id, timeout=10)["status"] == "canceled"
 
@@ -90,10 +101,8 @@ def test_shutdown_timeout_cancels_what_is_left_and_exits_zero(gw: ServeProcess) 
         w = ws.start("hurried", shutdown_timeout=1)
         run_id = start_run(gw, apply(gw, {"id": "fa-timeout", "tasks": [mock_task("long", sleep_ms=30000)]}))
         wait_task_status(gw, run_id, "long", "running")
-        started = time.monotonic()
         w.signal(signal.SIGTERM)
-        assert w.wait_exit(10) == 0
-        assert time.monotonic() - started < 5
+        assert w.wait_exit(15) == 0  # long before the 30 s task could end: the timeout only bounds a hang
         assert "shutdown timeout" in w.log()
         assert "completed" not in w.log()
         # The lease was not released: the attempt ends as interrupted when it expires, never as succeeded.
@@ -148,10 +157,8 @@ def test_a_stuck_sync_handler_does_not_keep_the_worker_alive(gw: ServeProcess) -
         }
         run_id = start_run(gw, apply(gw, definition))
         wait_task_status(gw, run_id, "s", "running")
-        started = time.monotonic()
         w.signal(signal.SIGTERM)
-        assert w.wait_exit(10) == 0
-        assert time.monotonic() - started < 5
+        assert w.wait_exit(15) == 0  # the handler sleeps 60 s: the timeout only bounds a hang
         assert "sync handler thread(s) still running" in w.log()
         api(gw, "POST", f"/runs/{run_id}/cancel", {})
         assert wait_run(gw, run_id, timeout=10)["status"] in ("canceled", "failed")

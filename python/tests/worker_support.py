@@ -10,6 +10,7 @@ with serve(db_dsn) as gw, Workers(gw) as workers:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -157,8 +158,21 @@ def get_run(gw: ServeProcess, run_id: str) -> dict[str, Any]:
     return api(gw, "GET", f"/runs/{run_id}")
 
 
+def all_items(gw: ServeProcess, path: str) -> list[dict[str, Any]]:
+    """Every item of a list route, following next_cursor (pages of 100)."""
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        sep = "&" if "?" in path else "?"
+        page = api(gw, "GET", f"{path}{sep}limit=100" + (f"&cursor={cursor}" if cursor else ""))
+        items += page["items"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return items
+
+
 def tasks(gw: ServeProcess, run_id: str) -> dict[str, dict[str, Any]]:
-    return {t["task_key"]: t for t in api(gw, "GET", f"/runs/{run_id}/tasks")["items"]}
+    return {t["task_key"]: t for t in all_items(gw, f"/runs/{run_id}/tasks")}
 
 
 def task(gw: ServeProcess, run_id: str, key: str) -> dict[str, Any]:
@@ -263,3 +277,90 @@ class TcpProxy:
         finally:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
+
+
+class RecordingProxy:
+    """An HTTP forwarder to a gateway that keeps every exchange (``exchanges``: method, path, status, request
+    and response JSON), so a test can see what a real worker sent and received (its lease tokens, its
+    completions) without any change to the worker."""
+
+    def __init__(self, upstream: str) -> None:
+        import http.server  # local: only this helper needs it
+
+        self.upstream = upstream.rstrip("/")
+        self.exchanges: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                keep = {
+                    k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length", "connection")
+                }
+                try:
+                    with httpx.Client(timeout=60) as client:
+                        r = client.request(self.command, proxy.upstream + self.path, content=body, headers=keep)
+                    status, data, ctype = r.status_code, r.content, r.headers.get("content-type", "application/json")
+                except httpx.HTTPError:
+                    status, data, ctype = 502, b'{"error": {"code": "proxy"}}', "application/json"
+                proxy._record(self.command, self.path, status, body, data)
+                with contextlib.suppress(OSError):  # the worker hung up (a long poll ended by its shutdown)
+                    self.send_response(status)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True, name="recording-proxy").start()
+
+    def _record(self, method: str, path: str, status: int, request: bytes, response: bytes) -> None:
+        def parse(raw: bytes) -> Any:
+            try:
+                return json.loads(raw) if raw else None
+            except ValueError:
+                return None
+
+        with self._lock:
+            self.exchanges.append(
+                {
+                    "method": method,
+                    "path": path,
+                    "status": status,
+                    "request": parse(request),
+                    "response": parse(response),
+                }
+            )
+
+    def find(self, suffix: str) -> list[dict[str, Any]]:
+        """The exchanges whose path ends with ``suffix`` (e.g. ``/claims``), in order."""
+        with self._lock:
+            return [x for x in self.exchanges if x["path"].split("?")[0].endswith(suffix)]
+
+    def leases(self) -> list[dict[str, Any]]:
+        """Every lease the gateway handed out through this proxy (claims and completions that claimed)."""
+        found = []
+        with self._lock:
+            for x in self.exchanges:
+                path = x["path"].split("?")[0]
+                if (
+                    x["status"] == 200
+                    and path.endswith(("/claims", "/complete", "/completions"))
+                    and isinstance(x["response"], dict)
+                ):
+                    found.extend(x["response"].get("leases") or [])
+        return found
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

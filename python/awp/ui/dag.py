@@ -46,6 +46,7 @@ class Task:
     status: str
     depends_on: tuple[str, ...] = ()
     attempts: int = 0
+    wait: str = ""  # what holds it while it waits: "reason: detail" (awp.run_tasks wait_reason / wait_detail)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Node:
     attempts: int = 0
     w: int = NODE_W
     h: int = NODE_H
+    wait: str = ""
 
     @property
     def label(self) -> str:
@@ -97,7 +99,14 @@ class Layered:
 def tasks_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[Task]:
     """Tasks from ``awp.run_tasks`` rows."""
     return [
-        Task(r["task_key"], r["status"], tuple(r.get("depends_on") or ()), int(r.get("attempts") or 0)) for r in rows
+        Task(
+            r["task_key"],
+            r["status"],
+            tuple(r.get("depends_on") or ()),
+            int(r.get("attempts") or 0),
+            f"{r['wait_reason']}: {r.get('wait_detail') or ''}".rstrip(": ") if r.get("wait_reason") else "",
+        )
+        for r in rows
     ]
 
 
@@ -194,7 +203,9 @@ def draw(layered: Layered, keys: Sequence[str] | None = None, rows: int = ROWS, 
             offset = (tallest - len(col)) * pitch_y // 2  # centre short columns
             for row, key in enumerate(col):
                 t = layered.tasks[key]
-                nodes[key] = Node(key, t.status, layered.layer_of[key], x, y0 + offset + row * pitch_y, t.attempts)
+                nodes[key] = Node(
+                    key, t.status, layered.layer_of[key], x, y0 + offset + row * pitch_y, t.attempts, wait=t.wait
+                )
             width = max(width, x + NODE_W + PAD)
         y0 += tallest * pitch_y - ROW_GAP + BAND_GAP
     height = max(y0 - BAND_GAP + PAD, 2 * PAD)

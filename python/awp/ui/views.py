@@ -52,6 +52,8 @@ PREVIEW_CHARS = 2000
 
 RUN_STATUSES = ("pending", "running", "succeeded", "failed", "canceled")
 LIVE_RUN = ("pending", "running")
+WAITING_TASK = ("waiting_dependencies", "waiting_retry", "ready", "queued")
+WAITS_LIMIT = 500  # /changes carries each waiting task's reason while at most this many wait
 TASK_STATUSES = (
     "succeeded",
     "running",
@@ -636,6 +638,11 @@ async def run_changes(request: web.Request, session: Session | None) -> web.Stre
     answer["events"] = [_event(e) for e in rows]
     answer["after"] = rows[-1]["sequence"] if rows else int(after_arg)
     answer["summary"] = render(request, "_run_summary.html", session=session, run=run, now=_now()).text or ""
+    # What holds each waiting task, for the graph's node titles ("reason: detail"; docs/limits.md): only while
+    # few tasks wait, so a big run's answers stay small (its nodes then show their status alone).
+    counts = run.get("task_counts") or {}
+    if run["status"] in LIVE_RUN and sum(int(counts.get(s, 0)) for s in WAITING_TASK) <= WAITS_LIMIT:
+        answer["waits"] = {w["task_key"]: f"{w['reason']}: {w['detail']}" for w in await db.run_waits(run_id)}
     return _json(answer)
 
 

@@ -96,7 +96,7 @@
       document.querySelectorAll("#overview [data-band]").forEach((box) => (bands[Number(box.dataset.band)] = box));
     }
 
-    function setNodeStatus(node, status) {
+    function setNodeStatus(node, status, wait) {
       node.dataset.status = status;
       const key = node.dataset.taskKey;
       const words = status.replace(/_/g, " ");
@@ -104,7 +104,12 @@
       const glyph = node.querySelector(".glyph");
       if (glyph) glyph.textContent = st.glyph[status] || "?";
       const title = node.querySelector("title");
-      if (title) title.textContent = `${key} · ${words}`;
+      if (title) title.textContent = `${key} · ${words}` + (wait ? ` — ${wait}` : "");
+    }
+
+    // what holds each waiting task ("reason: detail"), when the answer carries it: every node's title
+    function setWaits(waits) {
+      nodes.forEach((node, key) => setNodeStatus(node, node.dataset.status, waits[key]));
     }
 
     function redrawBand(i) {
@@ -209,6 +214,7 @@
             if (!c.unchanged) {
               apply(c.events);
               after = c.after;
+              if (c.waits) setWaits(c.waits);
               if (c.summary !== undefined) swap($("#summary"), c.summary);
               if (c.more) delay = 0;
               else revision = c.revision;

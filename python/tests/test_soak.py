@@ -1,0 +1,269 @@
+"""Flat growth under a soak (docs/retention.md): many small runs against a real ``awp serve`` and real workers,
+with a short retention, on a cluster of its own. After the first retention cycle the row counts and the sizes
+of every AWP table stay within a bound while runs keep coming (without retention they would grow without end),
+worker sessions ended by restarts are pruned too, and ``awp.check_invariants()`` finds nothing, during and
+after. Prints the row counts and sizes over time, and the cost of one full prune batch.
+
+``make test`` runs the short form (about 35 s of load); ``make soak`` the long one (``AWP_SOAK_SECONDS``,
+default 240). The cluster's autovacuum looks every second (``autovacuum_naptime``): the soak compresses days of
+retention into seconds, and the default minute between autovacuum rounds would be most of the soak.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import psycopg
+from support import serve, wait_until
+from worker_support import Workers, mock_task
+
+from awp.testing import fresh_database, local_cluster
+
+SOAK_SECONDS = float(os.environ.get("AWP_SOAK_SECONDS", "35"))
+LONG = SOAK_SECONDS >= 120
+RETENTION_MS = int(os.environ.get("AWP_SOAK_RETENTION_MS", "10000" if LONG else "3000"))
+RETENTION_INTERVAL_MS = 500
+RATE = float(os.environ.get("AWP_SOAK_RATE", "8"))  # runs started per second
+SAMPLE_S = 5.0 if LONG else 2.0
+RESTART_S = 10.0  # one worker is restarted (a new session) this often
+TASKS = [
+    mock_task("a"),
+    mock_task("b", ["a"]),
+    mock_task("c", ["a"]),
+    mock_task("d", ["a"]),
+    mock_task("e", ["b", "c", "d"]),
+]
+
+
+@dataclass
+class Sample:
+    t: float
+    rows: dict[str, int]
+    kb: dict[str, int]
+    started: int
+
+
+@dataclass
+class Soak:
+    dsn: str
+    tables: list[str] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    started: int = 0
+    violations: list[Any] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def sample(self, conn: psycopg.Connection[Any], t: float) -> Sample:
+        rows, kb = {}, {}
+        for table in self.tables:
+            rows[table] = conn.execute(f"SELECT count(*) FROM awp.{table}").fetchone()[0]
+            kb[table] = conn.execute("SELECT pg_total_relation_size(%s) / 1024", (f"awp.{table}",)).fetchone()[0]
+        s = Sample(t, rows, kb, self.started)
+        self.samples.append(s)
+        return s
+
+
+def _submit(gw: Any, wid: str, soak: Soak, stop: threading.Event) -> None:
+    with httpx.Client(base_url=gw.base_url, headers=gw.auth("operator"), timeout=10) as http:
+        begin = time.monotonic()
+        while not stop.is_set():
+            due = begin + soak.started / RATE
+            if time.monotonic() < due:
+                stop.wait(due - time.monotonic())
+                continue
+            r = http.post(
+                f"/api/v1/workflows/{wid}/versions/1/runs", json={}, headers={"Idempotency-Key": secrets.token_hex(8)}
+            )
+            if r.status_code != 202:
+                soak.errors.append(f"start run: {r.status_code} {r.text[:200]}")
+                stop.wait(0.5)
+                continue
+            soak.started += 1
+
+
+def _table(soak: Soak) -> str:
+    short = {"idempotency_keys": "idem_keys", "status_counts": "st_counts", "workflow_versions": "wf_vers"}
+    cols = [t for t in soak.tables if t not in ("settings",)]
+    head = f"{'t(s)':>6} {'started':>7} " + " ".join(f"{short.get(c, c):>10}" for c in cols) + f" {'total kB':>9}"
+    lines = ["rows per table, and the total size of every awp table (kB):", head]
+    for s in soak.samples:
+        total = sum(s.kb.values())
+        lines.append(f"{s.t:6.0f} {s.started:7d} " + " ".join(f"{s.rows[c]:10d}" for c in cols) + f" {total:9d}")
+    lines.append("size of each table (kB, with its indexes and TOAST): first sample after warm-up, then last")
+    warm = _warm(soak)
+    first, last = warm[0], soak.samples[-1]
+    lines.append("  " + ", ".join(f"{c} {first.kb[c]}->{last.kb[c]}" for c in soak.tables))
+    return "\n".join(lines)
+
+
+def _warm(soak: Soak) -> list[Sample]:
+    """Samples after the first retention cycle: retention + a few retention intervals + the slowest run."""
+    warmup = RETENTION_MS / 1000 + 5 * RETENTION_INTERVAL_MS / 1000 + 3
+    return [s for s in soak.samples if s.t >= warmup]
+
+
+def _full_batch_cost(dsn: str, n_runs: int = 200) -> str:
+    """Finish ``n_runs`` 5-task runs through the real functions (a SQL worker), then time one prune batch of them
+    (the coordinator's batch: at most 200 runs / 5,000 of their tasks)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT awp.configure(retention_ms => 0)")  # the background leaves them to us
+        wid = "soak-batch"
+        c.execute("SELECT awp.create_workflow_version(%s)", (psycopg.types.json.Jsonb({"id": wid, "tasks": TASKS}),))
+        worker, token = c.execute(
+            "SELECT worker_id, session_token FROM awp.register_worker('sql', '{mock}', 100)"
+        ).fetchone()
+        for _ in range(n_runs):
+            c.execute("SELECT awp.start_run(%s)", (wid,))
+        done = 0
+        while done < n_runs:
+            c.execute("SELECT awp.create_dispatches()")
+            leases = c.execute(
+                "SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 100)", (worker, token)
+            ).fetchall()
+            for dispatch_id, lease in leases:
+                c.execute(
+                    'SELECT awp.complete_task(%s, %s, %s, %s, \'{"kind": "success", "output": {"ok": 1}}\')',
+                    (worker, token, dispatch_id, lease),
+                )
+            done = c.execute(
+                "SELECT count(*) FROM awp.runs WHERE workflow_id = %s AND status = 'succeeded'", (wid,)
+            ).fetchone()[0]
+            if not leases and done < n_runs:
+                time.sleep(0.05)
+        c.execute("SELECT status FROM awp.drain_worker(%s, %s)", (worker, token))
+        rows = c.execute(
+            "SELECT (SELECT count(*) FROM awp.tasks t JOIN awp.runs r USING (run_id) WHERE r.workflow_id = %s),"
+            " (SELECT count(*) FROM awp.events e JOIN awp.runs r USING (run_id) WHERE r.workflow_id = %s)",
+            (wid, wid),
+        ).fetchone()
+        started = time.perf_counter()
+        batch = c.execute("SELECT awp._prune_batch(clock_timestamp())").fetchone()[0]
+        ms = (time.perf_counter() - started) * 1000
+    return (
+        f"one prune batch: {batch['runs']} runs, {batch['tasks']} tasks, {batch['dispatches']} dispatches, "
+        f"{batch['attempts']} attempts, {batch['events']} events, {batch['workers']} worker(s), "
+        f"{batch['idempotency_keys']} idempotency keys in {ms:.0f} ms "
+        f"({ms / max(1, batch['runs']):.2f} ms per run; there were {rows[0]} tasks and {rows[1]} events)"
+    )
+
+
+def test_soak_row_counts_and_table_sizes_stay_flat_under_retention() -> None:
+    with local_cluster(fsync=False, prefix="awp-soak-") as cluster:
+        with psycopg.connect(cluster.dsn(), autocommit=True) as c:
+            c.execute("ALTER SYSTEM SET autovacuum_naptime = '1s'")
+            c.execute("SELECT pg_reload_conf()")
+        dsn = fresh_database(cluster, "awp_soak")
+        soak = Soak(dsn)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(
+                "SELECT awp.configure(lease_duration_ms => 10000, heartbeat_interval_ms => 1000, retention_ms => %s)",
+                (RETENTION_MS,),
+            )
+            soak.tables = [
+                r[0]
+                for r in c.execute(
+                    "SELECT relname FROM pg_class WHERE relnamespace = 'awp'::regnamespace AND relkind = 'r'"
+                    " ORDER BY relname"
+                ).fetchall()
+            ]
+        env = {"AWP_RETENTION_INTERVAL_MS": str(RETENTION_INTERVAL_MS)}
+        with serve(dsn, coordinator_interval_ms=100, env=env) as gw, Workers(gw) as workers:
+            wid = "soak"
+            r = httpx.post(
+                gw.api("/workflows"),
+                json={"id": wid, "concurrency": 5, "tasks": TASKS},
+                headers={**gw.auth("operator"), "Idempotency-Key": "soak-wf"},
+            )
+            assert r.status_code == 201, r.text
+            live = [workers.start(f"soak-{i}", concurrency=4, wait_ms=1000) for i in range(2)]
+            stop = threading.Event()
+            submitter = threading.Thread(target=_submit, args=(gw, wid, soak, stop), daemon=True)
+            begin = time.monotonic()
+            submitter.start()
+            next_restart = begin + RESTART_S
+            next_check = begin + 10
+            restarts = 0
+            with psycopg.connect(dsn, autocommit=True) as c:
+                while (now := time.monotonic()) - begin < SOAK_SECONDS:
+                    soak.sample(c, now - begin)
+                    if now >= next_restart:  # a restart: the old session stops, a new one registers
+                        old = live.pop(0)
+                        old.signal(signal.SIGTERM)
+                        assert old.wait_exit(15) == 0, old.log()[-2000:]
+                        restarts += 1
+                        live.append(workers.start(f"soak-r{restarts}", concurrency=4, wait_ms=1000))
+                        next_restart += RESTART_S
+                    if now >= next_check:
+                        soak.violations += c.execute("SELECT * FROM awp.check_invariants()").fetchall()
+                        next_check += 10
+                    time.sleep(max(0.0, SAMPLE_S - (time.monotonic() - now)))
+                stop.set()
+                submitter.join(10)
+                wait_until(
+                    lambda: (
+                        c.execute("SELECT count(*) FROM awp.runs WHERE status IN ('pending', 'running')").fetchone()[0]
+                        == 0
+                    ),
+                    30,
+                    0.2,
+                    "the last runs to finish",
+                )
+                soak.sample(c, time.monotonic() - begin)
+                soak.violations += c.execute("SELECT * FROM awp.check_invariants()").fetchall()
+                finished = c.execute("SELECT count(*) FROM awp.runs WHERE status = 'succeeded'").fetchone()[0]
+                metrics = httpx.get(gw.url("/metrics")).text
+            batches = {
+                line.split()[0]: float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith(
+                    ("awp_retention_batch_duration_seconds_sum", "awp_retention_batches_total", "awp_pruned_total")
+                )
+            }
+        cost = _full_batch_cost(dsn)
+
+        print()
+        print(
+            f"soak: {SOAK_SECONDS:.0f} s, {RATE:g} runs/s of {len(TASKS)} tasks, retention {RETENTION_MS} ms "
+            f"(batches every {RETENTION_INTERVAL_MS} ms), 2 workers x 4 restarted every {RESTART_S:.0f} s "
+            f"({restarts} restarts); {soak.started} runs started"
+        )
+        print(_table(soak))
+        n = batches.get("awp_retention_batches_total", 0)
+        avg_ms = batches.get("awp_retention_batch_duration_seconds_sum", 0) / max(n, 1) * 1000
+        pruned = ", ".join(
+            f"{k.split(chr(34))[1]} {v:.0f}" for k, v in batches.items() if k.startswith("awp_pruned_total")
+        )
+        print(f"background retention: {n:.0f} batches, {avg_ms:.1f} ms each on average; pruned {pruned}")
+        print(cost)
+        print(f"invariant violations: {len(soak.violations)}")
+
+        assert not soak.errors, soak.errors[:5]
+        assert soak.violations == [], soak.violations[:10]
+        warm = _warm(soak)
+        assert len(warm) >= 6, "the soak is too short for its retention"
+        assert soak.started >= RATE * SOAK_SECONDS * 0.7, "the load kept its rate"
+        half = len(warm) // 2
+        first, second = warm[:half], warm[half:]
+        # Rows: what is retained is a window of the last retention_ms, so the second half holds no more than the
+        # first (plus jitter); and far fewer runs than were started.
+        for table in soak.tables:
+            a, b = max(s.rows[table] for s in first), max(s.rows[table] for s in second)
+            assert b <= 1.5 * a + 30, f"{table}: {a} rows in the first half after warm-up, {b} in the second"
+        most_runs = max(s.rows["runs"] for s in warm)
+        assert most_runs <= RATE * (RETENTION_MS / 1000 + 4) * 1.5, f"{most_runs} runs retained at once"
+        assert soak.started >= 3 * most_runs, "pruning kept the runs table far below what was started"
+        assert finished <= RATE * (RETENTION_MS / 1000 + 4) * 1.5
+        ended = max(s.rows["workers"] for s in warm)
+        assert ended <= 2 + (RETENTION_MS / 1000 / RESTART_S + 3), f"{ended} worker sessions retained"
+        # Sizes: autovacuum makes the space of pruned rows reusable, so the tables stop growing.
+        size_a = max(sum(s.kb.values()) for s in first)
+        size_b = max(sum(s.kb.values()) for s in second)
+        assert size_b <= 1.3 * size_a + 512, (
+            f"total size {size_a} kB in the first half after warm-up, {size_b} kB after"
+        )
