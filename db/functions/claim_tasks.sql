@@ -63,25 +63,16 @@ DECLARE
   s       awp.settings := awp._settings();
   v_worker_id text := w.worker_id;
   v_now   timestamptz := awp._now();
-  v_ids    text[];
-  v_busy   text;
-  v_id     text;
-  v_i      integer;
-  v_run    text[];
-  v_key    text[];
-  v_kind   text[];
-  v_action text[];
-  v_input  jsonb[];
-  v_wf     text[];
-  v_wfv    integer[];
-  v_rin    jsonb[];
-  v_att    integer[];
-  v_dl     timestamptz[];
-  v_exp    timestamptz[];
-  v_ndeps  integer[];
-  v_up     jsonb[];
-  v_tok    text[];
-  v_fence  bigint[];
+  v_ids   text[];
+  c       record;
+  v_token text;
+  v_att   integer;
+  v_dl    timestamptz;
+  v_exp   timestamptz;
+  v_fence bigint;
+  v_busy  text;
+  v_id    text;
+  v_up    jsonb;
 BEGIN
   -- A claim is a sign of life too (written at most every half heartbeat interval: one row write less per task).
   IF w.last_heartbeat_at < v_now - make_interval(secs => s.heartbeat_interval_ms / 2000.0) THEN
@@ -127,57 +118,41 @@ BEGIN
   END IF;
 
   v_now := awp._now();   -- after a possible wait for a busy run's lock
-  -- Set-based: all leases of this call with one statement per table, from parallel arrays in claim
-  -- order (the candidates are locked). upstream is read before any attempt of this call is written.
-  SELECT array_agg(d.run_id ORDER BY u.o), array_agg(d.task_key ORDER BY u.o), array_agg(d.executor_kind ORDER BY u.o),
-         array_agg(t.action ORDER BY u.o), array_agg(t.input ORDER BY u.o), array_agg(r.workflow_id ORDER BY u.o),
-         array_agg(r.workflow_version ORDER BY u.o), array_agg(r.input ORDER BY u.o), array_agg(t.attempts + 1 ORDER BY u.o),
-         array_agg(v_now + make_interval(secs => t.timeout_ms / 1000.0) ORDER BY u.o),
-         array_agg(cardinality(t.depends_on) ORDER BY u.o),
-         array_agg(CASE WHEN cardinality(t.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(d.run_id, t.depends_on) END
-                   ORDER BY u.o),
-         array_agg(awp._token() ORDER BY u.o)
-    INTO v_run, v_key, v_kind, v_action, v_input, v_wf, v_wfv, v_rin, v_att, v_dl, v_ndeps, v_up, v_tok
-    FROM unnest(v_ids) WITH ORDINALITY AS u(id, o)
-    JOIN awp.dispatches d ON d.dispatch_id = u.id
-    JOIN awp.tasks t ON t.run_id = d.run_id AND t.task_key = d.task_key
-    JOIN awp.runs r ON r.run_id = d.run_id;
-  v_fence := ARRAY(SELECT nextval('awp.fencing_token_seq') FROM generate_series(1, cardinality(v_ids)));
-  v_exp := ARRAY(SELECT least(v_now + make_interval(secs => s.lease_duration_ms / 1000.0), x.dl)
-                   FROM unnest(v_dl) WITH ORDINALITY AS x(dl, o) ORDER BY x.o);
-  UPDATE awp.dispatches d
-     SET status = 'leased', worker_id = v_worker_id, lease_token_hash = awp._hash(c.tok), attempt = c.att,
-         fencing_token = c.fence, leased_at = v_now, lease_expires_at = c.exp, attempt_deadline = c.dl
-    FROM unnest(v_ids, v_tok, v_att, v_fence, v_exp, v_dl) AS c(id, tok, att, fence, exp, dl)
-   WHERE d.dispatch_id = c.id;
-  INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
-  SELECT c.run, c.key, c.att, c.id, v_worker_id, c.fence, v_now, c.dl
-    FROM unnest(v_run, v_key, v_att, v_ids, v_fence, v_dl) WITH ORDINALITY AS c(run, key, att, id, fence, dl, o)
-   ORDER BY c.o;
-  UPDATE awp.tasks t SET status = 'running', attempts = c.att, updated_at = v_now
-    FROM unnest(v_run, v_key, v_att) AS c(run, key, att)
-   WHERE t.run_id = c.run AND t.task_key = c.key;
-  -- Events per run (usually one), in claim order: dispatch leased, task running, attempt running.
-  FOR v_id IN SELECT x.run FROM unnest(v_run) WITH ORDINALITY AS x(run, o) GROUP BY x.run ORDER BY min(x.o) LOOP
-    PERFORM awp._logn(v_id, array_agg(e.t ORDER BY e.i, e.j), array_agg(e.k ORDER BY e.i, e.j),
-                      array_agg(e.f ORDER BY e.i, e.j), array_agg(e.s ORDER BY e.i, e.j), array_agg(e.r ORDER BY e.i, e.j))
-      FROM (SELECT x.i, y.j, y.t, y.k, y.f, y.s, y.r
-              FROM generate_subscripts(v_run, 1) AS x(i),
-                   LATERAL (VALUES (1, 'dispatch'::text, v_ids[x.i], 'pending'::text, 'leased'::text, 'claimed by ' || v_worker_id),
-                                   (2, 'task', v_key[x.i], 'queued', 'running', 'attempt ' || v_att[x.i] || ' started'),
-                                   (3, 'attempt', v_key[x.i] || '#' || v_att[x.i], NULL, 'running', 'claimed by ' || v_worker_id))
-                           AS y(j, t, k, f, s, r)
-             WHERE v_run[x.i] = v_id) e;
-  END LOOP;
-  FOR v_i IN 1 .. cardinality(v_ids) LOOP
+  FOREACH v_id IN ARRAY v_ids LOOP
+    SELECT d.dispatch_id, d.run_id, d.task_key, d.executor_kind, t.action, t.input, t.attempts,
+           t.timeout_ms, t.depends_on, r.workflow_id, r.workflow_version, r.input AS run_input
+      INTO c
+      FROM awp.dispatches d
+      JOIN awp.tasks t ON t.run_id = d.run_id AND t.task_key = d.task_key
+      JOIN awp.runs r ON r.run_id = d.run_id
+     WHERE d.dispatch_id = v_id;
+    v_token := awp._token();
+    v_att := c.attempts + 1;
+    v_dl := v_now + make_interval(secs => c.timeout_ms / 1000.0);
+    v_exp := least(v_now + make_interval(secs => s.lease_duration_ms / 1000.0), v_dl);
+    v_fence := nextval('awp.fencing_token_seq');
+    UPDATE awp.dispatches d
+       SET status = 'leased', worker_id = v_worker_id, lease_token_hash = awp._hash(v_token),
+           attempt = v_att, fencing_token = v_fence, leased_at = v_now,
+           lease_expires_at = v_exp, attempt_deadline = v_dl
+     WHERE d.dispatch_id = c.dispatch_id;
+    INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token,
+                              started_at, deadline)
+    VALUES (c.run_id, c.task_key, v_att, c.dispatch_id, v_worker_id, v_fence, v_now, v_dl);
+    UPDATE awp.tasks t SET status = 'running', attempts = v_att, updated_at = v_now
+     WHERE t.run_id = c.run_id AND t.task_key = c.task_key;
+    PERFORM awp._logn(c.run_id, '{dispatch,task,attempt}', ARRAY[c.dispatch_id, c.task_key, c.task_key || '#' || v_att],
+                      ARRAY['pending', 'queued', NULL], '{leased,running,running}',
+                      ARRAY['claimed by ' || v_worker_id, 'attempt ' || v_att || ' started', 'claimed by ' || v_worker_id]);
+    v_up := CASE WHEN cardinality(c.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(c.run_id, c.depends_on) END;
     -- Each output is at most 64 KiB, so only a task with many dependencies can pass the limit.
-    IF v_ndeps[v_i] > 8 AND octet_length(v_up[v_i]::text) > 1048576 THEN
-      PERFORM awp._fail_oversize_lease(v_run[v_i], v_key[v_i], v_ids[v_i], v_att[v_i], octet_length(v_up[v_i]::text));
+    IF cardinality(c.depends_on) > 8 AND octet_length(v_up::text) > 1048576 THEN
+      PERFORM awp._fail_oversize_lease(c.run_id, c.task_key, c.dispatch_id, v_att, octet_length(v_up::text));
       CONTINUE;
     END IF;
-    RETURN QUERY SELECT v_ids[v_i], v_tok[v_i], v_wf[v_i], v_wfv[v_i], v_run[v_i], v_key[v_i], v_kind[v_i], v_action[v_i],
-                        v_input[v_i], v_att[v_i], v_dl[v_i], v_exp[v_i], awp._ms(v_exp[v_i] - v_now), v_fence[v_i],
-                        v_rin[v_i], v_up[v_i];
+    RETURN QUERY SELECT c.dispatch_id, v_token, c.workflow_id, c.workflow_version, c.run_id, c.task_key,
+                        c.executor_kind, c.action, c.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence,
+                        c.run_input, v_up;
   END LOOP;
 END $$;
 COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean) IS 'Leases up to slots pending dispatches to a checked worker (the body of claim_tasks).';
