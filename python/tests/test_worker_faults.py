@@ -28,7 +28,13 @@ TEST_HANDLERS = "python/tests/handlers_for_tests.py"
 @pytest.fixture(scope="module")
 def gw(db_dsn: str) -> Iterator[ServeProcess]:
     with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 2000, heartbeat_interval_ms => 200)")
+        # A worker goes offline after 2 s of silence (10 heartbeats), not the default 600 ms: the partition test
+        # cuts the network for the 500 ms its task runs plus the time to notice, and a worker of a healthy
+        # partition that short must not lose its session (nothing here tests offline marking).
+        c.execute(
+            "SELECT awp.configure(lease_duration_ms => 2000, heartbeat_interval_ms => 200,"
+            " offline_after_heartbeats => 10)"
+        )
     with serve(db_dsn) as gateway:
         yield gateway
 
