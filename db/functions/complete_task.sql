@@ -180,12 +180,12 @@ COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, intege
 -- item that complete_task would refuse (AWLST, AWCNF, AWREQ for its result) is answered with that
 -- error without affecting the others. Then, as awp.complete_and_claim, up to `slots` new leases
 -- (never more than are free; none while draining). Returns
---   {"results": [{"dispatch_id", "applied": true} | {"dispatch_id", "error": {"sqlstate", "message"}}],
+--   {"results": [{"dispatch_id", "applied": true} | {"dispatch_id", "error": {"sqlstate", "message", "detail"}}],
 --    "leases": [lease objects: the columns of awp.claim_tasks]}
 -- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array).
--- Locks: the worker row, then the runs of the items in run_id order (each: Run, then Dispatch, then
--- Task/Attempt, as complete_task), then as claim_tasks. Sorting by run keeps two batches that
--- touch the same runs from deadlocking.
+-- Locks: the worker row, then the runs of the items in run_id order (each as complete_task: the run's
+-- advisory lock, Run, then Dispatch, then Task/Attempt), then as claim_tasks. Sorting by run keeps two
+-- batches that touch the same runs from deadlocking.
 CREATE OR REPLACE FUNCTION awp.complete_tasks(p_worker_id text, p_session_token text, p_results jsonb,
                                               p_slots integer DEFAULT 0)
 RETURNS jsonb
