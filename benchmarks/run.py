@@ -7,7 +7,8 @@
 One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated database; one real ``awp serve``
 (gateway + coordinator, default settings) and real ``awp worker`` processes; in order:
 
-1. the reference: a plain-SQL SKIP LOCKED claim + complete loop run by pgbench (1, 4 and 8 clients);
+1. the reference: a plain-SQL SKIP LOCKED claim + complete loop run by pgbench (1, 4 and 8 clients), in a
+   database of its own;
 2. the peer: procrastinate (``peer_procrastinate.py``) in a separate fresh database of the same cluster,
    N no-op jobs deferred up front, 4 worker processes x concurrency 1 (AWP's shape of step 3, 4 workers);
 3. one run of N independent mock tasks (``sleep_ms`` 0), run concurrency = workers, 1 / 4 / 16 workers;
@@ -685,8 +686,10 @@ def run_plan(
     reaper: Reaper,
     profile: bool = False,
     peer_dsn: str | None = None,
+    ref_dsn: str | None = None,
 ) -> dict[str, Any]:
     started = time.monotonic()
+    ref_dsn = ref_dsn or dsn
     b = Bench(dsn, datadir, workdir, reaper, profile)
     if profile:
         b.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
@@ -715,11 +718,10 @@ def run_plan(
     )
     ref = {}
     for clients in plan.ref_clients:
-        reps = [reference.run_pgbench(dsn, clients, plan.ref_seconds, plan.ref_rows) for _ in range(plan.repeats)]
+        reps = [reference.run_pgbench(ref_dsn, clients, plan.ref_seconds, plan.ref_rows) for _ in range(plan.repeats)]
         ref[str(clients)] = median_spread([r["tasks_per_s"] for r in reps]) | {"runs": reps}
         log.info("  %d client(s): %.0f jobs/s", clients, ref[str(clients)]["median"])
-    reference.drop(dsn)
-    b.conn.execute("VACUUM ANALYZE")
+    reference.drop(ref_dsn)
     results["reference"] = ref
 
     # Before awp serve starts: PostgreSQL's CPU in the peer's window is then the peer's alone.
@@ -834,14 +836,20 @@ def main() -> int:
             peer_db = database_name("bench_procrastinate")
             # empty: the peer applies its own schema (not needed for --io-only)
             peer_dsn = None if args.io_only else server.create_database(peer_db)
+            # The plain-SQL reference runs in a database of its own: run in AWP's database, its 300,000-row
+            # table churn (and the VACUUM ANALYZE after it) slowed AWP's later scenarios by 30-150%.
+            ref_db = database_name("bench_reference")
+            ref_dsn = None if args.io_only else server.create_database(ref_db)
             try:
                 if args.io_only:
                     io_code = run_io_only(plan, dsn, datadir, workdir, reaper, args.out, when)
                 else:
-                    results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile, peer_dsn)
+                    results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile, peer_dsn, ref_dsn)
             finally:
                 with contextlib.suppress(Exception):
                     server.drop_database(peer_db)
+                with contextlib.suppress(Exception):
+                    server.drop_database(ref_db)
         ok = True
     except KeyboardInterrupt:
         log.error("interrupted: stopping every process the benchmark started")
