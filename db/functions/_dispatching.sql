@@ -112,7 +112,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._notify_pending() IS 'Sends one NOTIFY awp_dispatch per dispatch created and still pending in this transaction.';
 
--- awp._replace_dispatch(worker): the completion fast path (SPEC section 9). A completion frees one
+-- awp._replace_dispatch(worker): the completion fast path (docs/protocol.md, The fast path). A completion frees one
 -- lease of an active worker; in its place, one dispatch is created for the first run in fairness
 -- order (never dispatched first, then oldest latest dispatch) that has a ready task of a kind that
 -- worker runs and room under its concurrency. Pending + leased and the worker's capacity are thus

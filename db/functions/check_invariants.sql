@@ -1,7 +1,7 @@
 -- awp.check_invariants(run_ids): inspects the tables and returns one row per violated invariant,
 -- with the offending ids; no row means every invariant holds. For DBAs and for the fault tests,
 -- also while the system runs: it is one SQL statement, so it reads one snapshot.
--- Checks (SPEC sections 2-3):
+-- Checks (docs/protocol.md, State machines and Rules):
 --   run_tasks_terminal       a terminal run has only terminal tasks
 --   unfinished_count         runs.unfinished_tasks equals the number of its tasks not terminal
 --   one_success_per_task     at most one succeeded attempt per task, from the completed dispatch
@@ -13,14 +13,14 @@
 --   task_dispatch_match      queued <-> one pending dispatch; running <-> one leased dispatch
 --   events_contiguous        per-run event sequences are 1..n
 --   events_match_status      each entity's last event names its current status
---   illegal_transition       every event is a transition allowed by SPEC section 2
+--   illegal_transition       every event is a transition allowed by docs/protocol.md, State machines
 --   run_concurrency          queued + running tasks of a run <= its concurrency
 --   worker_capacity          leases of a worker <= its max_concurrency
 --   dispatch_limit           pending + leased dispatches <= dispatch_limit
 -- Takes no locks; raises nothing.
 
 -- awp.transitions(): every allowed (entity_type, from_status, to_status); from NULL = creation.
--- The one list of the state machines of SPEC section 2 (plus the run's "cancel requested" note,
+-- The one list of the state machines of docs/protocol.md, State machines (plus the run's "cancel requested" note,
 -- which keeps its status).
 CREATE OR REPLACE FUNCTION awp.transitions()
 RETURNS TABLE (entity_type text, from_status text, to_status text)
@@ -43,7 +43,7 @@ LANGUAGE sql IMMUTABLE SECURITY DEFINER SET search_path = '' AS $$
          ('dispatch', NULL, 'pending'), ('dispatch', 'pending', 'leased'), ('dispatch', 'pending', 'canceled'),
          ('dispatch', 'leased', 'completed'), ('dispatch', 'leased', 'expired'), ('dispatch', 'leased', 'canceled')
 $$;
-COMMENT ON FUNCTION awp.transitions() IS 'The allowed state transitions of runs, tasks, attempts and dispatches (SPEC section 2).';
+COMMENT ON FUNCTION awp.transitions() IS 'The allowed state transitions of runs, tasks, attempts and dispatches (docs/protocol.md, State machines).';
 
 CREATE OR REPLACE FUNCTION awp.check_invariants(p_run_ids text[] DEFAULT NULL)
 RETURNS TABLE (invariant text, run_id text, entity_key text, detail text)

@@ -1,5 +1,5 @@
 -- awp.complete_task(worker_id, session_token, dispatch_id, lease_token, result): reports the
--- result of a leased attempt. Fenced and idempotent (SPEC rule 7), checks in this order:
+-- result of a leased attempt. Fenced and idempotent (docs/protocol.md, rule 7), checks in this order:
 --   1. session (AWSES); result shape and size limits (AWREQ)
 --   2. unknown dispatch, another worker's, or a wrong lease token         -> AWLST
 --   3. already completed: same result hash -> true again (no state change); different -> AWCNF
@@ -144,7 +144,7 @@ END $$;
 COMMENT ON FUNCTION awp._check_result(jsonb) IS 'Validates a result object (AWREQ).';
 
 -- awp.complete_and_claim(worker_id, session_token, dispatch_id, lease_token, result, slots):
--- complete_task, then claim_tasks for up to `slots` leases, in one transaction (SPEC section 9:
+-- complete_task, then claim_tasks for up to `slots` leases, in one transaction (docs/protocol.md, The fast path:
 -- a busy worker needs one round trip per task). The claim part asks only for what is free and
 -- claims nothing for a draining worker; errors of the complete part are raised as by complete_task.
 -- Returns the new leases (columns of awp.claim_tasks). Locks: the worker row (so the free slots

@@ -1,4 +1,4 @@
--- The coordinator's work (SPEC rule 12), one function per step plus awp.coordinator_tick(), one
+-- The coordinator's work (docs/protocol.md, rule 12), one function per step plus awp.coordinator_tick(), one
 -- full pass. The gateway runs the tick under an advisory lock so one coordinator is active per
 -- database; every step is also safe to call by hand from psql.
 -- Locks: worker rows first (offline marking, before any run lock), then due schedule rows (firing
@@ -173,7 +173,7 @@ END $$;
 COMMENT ON FUNCTION awp.withdraw_orphan_dispatches() IS 'Withdraws pending dispatches no active worker can take (task back to ready); returns the count.';
 
 -- awp.create_dispatches(): turns ready tasks into pending dispatches under the three limits of
--- SPEC rule 8 (run concurrency over queued + running; free capacity of compatible active
+-- docs/protocol.md, rule 8 (run concurrency over queued + running; free capacity of compatible active
 -- workers, less the dispatches already pending for them; the global dispatch_limit over
 -- pending + leased) and the fairness rule 9: runs that never got a dispatch first, then the run
 -- whose latest dispatch is oldest; one task per run per round; rounds repeat while they progress.

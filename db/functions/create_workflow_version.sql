@@ -245,7 +245,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.apply_workflow(jsonb) IS 'Validates a definition and stores it as a new version unless identical to the latest; returns (workflow_id, version, created).';
 
--- awp.create_workflow_version(definition): SPEC section 4.
+-- awp.create_workflow_version(definition): the SQL API in README.md.
 CREATE OR REPLACE FUNCTION awp.create_workflow_version(p_definition jsonb)
 RETURNS TABLE (workflow_id text, version integer)
 LANGUAGE sql SECURITY DEFINER SET search_path = '' AS $$

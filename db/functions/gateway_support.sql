@@ -1,9 +1,9 @@
--- Small read functions the HTTP gateway needs besides the SQL API of SPEC section 4.
+-- Small read functions the HTTP gateway needs besides the SQL API listed in README.md.
 -- None changes state, none returns a token or a hash.
 
 -- awp.check_worker_session(worker_id, session_token): the worker's status when the session is
 -- valid; AWSES otherwise. The gateway calls it before answering a malformed worker request, so an
--- invalid session wins over every other error (SPEC section 5). Locks: none.
+-- invalid session wins over every other error (python/awp/openapi.yaml). Locks: none.
 CREATE OR REPLACE FUNCTION awp.check_worker_session(p_worker_id text, p_session_token text)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$

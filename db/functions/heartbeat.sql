@@ -1,5 +1,5 @@
 -- awp.heartbeat(worker_id, session_token, leases): proves a worker alive (also with no leases)
--- and answers per lease (SPEC rule 6):
+-- and answers per lease (docs/protocol.md, rule 6):
 --   renewed  lease_expires_at := least(now + lease_duration, attempt_deadline)
 --   revoked  the dispatch is no longer leased (canceled, expired, completed), the lease or the
 --            attempt deadline has passed, or the run's cancellation was requested

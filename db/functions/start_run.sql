@@ -85,7 +85,7 @@ BEGIN
   PERFORM awp._log(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
                    'waiting_dependencies', 'task created')
      FROM awp.tasks t WHERE t.run_id = v_run_id AND t.status = 'waiting_dependencies';
-  -- Fast path (SPEC section 9): dispatch now what the limits and the fairness rule allow (a new run
+  -- Fast path (docs/protocol.md, The fast path): dispatch now what the limits and the fairness rule allow (a new run
   -- is first in line), so an idle worker's long-poll wakes without waiting for a coordinator pass.
   IF awp._create_dispatches() = 0 THEN
     PERFORM awp._wake('awp_coordinator', 'run_started');

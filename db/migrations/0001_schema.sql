@@ -1,4 +1,4 @@
--- 0001_schema: every object of SPEC section 1, the roles, and the settings row.
+-- 0001_schema: every object of docs/protocol.md, Objects, the roles, and the settings row.
 -- Status sets live here (named CHECKs); functions in db/functions implement the transitions.
 
 DO $$

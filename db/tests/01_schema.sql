@@ -1,5 +1,5 @@
 -- The schema: tables, named CHECK constraints, the indexes that make broken states impossible,
--- and the shape of every function (comment, search_path, SECURITY DEFINER, SPEC section 4 signatures).
+-- and the shape of every function (comment, search_path, SECURITY DEFINER, the signatures of README.md's SQL API).
 BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(106);
@@ -29,13 +29,13 @@ SELECT ok(EXISTS (SELECT 1 FROM pg_constraint c JOIN pg_class t ON t.oid = c.con
                ('events', 'event_entity_type_is_valid'), ('settings', 'lease_exceeds_heartbeat'))
        AS x(tbl, name);
 
--- The status sets are exactly those of SPEC section 2 (a check listing an extra or missing state fails).
+-- The status sets are exactly those of docs/protocol.md, State machines (a check listing an extra or missing state fails).
 SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'run_status_is_valid'),
           $$CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text])))$$,
-          'run statuses are the SPEC set');
+          'run statuses are the documented set');
 SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'dispatch_status_is_valid'),
           $$CHECK ((status = ANY (ARRAY['pending'::text, 'leased'::text, 'completed'::text, 'expired'::text, 'canceled'::text])))$$,
-          'dispatch statuses are the SPEC set');
+          'dispatch statuses are the documented set');
 
 -- ---------------------------------------------------------------- indexes
 SELECT has_index('awp', 'dispatches', 'dispatches_one_live_per_task_uq', 'one live dispatch per task index exists');
@@ -137,7 +137,7 @@ SELECT is(ARRAY(SELECT c.relname::text FROM pg_class c
 SELECT cmp_ok((SELECT count(*) FROM pg_proc WHERE pronamespace = 'awp'::regnamespace AND left(proname, 1) <> '_'),
               '>=', 17::bigint, 'the public surface is there (the checks above are not vacuous)');
 
--- SPEC section 4 signatures.
+-- the signatures of README.md's SQL API.
 SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_string(args, ', ')))
   FROM (VALUES ('create_workflow_version', ARRAY['jsonb']),
                ('start_run', ARRAY['text', 'integer', 'text', 'jsonb']),
@@ -164,7 +164,7 @@ SELECT function_returns('awp', 'prune', ARRAY['interval'], 'jsonb', 'prune retur
 SELECT function_returns('awp', 'start_run', ARRAY['text', 'integer', 'text', 'jsonb'], 'text', 'start_run returns the run id');
 SELECT function_returns('awp', 'complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb'], 'boolean', 'complete_task returns applied');
 
--- Result columns, in SPEC order (more trailing columns are allowed where SPEC says so).
+-- Result columns, in documented order (more trailing columns are allowed where README.md's SQL API says so).
 CREATE FUNCTION tests.out_columns(p regprocedure) RETURNS text[] LANGUAGE sql AS $$
   SELECT array_agg(n ORDER BY i) FROM pg_proc p2,
          unnest(p2.proargnames, p2.proargmodes) WITH ORDINALITY AS a(n, m, i)
@@ -176,7 +176,7 @@ SELECT is(tests.out_columns('awp.request_cancel(text)'), ARRAY['run_id', 'status
           'request_cancel returns (run_id, status, cancel_requested_at)');
 SELECT is(tests.out_columns('awp.register_worker(text, text[], integer, integer)'),
           ARRAY['worker_id', 'session_token', 'heartbeat_interval_ms', 'lease_duration_ms', 'protocol_version'],
-          'register_worker returns the SPEC columns');
+          'register_worker returns the documented columns');
 SELECT is(tests.out_columns('awp.claim_tasks(text, text, integer)'),
           ARRAY['dispatch_id', 'lease_token', 'workflow_id', 'workflow_version', 'run_id', 'task_key', 'executor_kind',
                 'action', 'input', 'attempt', 'attempt_deadline', 'lease_expires_at', 'lease_remaining_ms', 'fencing_token',
@@ -186,18 +186,18 @@ SELECT is(tests.out_columns('awp.heartbeat(text, text, jsonb)'), ARRAY['dispatch
           'heartbeat returns (dispatch_id, status, lease_remaining_ms)');
 SELECT is((tests.out_columns('awp.get_run(text)'))[1:9],
           ARRAY['run_id', 'workflow_id', 'workflow_version', 'status', 'revision', 'cancel_requested_at',
-                'created_at', 'started_at', 'finished_at'], 'get_run starts with the SPEC columns');
+                'created_at', 'started_at', 'finished_at'], 'get_run starts with the documented columns');
 SELECT is((tests.out_columns('awp.run_tasks(text, text, integer)'))[1:4], ARRAY['task_key', 'status', 'attempts', 'ready_at'],
-          'run_tasks starts with the SPEC columns');
+          'run_tasks starts with the documented columns');
 SELECT is((tests.out_columns('awp.task_attempts(text, text)'))[1:9],
           ARRAY['attempt', 'status', 'worker_id', 'dispatch_id', 'started_at', 'finished_at', 'output',
-                'error_code', 'error_message'], 'task_attempts starts with the SPEC columns');
+                'error_code', 'error_message'], 'task_attempts starts with the documented columns');
 SELECT is(tests.out_columns('awp.run_events(text, bigint, integer)'),
           ARRAY['sequence', 'revision', 'entity_type', 'entity_key', 'from_status', 'to_status', 'reason', 'occurred_at'],
-          'run_events returns the SPEC columns');
+          'run_events returns the documented columns');
 SELECT is((tests.out_columns('awp.list_workers(timestamptz, text, integer)'))[1:7],
           ARRAY['worker_id', 'display_name', 'status', 'executor_kinds', 'max_concurrency', 'active_leases',
-                'last_heartbeat_at'], 'list_workers starts with the SPEC columns');
+                'last_heartbeat_at'], 'list_workers starts with the documented columns');
 SELECT is(tests.out_columns('awp.drain_worker(text, text)'), tests.out_columns('awp.get_worker(text)'),
           'drain_worker returns the worker summary row');
 SELECT is((SELECT array_agg(n ORDER BY i) FROM pg_proc p, unnest(p.proargnames) WITH ORDINALITY a(n, i)

@@ -5,7 +5,7 @@ BEGIN;
 SELECT plan(26 + 4 * (SELECT count(*)::integer FROM pg_class
                         WHERE relnamespace = 'awp'::regnamespace AND relkind IN ('r', 'p')));
 SELECT cmp_ok((SELECT count(*)::integer FROM pg_class WHERE relnamespace = 'awp'::regnamespace AND relkind IN ('r', 'p')),
-              '>=', 9, 'the nine tables of SPEC section 1 (at least) are covered below');
+              '>=', 9, 'the nine tables of docs/protocol.md, Objects (at least) are covered below');
 
 SELECT has_role('awp_gateway', 'role awp_gateway exists');
 SELECT is((SELECT rolcanlogin FROM pg_roles WHERE rolname = 'awp_gateway'), false, 'awp_gateway is NOLOGIN');

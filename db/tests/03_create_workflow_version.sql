@@ -1,5 +1,5 @@
 -- awp.create_workflow_version: versions, identical definitions, defaults, and every validation
--- rule of SPEC section 1 (each violation is AWREQ with a DETAIL saying what is wrong).
+-- rule of docs/protocol.md, Objects (each violation is AWREQ with a DETAIL saying what is wrong).
 BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(62);

@@ -1,4 +1,4 @@
--- awp.request_cancel: durable intent first, convergence second (SPEC rule 10).
+-- awp.request_cancel: durable intent first, convergence second (docs/protocol.md, rule 10).
 BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(34);

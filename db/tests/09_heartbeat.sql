@@ -1,4 +1,4 @@
--- awp.heartbeat: liveness (also idle), and per lease renewed / revoked / unknown (SPEC rule 6);
+-- awp.heartbeat: liveness (also idle), and per lease renewed / revoked / unknown (docs/protocol.md, rule 6);
 -- never renews past the attempt deadline; AWSES first; AWREQ for malformed leases.
 BEGIN;
 \ir _fixtures.sql.inc

@@ -1,4 +1,4 @@
--- awp.complete_task: fenced and idempotent (SPEC rule 7); success unlocks dependants and settles
+-- awp.complete_task: fenced and idempotent (docs/protocol.md, rule 7); success unlocks dependants and settles
 -- the run; temporary failures retry per policy; exhausted/permanent failures skip descendants
 -- and fail the run only when nothing else can run.
 BEGIN;

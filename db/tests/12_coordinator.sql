@@ -15,7 +15,7 @@ END $$;
 CREATE FUNCTION tests.tick(p_key text) RETURNS integer LANGUAGE sql AS $$ SELECT (awp.coordinator_tick()->>p_key)::integer $$;
 
 SELECT ok(awp.coordinator_tick() ?& ARRAY['canceled', 'reaped', 'offline', 'promoted', 'dispatched'],
-          'coordinator_tick() (no argument) returns the SPEC counts');
+          'coordinator_tick() (no argument) returns the documented counts');
 
 -- ================================================================ a run started before any worker exists
 SELECT tests.make_run('early', jsonb_build_array(tests.task('a'), tests.task('b'), tests.task('c'))) AS early \gset

@@ -1,4 +1,4 @@
--- The event log against SPEC section 2: after a scenario with success, retry, failure, skip,
+-- The event log against docs/protocol.md, State machines: after a scenario with success, retry, failure, skip,
 -- reaping, withdrawal and cancellation, every recorded transition is allowed, each entity's
 -- history chains (from = previous to), sequences are contiguous and each state-changing call
 -- is exactly one revision.
@@ -115,7 +115,7 @@ SELECT cmp_ok((SELECT count(DISTINCT (e.entity_type, e.from_status, e.to_status)
 SELECT is(ARRAY(SELECT DISTINCT format('%s: %s -> %s', e.entity_type, coalesce(e.from_status, '∅'), e.to_status) FROM awp.events e
                  WHERE NOT EXISTS (SELECT 1 FROM tests.allowed a WHERE a.entity_type = e.entity_type
                                      AND a.from_status IS NOT DISTINCT FROM e.from_status AND a.to_status = e.to_status)),
-          '{}'::text[], 'every recorded transition is allowed by SPEC section 2');
+          '{}'::text[], 'every recorded transition is allowed by docs/protocol.md, State machines');
 SELECT is(ARRAY(SELECT format('%s %s %s #%s: from %s, previous %s', run_id, entity_type, entity_key, sequence, from_status, prev)
                   FROM (SELECT e.*, lag(e.to_status) OVER (PARTITION BY e.run_id, e.entity_type, e.entity_key ORDER BY e.sequence) AS prev,
                                row_number() OVER (PARTITION BY e.run_id, e.entity_type, e.entity_key ORDER BY e.sequence) AS n

@@ -17,7 +17,7 @@ SELECT results_eq(format($$SELECT run_id, workflow_id, workflow_version, status,
                              FROM awp.get_run(%L)$$, :'run'),
                   format($$SELECT %L::text, 'wf'::text, 1, 'running'::text, revision, NULL::timestamptz, %L::timestamptz, %L::timestamptz, NULL::timestamptz
                              FROM awp.runs WHERE run_id = %L$$, :'run', :'t0', :'t0', :'run'),
-                  'get_run returns the SPEC columns');
+                  'get_run returns the documented columns');
 SELECT is((SELECT task_counts FROM awp.get_run(:'run')), '{"running": 1, "waiting_dependencies": 1}'::jsonb, 'get_run counts tasks by status');
 SELECT throws_ok($$SELECT * FROM awp.get_run('run_nope')$$, 'AWNTF', NULL, 'get_run of an unknown run is AWNTF');
 

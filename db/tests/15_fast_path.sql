@@ -1,4 +1,4 @@
--- The completion fast path (SPEC section 9): inline dispatch under every limit and the fairness
+-- The completion fast path (docs/protocol.md, The fast path): inline dispatch under every limit and the fairness
 -- rule, and awp.complete_and_claim (one transaction, one round trip per task).
 BEGIN;
 \ir _fixtures.sql.inc
@@ -43,7 +43,7 @@ SELECT is((SELECT count(*) FROM awp.complete_and_claim(:'w2_worker_id', :'w2_tok
           0::bigint, 'a draining worker completes but claims nothing');
 SELECT is(tests.task_status(:'l2_run_id', :'l2_task_key'), 'succeeded', 'its completion was applied');
 
--- The invariant checker is clean after all of it, and awp.transitions() lists SPEC section 2.
+-- The invariant checker is clean after all of it, and awp.transitions() lists docs/protocol.md, State machines.
 SELECT is_empty('SELECT * FROM awp.check_invariants()', 'no invariant is violated');
 SELECT is((SELECT count(*) FROM awp.transitions()), 38::bigint, 'awp.transitions lists 38 allowed transitions');
 

@@ -1,4 +1,4 @@
--- Dispatching on completion obeys the fairness rule (SPEC rule 9): the slot a completion frees goes
+-- Dispatching on completion obeys the fairness rule (docs/protocol.md, rule 9): the slot a completion frees goes
 -- to the run that never got a dispatch, not to the completing run.
 BEGIN;
 \ir _fixtures.sql.inc

@@ -1,4 +1,4 @@
-"""The coordinator loop inside ``awp serve`` (SPEC rule 12).
+"""The coordinator loop inside ``awp serve`` (docs/protocol.md, rule 12).
 
 Every gateway replica runs one :class:`Coordinator`. On a dedicated connection it tries
 ``pg_try_advisory_lock(LOCK_KEY)``; the replica holding the lock is the active coordinator, the others

@@ -1,6 +1,6 @@
 """The one table from database errors to HTTP answers, and the error the gateway raises.
 
-Functions in schema ``awp`` raise our own SQLSTATEs (SPEC section 4); callers branch on the SQLSTATE,
+Functions in schema ``awp`` raise our own SQLSTATEs (the SQL API in README.md); callers branch on the SQLSTATE,
 never on message text. Anything else from the database is a bug or an outage: a lost connection is
 ``503 unavailable``, every other error ``500 internal_error`` (logged with its cause, never shown).
 """
@@ -23,7 +23,7 @@ SQLSTATE_ERRORS: dict[str, tuple[int, str]] = {
     "AWIDM": (409, "idempotency_conflict"),
 }
 
-# Codes the gateway itself answers with (SPEC section 5), by HTTP status.
+# Codes the gateway itself answers with (python/awp/openapi.yaml), by HTTP status.
 GATEWAY_ERRORS: dict[int, str] = {
     400: "invalid_request",
     401: "unauthorized",

@@ -1,4 +1,4 @@
-"""The HTTP gateway (SPEC section 5): aiohttp routes only.
+"""The HTTP gateway (python/awp/openapi.yaml): aiohttp routes only.
 
 A handler authenticates, parses and validates, calls one SQL function (:class:`awp.db.Database`), and
 shapes the answer. Errors are :class:`awp.errors.ApiError`; the middleware turns them (and database
@@ -665,7 +665,7 @@ async def worker_request(
 ) -> tuple[str, str, Any]:
     """(worker_id, session token, parsed body) of a worker call.
 
-    The session is checked first (SPEC section 5): when anything else is wrong (protocol header, body),
+    The session is checked first (python/awp/openapi.yaml): when anything else is wrong (protocol header, body),
     the database checks the session before the gateway answers, so an invalid session always wins.
     """
     request["echo_protocol"] = True
@@ -770,7 +770,7 @@ async def complete(request: web.Request) -> web.Response:
         applied = await db.complete_task(worker_id, token, dispatch_id, lease_token, result)
         metrics.completions.labels(str(bool(applied)).lower()).inc()
         return json_response({"applied": applied})
-    # SPEC section 9: a busy worker's next leases ride on its completion (one round trip per task).
+    # docs/protocol.md, The fast path: a busy worker's next leases ride on its completion (one round trip per task).
     leases = await db.complete_and_claim(worker_id, token, dispatch_id, lease_token, result, claim_slots)
     metrics.completions.labels("true").inc()
     if claim_slots:

@@ -1,4 +1,4 @@
-"""The worker runtime (SPEC section 6): one asyncio process with a claim loop, a heartbeat loop and one
+"""The worker runtime (docs/protocol.md, The worker): one asyncio process with a claim loop, a heartbeat loop and one
 asyncio task per active lease.
 
 Ownership is the server's: the worker only knows *durations* (``lease_remaining_ms``) and measures them with
@@ -435,8 +435,8 @@ class Worker:
     async def _complete(self, ex: Execution, result: dict[str, Any]) -> list[dict[str, Any]]:
         """Report the result; retried with the same lease and result until the gateway answers for good.
 
-        The first try also asks for one new lease for the slot it frees (SPEC section 9: one round trip per
-        task), unless the worker is stopping; retries ask for none, so a lost answer strands at most one lease.
+        The first try also asks for one new lease for the slot it frees (docs/protocol.md, The fast path: one round
+        trip per task), unless the worker is stopping; retries ask for none, so a lost answer strands at most one lease.
         Returns the new leases.
         """
         backoff = Backoff(100, 2000)

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "faults.json"
 TERMINAL = ("succeeded", "failed", "canceled")
 
-# Short timings for every scenario (SPEC: lease 1-2 s, heartbeat 100-200 ms in tests).
+# Short timings for every scenario (lease 1-2 s, heartbeat 100-200 ms).
 LEASE_MS = 1500
 HEARTBEAT_MS = 150
 

@@ -1,4 +1,4 @@
-"""The HTTP API of ``awp serve`` (SPEC section 5) against a real process and a real PostgreSQL:
+"""The HTTP API of ``awp serve`` (python/awp/openapi.yaml) against a real process and a real PostgreSQL:
 every route's success and documented errors, the auth matrix, body limits, idempotency keys,
 long-poll claims, metrics, and the OpenAPI contract (routes and status enums)."""
 
@@ -328,7 +328,8 @@ def test_cancel_run(http, gw):
 
 
 def test_a_completion_can_carry_the_next_claim(http, gw):
-    """SPEC section 9: with claim_slots, the dependant unlocked by the completion comes back as a new lease."""
+    """docs/protocol.md, The fast path: with claim_slots, the dependant unlocked by the completion comes back as a new
+    lease."""
     _, run_id = new_run(http, gw)
     w = Worker(http, gw, max_concurrency=1)
     lease = w.claim_one()

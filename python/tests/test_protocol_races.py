@@ -312,7 +312,7 @@ def test_cancel_and_complete_exactly_one_wins(db, db_dsn):
 
 
 def sample_limits(c: psycopg.Connection, dispatch_limit: int) -> list[str]:
-    """Every limit of SPEC rule 8 that is exceeded right now (an empty list when all hold)."""
+    """Every limit of docs/protocol.md, rule 8 that is exceeded right now (an empty list when all hold)."""
     bad = []
     row = c.execute("SELECT count(*) AS n FROM awp.dispatches WHERE status IN ('pending', 'leased')").fetchone()
     if row["n"] > dispatch_limit:
