@@ -4,14 +4,13 @@ slots that use it (each result answered on its own; the freed slots claimed in t
 from __future__ import annotations
 
 import re
-import signal
 from collections.abc import Iterator
 
 import httpx
 import psycopg
 import pytest
 from support import PROTOCOL, ServeProcess, bearer, serve, wait_until
-from worker_support import Workers, all_items, apply, mock_task, start_run, task, wait_run
+from worker_support import Workers, all_items, apply, drained_workers, mock_task, start_run, task, wait_run
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +128,7 @@ def requests_by_route(gw: ServeProcess) -> dict[str, float]:
 
 @pytest.fixture
 def workers(gw: ServeProcess) -> Iterator[Workers]:
-    with Workers(gw) as ws:
-        yield ws
-        for w in ws.procs:
-            w.signal(signal.SIGTERM)
-        for w in ws.procs:
-            w.wait_exit(15)
+    yield from drained_workers(gw)
 
 
 def test_a_worker_with_several_slots_sends_results_in_batches(gw: ServeProcess, workers: Workers, db_dsn: str) -> None:

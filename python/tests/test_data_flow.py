@@ -4,7 +4,6 @@ input, and a ready task that no worker can take."""
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Iterator
 
@@ -13,7 +12,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from support import PROTOCOL, ServeProcess, bearer, serve, wait_until
-from worker_support import Workers, api, apply, get_run, mock_task, task, wait_run
+from worker_support import Workers, api, apply, drained_workers, get_run, mock_task, task, wait_run
 
 from awp.cli import main
 
@@ -28,12 +27,7 @@ def gw(db_dsn: str) -> Iterator[ServeProcess]:
 
 @pytest.fixture
 def workers(gw: ServeProcess) -> Iterator[Workers]:
-    with Workers(gw) as ws:
-        yield ws
-        for w in ws.procs:
-            w.signal(signal.SIGTERM)
-        for w in ws.procs:
-            w.wait_exit(15)
+    yield from drained_workers(gw)
 
 
 def cli(gw: ServeProcess, *args: str) -> Result:

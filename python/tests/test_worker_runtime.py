@@ -20,6 +20,7 @@ from worker_support import (
     all_items,
     api,
     apply,
+    drained_workers,
     mock_task,
     start_run,
     task,
@@ -44,12 +45,7 @@ def gw(fast_db: str) -> Iterator[ServeProcess]:
 
 @pytest.fixture
 def workers(gw: ServeProcess) -> Iterator[Workers]:
-    with Workers(gw) as ws:
-        yield ws
-        for w in ws.procs:  # drain politely so the next test starts with no leases held
-            w.signal(signal.SIGTERM)
-        for w in ws.procs:
-            w.wait_exit(15)
+    yield from drained_workers(gw)
 
 
 def worker_row(gw: ServeProcess, name: str) -> dict:

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,17 @@ class Workers:
 
 
 # ---- HTTP helpers ------------------------------------------------------------------------------------------
+
+
+def drained_workers(gw: ServeProcess) -> Iterator[Workers]:
+    """Workers for one test (a pytest fixture body): on the way out every one is drained with SIGTERM, so the
+    next test of the module starts with no lease held."""
+    with Workers(gw) as ws:
+        yield ws
+        for w in ws.procs:
+            w.signal(signal.SIGTERM)
+        for w in ws.procs:
+            w.wait_exit(15)
 
 
 def api(gw: ServeProcess, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
