@@ -15,8 +15,9 @@ import signal
 import click
 from aiohttp import web
 
+from awp.app import create_app
+from awp.appstate import GatewayConfig
 from awp.cli import main
-from awp.gateway import GatewayConfig, create_app
 
 log = logging.getLogger(__name__)
 

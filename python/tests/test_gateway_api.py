@@ -19,7 +19,8 @@ import pytest
 import yaml
 from support import PROTOCOL, ServeProcess, Tokens, bearer, serve, wait_until
 
-from awp.gateway import DB, GatewayConfig, create_app
+from awp.app import create_app
+from awp.appstate import DB, GatewayConfig
 
 API = "/api/v1"
 

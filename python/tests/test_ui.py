@@ -24,7 +24,8 @@ import pytest
 from support import PROTOCOL, ServeProcess, serve, wait_until
 from worker_support import Workers, all_items, api, apply, get_run, mock_task, start_run, wait_run
 
-from awp.gateway import GatewayConfig, Role
+from awp.appstate import GatewayConfig
+from awp.auth import Role
 from awp.ui import dag, views
 
 playwright_api = pytest.importorskip("playwright.sync_api")

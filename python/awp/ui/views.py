@@ -37,8 +37,10 @@ import psycopg_pool
 from aiohttp import web
 from markupsafe import Markup
 
+from awp.appstate import CONFIG, DB, GatewayConfig
+from awp.auth import Role, role_of
 from awp.errors import ApiError, from_database_error
-from awp.gateway import CONFIG, DB, GatewayConfig, Role, dumps, role_of
+from awp.jsonio import dumps
 from awp.ui import dag
 
 log = logging.getLogger(__name__)

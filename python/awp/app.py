@@ -1,0 +1,68 @@
+"""The aiohttp application of ``awp serve``: routes (:mod:`awp.gateway`), the middleware, the dashboard, and
+the database pool, dispatch listener and coordinator that start and stop with it."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from awp.appstate import CONFIG, COORDINATOR, DB, LISTENER, METRICS, OPENAPI, GatewayConfig
+from awp.coordinator import Coordinator
+from awp.db import Database, DispatchListener
+from awp.gateway import ROUTES
+from awp.metrics import Metrics
+from awp.middleware import api_middleware
+from awp.parsing import WORKFLOW_BODY_LIMIT
+from awp.ui import setup_ui
+
+
+def load_openapi() -> bytes:
+    return resources.files("awp").joinpath("openapi.yaml").read_bytes()
+
+
+def create_app(config: GatewayConfig) -> web.Application:
+    """The aiohttp application; the database, listener and coordinator start with it (cleanup_ctx)."""
+    config.check()
+    app = web.Application(middlewares=[api_middleware], client_max_size=WORKFLOW_BODY_LIMIT + 1)
+    app[CONFIG] = config
+    app[METRICS] = Metrics()
+    app[DB] = Database(config.database_url, pool_size=config.pool_size)
+    app[LISTENER] = DispatchListener(config.database_url)
+    app[OPENAPI] = load_openapi()
+    if config.coordinator:
+        metrics = app[METRICS]
+        app[COORDINATOR] = Coordinator(
+            config.database_url,
+            interval_s=config.coordinator_interval_ms / 1000,
+            on_pass=metrics.observe_pass,
+            on_active=lambda active: metrics.coordinator_active.set(1 if active else 0),
+            serving=lambda: not app[DB].failed_within(1.0),
+            retention_interval_s=None if config.retention_interval_ms is None else config.retention_interval_ms / 1000,
+            on_retention=metrics.observe_retention,
+        )
+    for method, path, _access, handler in ROUTES:
+        app.router.add_route(method, path, handler, name=handler.__name__)
+    setup_ui(app)
+    app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(_on_shutdown)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> Any:
+    await app[DB].open()
+    app[LISTENER].start()
+    coordinator = app.get(COORDINATOR)
+    if coordinator is not None:
+        coordinator.start()
+    yield
+    if coordinator is not None:
+        await coordinator.stop()
+    await app[LISTENER].close()
+    await app[DB].close()
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    """Stop accepting work: end long-polls at once (they answer an empty lease list)."""
+    await app[LISTENER].close()

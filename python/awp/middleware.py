@@ -1,0 +1,85 @@
+"""The gateway's one middleware: every answer carries ``X-Request-Id``; errors (:class:`awp.errors.ApiError`,
+aiohttp's HTTP exceptions, database errors through the table in :mod:`awp.errors`) become the envelope
+``{"error": {code, message, request_id}}``; each request is logged once and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import psycopg
+import psycopg_pool
+from aiohttp import web
+
+from awp.appstate import DB, METRICS, PROTOCOL_HEADER, PROTOCOL_VERSION
+from awp.errors import ApiError, from_database_error
+from awp.jsonio import json_response
+
+log = logging.getLogger("awp.gateway")
+access_log = logging.getLogger("awp.gateway.access")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def error_response(error: ApiError, request_id: str, headers: dict[str, str] | None = None) -> web.Response:
+    body = {"error": {"code": error.code, "message": error.message, "request_id": request_id}}
+    response = json_response(body, status=error.status)
+    if headers:
+        response.headers.update(headers)
+    return response
+
+
+def _route_label(request: web.Request) -> str:
+    info = request.match_info
+    resource = info.route.resource if info is not None and info.http_exception is None else None
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    incoming = request.headers.get("X-Request-Id", "")
+    request_id = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+    request["request_id"] = request_id
+    started = time.perf_counter()
+    try:
+        response = await handler(request)
+    except ApiError as e:
+        response = error_response(e, request_id)
+    except web.HTTPException as e:
+        status = e.status if e.status in (404, 405, 413) else 400
+        extra = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
+        response = error_response(ApiError.of(status, e.reason), request_id, extra)
+    except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
+        error = from_database_error(e)
+        if error is None:
+            log.error("request %s %s failed: %s", request_id, request.path, e, exc_info=e)
+            error = ApiError.of(500, "internal error; see the gateway log for request id " + request_id)
+        elif error.status == 503:
+            log.warning("request %s: database unavailable: %s", request_id, e)
+            request.app[DB].connection_lost()
+        response = error_response(error, request_id)
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        log.error("request %s %s failed", request_id, request.path, exc_info=e)
+        response = error_response(ApiError.of(500, "internal error; request id " + request_id), request_id)
+    response.headers["X-Request-Id"] = request_id
+    if request.get("echo_protocol"):
+        response.headers[PROTOCOL_HEADER] = PROTOCOL_VERSION
+    elapsed = time.perf_counter() - started
+    label = _route_label(request)
+    request.app[METRICS].observe_request(request.method, label, response.status, elapsed)
+    access_log.info(
+        "request_id=%s method=%s route=%s status=%d duration_ms=%.1f",
+        request_id,
+        request.method,
+        label,
+        response.status,
+        elapsed * 1000,
+    )
+    return response
