@@ -8,12 +8,12 @@ BENCH_STAMP := $(VENV)/.awp-bench.stamp
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup pgtap chromium ha-deps test test-db test-py ha-test demo bench bench-quick chaos soak mutate lint clean
+.PHONY: help setup pgtap plpgsql-check chromium ha-deps test test-db test-py ha-test demo bench bench-quick chaos soak fuzz mutate docs lint typecheck test-fast clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
 
-setup: $(STAMP) pgtap chromium ha-deps  ## venv + Python packages + pgTAP/pg_prove + Chromium (UI tests) + Patroni/etcd (HA test), idempotent
+setup: $(STAMP) pgtap plpgsql-check chromium ha-deps  ## venv + Python packages + pgTAP/pg_prove + plpgsql_check + Chromium (UI tests) + Patroni/etcd (HA test), idempotent
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,14 @@ pgtap:  ## install pgTAP and pg_prove with apt-get, only when missing
 	$(SUDO) apt-get update -qq && \
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		postgresql-$$major-pgtap libtap-parser-sourcehandler-pgtap-perl
+
+plpgsql-check:  ## install the plpgsql_check extension (static check of every PL/pgSQL function, a pytest) with apt-get, only when missing
+	@if ls /usr/share/postgresql/*/extension/plpgsql_check.control >/dev/null 2>&1; then exit 0; fi; \
+	major=$$(ls /usr/lib/postgresql 2>/dev/null | sort -V | tail -n1); \
+	if [ -z "$$major" ]; then echo "PostgreSQL is not installed: apt-get install -y postgresql-15 (or postgresql)" >&2; exit 1; fi; \
+	echo "installing plpgsql_check for PostgreSQL $$major"; \
+	$(SUDO) apt-get update -qq && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql-$$major-plpgsql-check
 
 chromium:  ## install Debian's chromium (the dashboard's browser tests drive it) with apt-get, only when missing
 	@if command -v chromium >/dev/null; then exit 0; fi; \
@@ -49,6 +57,9 @@ test-db: setup  ## pgTAP tests (db/tests) with pg_prove on a throwaway cluster a
 
 test-py: setup  ## pytest against a throwaway cluster (or AWP_TEST_DSN)
 	$(BIN)/pytest python/tests
+
+test-fast: test-db  ## pgTAP, then pytest without the tests marked slow (fault, chaos, soak, HA, mutation, races)
+	$(BIN)/pytest -m "not slow" python/tests
 
 ha-test: $(STAMP) ha-deps  ## PostgreSQL failover + switchover under Patroni mid-run; prints one summary line (~1 min)
 	$(BIN)/pytest -q -s -p no:cacheprovider python/tests/test_ha_patroni.py::test_patroni_failover_and_switchover_lose_nothing
@@ -71,13 +82,22 @@ chaos: setup  ## kill workers and the control plane while runs progress; check e
 soak: setup  ## retention soak (4 min): many small runs, short retention; prints table sizes over time (docs/retention.md)
 	AWP_SOAK_SECONDS=$${AWP_SOAK_SECONDS:-240} $(BIN)/pytest -s python/tests/test_soak.py
 
+fuzz: setup  ## hostile-input fuzzing (a few minutes): schemathesis, 200 examples per operation, all checks; 10,000 raw-byte requests
+	AWP_FUZZ_EXAMPLES=$${AWP_FUZZ_EXAMPLES:-200} $(BIN)/pytest -q -s -p no:cacheprovider python/tests/test_gateway_fuzz.py python/tests/test_raw_fuzz.py
+
 mutate: setup  ## mutation testing (a few minutes): every mutant of db/mutations/mutations.yaml must fail pgTAP (or its race tests)
 	$(BIN)/python -m awp.mutate $(MUTATE_ARGS)
+
+docs: setup  ## regenerate docs/sql-api.md from a migrated database's catalog (python -m awp.sqldoc)
+	$(BIN)/python -m awp.sqldoc > docs/sql-api.md.tmp && mv docs/sql-api.md.tmp docs/sql-api.md
 
 lint: setup  ## ruff
 	$(BIN)/ruff check python $(wildcard benchmarks)
 	$(BIN)/ruff format --check python $(wildcard benchmarks)
 
+typecheck: setup $(BENCH_STAMP)  ## mypy on python/awp, python/tests and benchmarks ([tool.mypy] in pyproject.toml)
+	$(BIN)/mypy
+
 clean:  ## remove the venv and caches (the local cluster in .awp/ is kept: awp db down --purge)
-	rm -rf $(VENV) .pytest_cache .ruff_cache python/*.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache python/*.egg-info
 	find python benchmarks -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true

@@ -53,6 +53,13 @@ WORKER_BOOT = (
 TABLES = ("procrastinate_events", "procrastinate_periodic_defers", "procrastinate_jobs", "procrastinate_workers")
 
 
+def _one(conn: psycopg.Connection[Any], query: str) -> Any:
+    """The row ``query`` returns (this module does not import awp: procrastinate's workers import it)."""
+    row = conn.execute(query).fetchone()
+    assert row is not None, f"no row from {query!r}"
+    return row
+
+
 def version() -> str | None:
     """procrastinate's installed version, or None when it cannot be imported."""
     try:
@@ -123,11 +130,12 @@ def _wait_ready(
         for name, proc, log_path in workers:
             if proc.poll() is not None:
                 raise RuntimeError(f"procrastinate worker {name} exited with {proc.returncode}:\n{_log_tail(log_path)}")
-        registered, listening = conn.execute(
+        registered, listening = _one(
+            conn,
             "SELECT (SELECT count(*) FROM procrastinate_workers),"
             " count(*) FILTER (WHERE query ILIKE 'LISTEN %procrastinate%')"
-            " FROM pg_stat_activity WHERE datname = current_database()"
-        ).fetchone()
+            " FROM pg_stat_activity WHERE datname = current_database()",
+        )
         if registered == len(workers) and listening >= len(workers):
             return
         if time.monotonic() > deadline:
@@ -205,11 +213,12 @@ def run_once(
             gate.commit()
             deadline = time.monotonic() + timeout
             while True:
-                done, failed = conn.execute(
+                done, failed = _one(
+                    conn,
                     "SELECT count(*) FILTER (WHERE status = 'succeeded'),"
                     " count(*) FILTER (WHERE status NOT IN ('todo', 'doing', 'succeeded'))"
-                    " FROM procrastinate_jobs"
-                ).fetchone()
+                    " FROM procrastinate_jobs",
+                )
                 if done + failed >= jobs:
                     break
                 for name, proc, log_path in workers:
@@ -232,13 +241,16 @@ def run_once(
         finally:
             gate.close()  # rolls back when the gate was never committed
             codes = _stop(workers)
-        by_status = dict(conn.execute("SELECT status::text, count(*) FROM procrastinate_jobs GROUP BY 1").fetchall())
-        first_started, last_succeeded, started_events, succeeded_events = conn.execute(
+        by_status: dict[str, int] = dict(
+            conn.execute("SELECT status::text, count(*) FROM procrastinate_jobs GROUP BY 1").fetchall()
+        )
+        first_started, last_succeeded, started_events, succeeded_events = _one(
+            conn,
             "SELECT min(at) FILTER (WHERE type = 'started'), max(at) FILTER (WHERE type = 'succeeded'),"
             " count(*) FILTER (WHERE type = 'started'), count(*) FILTER (WHERE type = 'succeeded')"
-            " FROM procrastinate_events"
-        ).fetchone()
-        still_registered = conn.execute("SELECT count(*) FROM procrastinate_workers").fetchone()[0]
+            " FROM procrastinate_events",
+        )
+        still_registered = _one(conn, "SELECT count(*) FROM procrastinate_workers")[0]
     if by_status.get("succeeded", 0) != jobs or succeeded_events != jobs or started_events != jobs:
         raise RuntimeError(
             f"procrastinate: {jobs} jobs deferred, by status {by_status}, {started_events} started and"

@@ -12,15 +12,12 @@ backends count too), and peak RSS (``VmHWM``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import secrets
 import signal
 import subprocess
-import sys
 import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,22 +26,9 @@ from typing import Any
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from awp import procs as awp_procs
 from awp.localdb import free_port
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def awp_command() -> list[str]:
-    """The real ``awp`` entry point of this venv (falls back to the module)."""
-    script = Path(sys.executable).with_name("awp")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from awp.cli import main; main()"]
+from awp.procs import awp_command
 
 
 class Reaper:
@@ -54,43 +38,16 @@ class Reaper:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(self, cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-        with open(log_path, "ab") as log_file:
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches the harness only; it stops the children in order
-                preexec_fn=_die_with_parent,
-            )
+        # its own session: Ctrl-C reaches the harness only, which stops the children in order
+        proc = awp_procs.spawn(cmd, env=env, log_path=log_path, new_session=True, die_with_parent=True)
         self.procs.append(proc)
         return proc
 
     def kill_all(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-        for proc in self.procs:
             with contextlib.suppress(Exception):
-                proc.wait(5)
+                awp_procs.kill(proc)
         self.procs.clear()
-
-
-def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL of the whole group after ``timeout``."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 # ---- costs ----------------------------------------------------------------------------------------------
@@ -147,7 +104,7 @@ class Gateway:
     workdir: Path
     coordinator_interval_ms: int = 1000
     tokens: dict[str, str] = field(
-        default_factory=lambda: {r: f"{r}-{secrets.token_urlsafe(16)}" for r in ("viewer", "operator", "bootstrap")}
+        default_factory=lambda: {r: f"{r}-{secrets.token_urlsafe(32)}" for r in ("viewer", "operator", "bootstrap")}
     )
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
@@ -171,29 +128,30 @@ class Gateway:
             "AWP_COORDINATOR_INTERVAL_MS": str(self.coordinator_interval_ms),
             "PYTHONUNBUFFERED": "1",
         }
-        cmd = [*awp_command(), "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd = awp_command("serve", "--host", "127.0.0.1", "--port", str(self.port))
         self.proc = self.reaper.spawn(cmd, env, self.log_path)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"awp serve exited with {self.proc.returncode}:\n{self.log_tail()}")
-            with (
-                contextlib.suppress(OSError, urllib.error.URLError),
-                urllib.request.urlopen(self.base_url + "/health/ready", timeout=2) as r,
-            ):
-                if r.status == 200 and json.loads(r.read()).get("coordinator_active", True):
-                    return
-            time.sleep(0.05)
-        raise TimeoutError(f"awp serve not ready after {timeout}s:\n{self.log_tail()}")
+        awp_procs.wait_ready(self.proc, self._ready, timeout=timeout, what="awp serve", log_path=self.log_path)
+
+    def _ready(self) -> bool:
+        """/health/ready answers 200 and this replica's coordinator is active."""
+        with (
+            contextlib.suppress(OSError, ValueError),  # URLError and HTTPError (503) are OSErrors
+            urllib.request.urlopen(self.base_url + "/health/ready", timeout=2) as r,
+        ):
+            return r.status == 200 and bool(json.loads(r.read()).get("coordinator_active", True))
+        return False
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "the gateway was not started"
+        return self.proc.pid
 
     def stop(self) -> None:
         if self.proc is not None:
-            stop(self.proc, timeout=15)
+            awp_procs.stop(self.proc, timeout=15)
 
     def log_tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+        return awp_procs.log_tail(self.log_path, lines)
 
     def log_offset(self) -> int:
         return self.log_path.stat().st_size
@@ -273,8 +231,7 @@ class WorkerPool:
         self._next += 1
         name = f"bench-w{self._next}"
         env = {**os.environ, "AWP_WORKER_BOOTSTRAP_TOKEN": self.gateway.tokens["bootstrap"], "PYTHONUNBUFFERED": "1"}
-        cmd = [
-            *awp_command(),
+        cmd = awp_command(
             "worker",
             "--gateway",
             self.gateway.base_url,
@@ -288,7 +245,7 @@ class WorkerPool:
             "5",
             "--log-level",
             "warning",  # info logs two lines per task: a benchmark of the product, not of its logging
-        ]
+        )
         return WorkerProc(name, concurrency, self.reaper.spawn(cmd, env, self.workdir / f"{name}.log"))
 
     def resize(self, n: int, concurrency: int = 1, wait_ms: int = 20000, timeout: float = 60.0) -> None:
@@ -304,7 +261,7 @@ class WorkerPool:
             if w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGTERM)
         for w in workers:
-            stop(w.proc, timeout=10)
+            awp_procs.stop(w.proc, timeout=10, signalled=True)  # a second SIGTERM would mean "exit at once"
         self.workers = [w for w in self.workers if w not in workers]
 
     def wait_registered(self, timeout: float) -> None:
@@ -330,8 +287,7 @@ class WorkerPool:
 
     def kill9(self, w: WorkerProc) -> None:
         self.peak_rss_mb = max(self.peak_rss_mb, peak_rss_mb(w.pid))
-        w.proc.kill()
-        w.proc.wait()
+        awp_procs.kill(w.proc)
         self.workers.remove(w)
 
     def pids(self) -> list[int]:

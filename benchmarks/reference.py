@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 
 from awp.pgbin import pg_bin
-from awp.testing import libpq_env
+from awp.testing import libpq_env, one
 
 SCHEMA = """
 DROP SCHEMA IF EXISTS bench_ref CASCADE;
@@ -87,10 +87,11 @@ def run_pgbench(dsn: str, clients: int, seconds: float, rows: int) -> dict[str, 
             raise RuntimeError(f"pgbench failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
         m = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", res.stdout)
         with psycopg.connect(dsn) as c:
-            done, span = c.execute(
+            done, span = one(
+                c,
                 "SELECT count(*), extract(epoch FROM max(finished_at) - min(claimed_at))"
-                " FROM bench_ref.jobs WHERE status = 'done'"
-            ).fetchone()
+                " FROM bench_ref.jobs WHERE status = 'done'",
+            )
         if done >= rows:
             raise RuntimeError(f"the reference ran out of jobs ({rows}): raise rows")
         return {

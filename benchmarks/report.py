@@ -138,7 +138,9 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     out: list[tuple[str, str, bool | None]] = []
 
     v4 = s4["tasks_per_s"]["median"] if s4 else None
-    out.append((f"(1) {single}, 4 workers >= 500 tasks/s", *((f"{v4:,.0f} tasks/s", v4 >= 500) if s4 else missing)))
+    out.append(
+        (f"(1) {single}, 4 workers >= 500 tasks/s", *((f"{v4:,.0f} tasks/s", v4 >= 500) if v4 is not None else missing))
+    )
     peer = _peer_rate(results)
     name = f"(1) {single}, 4 workers >= 1.0 x procrastinate (same run, same shape)"
     if v4 is not None and peer:
@@ -155,7 +157,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
 
     name = f"(3) {multi}, 16 workers >= 600 tasks/s"
     v = m16["tasks_per_s"]["median"] if m16 else None
-    out.append((name, *((f"{v:,.0f} tasks/s", v >= 600) if m16 else missing)))
+    out.append((name, *((f"{v:,.0f} tasks/s", v >= 600) if v is not None else missing)))
 
     if batch:
         v = batch["tasks_per_s"]["median"]
@@ -406,7 +408,7 @@ def io_table(io: dict[str, Any]) -> Table:
         io["peak_concurrency"],
         span["n"],
     )
-    waits = {}
+    waits: dict[str, int] = {}
     for rep in io.get("repetitions") or []:
         for reason, n in (rep.get("max_waiting_by_reason") or {}).items():
             waits[reason] = max(waits.get(reason, 0), n)

@@ -22,6 +22,8 @@ import httpx
 import psycopg
 from psycopg.types.json import Jsonb
 
+from awp.testing import one
+
 TASKS = [
     {"key": "a", "executor": "mock"},
     {"key": "b", "executor": "mock", "depends_on": ["a"]},
@@ -43,7 +45,7 @@ def _median_ms(call: Any, n: int) -> float:
 
 def plant(conn: psycopg.Connection[Any], upto: int) -> None:
     """Finished runs ``run_bench_1 .. run_bench_<upto>`` (each with a canceled task and dispatch)."""
-    have = conn.execute("SELECT count(*) FROM awp.runs WHERE run_id LIKE 'run_bench_%'").fetchone()[0]
+    have = one(conn, "SELECT count(*) FROM awp.runs WHERE run_id LIKE 'run_bench_%'")[0]
     conn.execute(
         'SELECT awp.create_workflow_version(\'{"id": "bench-ret", "tasks": [{"key": "a", "executor": "mock"}]}\')'
     )
@@ -78,9 +80,7 @@ def plant(conn: psycopg.Connection[Any], upto: int) -> None:
 def full_batch(conn: psycopg.Connection[Any], n_runs: int = 200) -> dict[str, Any]:
     """Finish ``n_runs`` five-task runs through the real functions (a worker in SQL), then time one prune batch."""
     conn.execute("SELECT awp.create_workflow_version(%s)", (Jsonb({"id": "bench-batch", "tasks": TASKS}),))
-    worker, token = conn.execute(
-        "SELECT worker_id, session_token FROM awp.register_worker('bench-sql', '{mock}', 100)"
-    ).fetchone()
+    worker, token = one(conn, "SELECT worker_id, session_token FROM awp.register_worker('bench-sql', '{mock}', 100)")
     for _ in range(n_runs):
         conn.execute("SELECT awp.start_run('bench-batch')")
     while True:
@@ -93,18 +93,15 @@ def full_batch(conn: psycopg.Connection[Any], n_runs: int = 200) -> dict[str, An
                 'SELECT awp.complete_task(%s, %s, %s, %s, \'{"kind": "success", "output": {"ok": 1}}\')',
                 (worker, token, dispatch_id, lease),
             )
-        left = conn.execute(
-            "SELECT count(*) FROM awp.runs WHERE workflow_id = 'bench-batch' AND status <> 'succeeded'"
-        ).fetchone()[0]
+        left = one(conn, "SELECT count(*) FROM awp.runs WHERE workflow_id = 'bench-batch' AND status <> 'succeeded'")[0]
         if not left:
             break
         if not leases:
             time.sleep(0.05)
     conn.execute("SELECT awp.drain_worker(%s, %s)", (worker, token))
-    cutoff = conn.execute("SELECT max(finished_at) + interval '1 ms' FROM awp.runs WHERE workflow_id = 'bench-batch'")
-    at = cutoff.fetchone()[0]
+    at = one(conn, "SELECT max(finished_at) + interval '1 ms' FROM awp.runs WHERE workflow_id = 'bench-batch'")[0]
     started = time.perf_counter()
-    batch = conn.execute("SELECT awp._prune_batch(%s)", (at,)).fetchone()[0]
+    batch = one(conn, "SELECT awp._prune_batch(%s)", (at,))[0]
     ms = (time.perf_counter() - started) * 1000
     return {k: batch[k] for k in ("runs", "tasks", "dispatches", "attempts", "events")} | {"ms": round(ms, 1)}
 
@@ -115,7 +112,7 @@ def measure(dsn: str, gateway_url: str, sizes: tuple[int, ...] = (100, 100_000),
         conn.execute("SELECT awp.configure(retention_ms => 0)")  # the background must not prune what we plant
         for size in sizes:
             plant(conn, size)
-            finished = conn.execute("SELECT count(*) FROM awp.runs WHERE finished_at IS NOT NULL").fetchone()[0]
+            finished = one(conn, "SELECT count(*) FROM awp.runs WHERE finished_at IS NOT NULL")[0]
             row = {
                 "finished_runs": finished,
                 "metrics_snapshot_ms": round(
@@ -128,7 +125,7 @@ def measure(dsn: str, gateway_url: str, sizes: tuple[int, ...] = (100, 100_000),
         started = time.perf_counter()
         pruned = calls = 0
         while True:
-            answer = conn.execute("SELECT awp.prune('0')").fetchone()[0]
+            answer = one(conn, "SELECT awp.prune('0')")[0]
             pruned += answer["runs"]
             calls += 1
             if not answer["more"]:

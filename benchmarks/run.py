@@ -65,7 +65,8 @@ import report  # noqa: E402
 import retention  # noqa: E402
 from procs import Gateway, Reaper, WorkerPool  # noqa: E402
 
-from awp.testing import database_name, fresh_database, throwaway_cluster  # noqa: E402
+from awp import procs as awp_procs  # noqa: E402
+from awp.testing import database_name, fresh_database, one, throwaway_cluster  # noqa: E402
 
 log = logging.getLogger("bench")
 RESULTS = HERE / "results"
@@ -215,7 +216,7 @@ class Bench:
 
     def start_runs(self, wid: str, n: int = 1) -> list[str]:
         with self.conn.transaction():  # n runs appear at once, like a burst of submissions
-            return [self.conn.execute("SELECT awp.start_run(%s)", [wid]).fetchone()[0] for _ in range(n)]
+            return [one(self.conn, "SELECT awp.start_run(%s)", [wid])[0] for _ in range(n)]
 
     def wait_runs(self, run_ids: list[str], timeout: float, poll: float = 0.02) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
@@ -246,7 +247,7 @@ class Bench:
         return {
             "metrics": self.gateway.metrics(),
             "log_offset": self.gateway.log_offset(),
-            "cpu_gateway": procs.cpu_seconds([self.gateway.proc.pid]),
+            "cpu_gateway": procs.cpu_seconds([self.gateway.pid]),
             "cpu_workers": procs.cpu_seconds(self.pool.pids()),
             "cpu_postgres": procs.cpu_seconds(self.postgres_pids(), include_reaped_children=True),
         }
@@ -266,7 +267,7 @@ class Bench:
             "requests": sum(len(v) for v in durations.values()),  # every route the access log saw
             "cpu_s": cpu,
             "peak_rss_mb": {
-                "gateway": procs.peak_rss_mb(self.gateway.proc.pid),
+                "gateway": procs.peak_rss_mb(self.gateway.pid),
                 "workers": self.pool.current_peak_rss_mb(),
             },
         }
@@ -326,11 +327,12 @@ class Bench:
             time.sleep(0.2)  # idle: every worker is back in its long-poll
             (run_id,) = self.start_runs(wid)
             (row,) = self.wait_runs([run_id], timeout=30, poll=0.01)
-            dispatched, started = self.conn.execute(
+            dispatched, started = one(
+                self.conn,
                 "SELECT d.created_at, a.started_at FROM awp.attempts a JOIN awp.dispatches d USING (dispatch_id)"
                 " WHERE a.run_id = %s AND a.attempt = 1",
                 [run_id],
-            ).fetchone()
+            )
             dispatch_ms.append((dispatched - row["created_at"]).total_seconds() * 1000)
             claim_ms.append((started - row["created_at"]).total_seconds() * 1000)
             finish_ms.append((row["finished_at"] - row["created_at"]).total_seconds() * 1000)
@@ -389,14 +391,15 @@ class Bench:
                 time.sleep(0.5)
             (row,) = self.wait_runs([run_id], timeout=max(120.0, 10 * ideal_s))
             span = (row["finished_at"] - row["started_at"]).total_seconds()
-            peak = self.conn.execute(
+            peak = one(
+                self.conn,
                 """SELECT max(s) FROM (
                      SELECT sum(d) OVER (ORDER BY ts, d ROWS UNBOUNDED PRECEDING) AS s FROM (
                        SELECT started_at AS ts, 1 AS d FROM awp.attempts WHERE run_id = %(r)s
                        UNION ALL
                        SELECT finished_at, -1 FROM awp.attempts WHERE run_id = %(r)s) e) x""",
                 {"r": run_id},
-            ).fetchone()[0]
+            )[0]
             reps.append({"span_s": span, "peak_concurrency": peak, "max_waiting_by_reason": dict(reasons)})
             log.info(
                 "  %s, repetition %d/%d: %.2f s (ideal %.1f s, %.2f x), peak %d attempts at once, waiting: %s",
@@ -417,7 +420,7 @@ class Bench:
             "workers": plan.io_workers,
             "worker_concurrency": plan.io_concurrency,
             "slots": slots,
-            "dispatch_limit": self.conn.execute("SELECT awp.get_settings()->>'dispatch_limit'").fetchone()[0],
+            "dispatch_limit": one(self.conn, "SELECT awp.get_settings()->>'dispatch_limit'")[0],
             "ideal_s": ideal_s,
             "span_s": median_spread(spans),
             "ratio_to_ideal": statistics.median(spans) / ideal_s if spans else None,
@@ -451,7 +454,7 @@ class Bench:
             if victim is None:
                 raise RuntimeError(f"attempt 1 is held by an unknown worker {first[0]}")
             time.sleep(random.uniform(0, heartbeat_ms / 1000))  # kill at a random point of the heartbeat cycle
-            (killed_at,) = self.conn.execute("SELECT clock_timestamp()").fetchone()
+            (killed_at,) = one(self.conn, "SELECT clock_timestamp()")
             self.pool.kill9(victim)
             second = wait_for(
                 lambda rid=run_id: self.conn.execute(
@@ -502,14 +505,8 @@ class Bench:
 
 
 def wait_for(probe: Any, timeout: float, what: str, poll: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(poll)
+    """Poll every 10 ms by default: these waits time a takeover."""
+    return awp_procs.wait_for(probe, timeout, what, poll)
 
 
 def summarize(label: str, reps: list[dict[str, Any]], runs: int, tasks_per_run: int) -> dict[str, Any]:
@@ -651,7 +648,7 @@ def problems(results: dict[str, Any]) -> list[str]:
 
 
 def machine() -> dict[str, Any]:
-    info = {
+    info: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -695,7 +692,7 @@ def run_plan(
         b.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     results: dict[str, Any] = {"plan": asdict(plan), "machine": machine(), "profiled": profile}
     results["postgres"] = {
-        name: b.conn.execute(f"SHOW {name}").fetchone()[0]
+        name: one(b.conn, f"SHOW {name}")[0]
         for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections")
     }
     results["settings"] = {
@@ -709,7 +706,7 @@ def run_plan(
         "worker_concurrency": 1,
     }
     # The defaults are those of a fresh database: say so from the database itself.
-    results["settings_in_db"] = b.conn.execute("SELECT awp.configure()").fetchone()[0]
+    results["settings_in_db"] = one(b.conn, "SELECT awp.configure()")[0]
     for key in ("lease_duration_ms", "heartbeat_interval_ms", "dispatch_limit"):
         results["settings"][key] = results["settings_in_db"].get(key, results["settings"][key])
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
-from awp.testing import database_name, fresh_database, throwaway_cluster
+from awp.testing import database_name, fresh_database, one, throwaway_cluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -49,7 +49,7 @@ def measure(dsn: str, calls: int) -> dict[str, dict[str, float]]:
             [json.dumps({"id": "sql-calls", "concurrency": 10000, "tasks": tasks})],
         )
         c.execute("SELECT awp.start_run('sql-calls')")
-        w = c.execute("SELECT * FROM awp.register_worker('bench', ARRAY['mock'], 1000)").fetchone()
+        w = one(c, "SELECT * FROM awp.register_worker('bench', ARRAY['mock'], 1000)")
         worker = (w["worker_id"], w["session_token"])
         c.execute("SELECT awp.coordinator_tick()")
 

@@ -80,16 +80,19 @@ END $$;
 COMMENT ON FUNCTION awp._skip_descendants(text, text) IS 'Skips every waiting descendant of a failed task.';
 
 -- awp._end_attempt(run, task, attempt, attempt_status, retryable, output, error_code,
---                  error_message, reason): settles a running attempt and then its task:
+--                  error_message, reason, counted): settles a running attempt and then its task:
 --   succeeded                 -> task succeeded, dependants whose dependencies all succeeded become ready;
---   failed/timed_out/interrupted, retryable and attempts left
---                             -> task waiting_retry (ready_at = now + interval_ms);
+--   failed/timed_out/interrupted/not_received, retryable and attempts left
+--                             -> task waiting_retry (ready_at = now + interval_ms; now when not counted);
 --   otherwise                 -> task failed, descendants skipped.
+-- counted false (a lease lost to a lost claim answer or to an outage, docs/protocol.md, Lease recovery):
+-- the attempt does not count against max_attempts (attempts.counted, tasks.uncounted_attempts), up to
+-- 100 such attempts per task; past that it counts like any other, so no task retries without end.
 -- Finally settles the run. Returns the task's new status.
 CREATE OR REPLACE FUNCTION awp._end_attempt(p_run_id text, p_task_key text, p_attempt integer,
                                             p_attempt_status text, p_retryable boolean,
                                             p_output jsonb, p_error_code text, p_error_message text,
-                                            p_reason text)
+                                            p_reason text, p_counted boolean DEFAULT true)
 RETURNS text
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
@@ -97,23 +100,28 @@ DECLARE
   t       awp.tasks;
   v_to    text;
   v_ready text[];
+  v_free  boolean;
 BEGIN
+  SELECT * INTO t FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = p_task_key FOR UPDATE;
+  v_free := NOT p_counted AND t.uncounted_attempts < 100;
   UPDATE awp.attempts a
      SET status = p_attempt_status, finished_at = v_now, output = p_output,
-         error_code = p_error_code, error_message = p_error_message
+         error_code = p_error_code, error_message = p_error_message, counted = NOT v_free
    WHERE a.run_id = p_run_id AND a.task_key = p_task_key AND a.attempt = p_attempt AND a.status = 'running';
 
-  SELECT * INTO t FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = p_task_key FOR UPDATE;
   IF p_attempt_status = 'succeeded' THEN
     v_to := 'succeeded';
-  ELSIF p_retryable AND t.attempts < t.max_attempts THEN
+  ELSIF p_retryable AND (v_free OR t.attempts - t.uncounted_attempts < t.max_attempts) THEN
     v_to := 'waiting_retry';
   ELSE
     v_to := 'failed';
   END IF;
   UPDATE awp.tasks x
      SET status = v_to, updated_at = v_now,
-         ready_at = CASE WHEN v_to = 'waiting_retry' THEN v_now + make_interval(secs => t.interval_ms / 1000.0) END,
+         uncounted_attempts = x.uncounted_attempts + CASE WHEN v_free THEN 1 ELSE 0 END,
+         ready_at = CASE WHEN v_to = 'waiting_retry'
+                         THEN v_now + CASE WHEN v_free THEN interval '0' ELSE make_interval(secs => t.interval_ms / 1000.0) END
+                    END,
          finished_at = CASE WHEN v_to IN ('succeeded', 'failed') THEN v_now END
    WHERE x.run_id = p_run_id AND x.task_key = p_task_key;
   IF v_to IN ('succeeded', 'failed') THEN
@@ -141,7 +149,7 @@ BEGIN
   PERFORM awp._settle_run(p_run_id);
   RETURN v_to;
 END $$;
-COMMENT ON FUNCTION awp._end_attempt(text, text, integer, text, boolean, jsonb, text, text, text) IS 'Settles a running attempt, its task (retry/fail/succeed, unlock or skip dependants) and the run.';
+COMMENT ON FUNCTION awp._end_attempt(text, text, integer, text, boolean, jsonb, text, text, text, boolean) IS 'Settles a running attempt (counted against max_attempts or not), its task (retry/fail/succeed, unlock or skip dependants) and the run.';
 
 -- awp._converge_cancel(run): converges a run whose cancellation was requested: pending and
 -- leased dispatches canceled, running attempts canceled, unfinished tasks canceled, run canceled.

@@ -6,9 +6,11 @@
 --   unfinished_count         runs.unfinished_tasks equals the number of its tasks not terminal
 --   one_success_per_task     at most one succeeded attempt per task, from the completed dispatch
 --   attempt_dispatch_match   a settled-by-result attempt belongs to a completed dispatch; a running
---                            attempt to a leased one; a leased dispatch has a running attempt
+--                            attempt to a leased one; a not_received one to an expired one; a leased
+--                            dispatch has a running attempt
 --   accepted_after_expiry    no result accepted at or after its lease expiry or attempt deadline
---   attempts_within_max      attempts per task <= max_attempts and tasks.attempts = attempts made
+--   attempts_within_max      counted attempts per task <= max_attempts, tasks.attempts = attempts made and
+--                            tasks.uncounted_attempts = attempts not counted (docs/protocol.md, Lease recovery)
 --   started_before_deps      no attempt started before every dependency had succeeded
 --   task_dispatch_match      queued <-> one pending dispatch; running <-> one leased dispatch
 --   events_contiguous        per-run event sequences are 1..n
@@ -39,7 +41,7 @@ LANGUAGE sql IMMUTABLE SECURITY DEFINER SET search_path = '' AS $$
          ('task', 'waiting_retry', 'canceled'),
          ('attempt', NULL, 'running'), ('attempt', 'running', 'succeeded'), ('attempt', 'running', 'failed'),
          ('attempt', 'running', 'timed_out'), ('attempt', 'running', 'interrupted'),
-         ('attempt', 'running', 'canceled'),
+         ('attempt', 'running', 'canceled'), ('attempt', 'running', 'not_received'),
          ('dispatch', NULL, 'pending'), ('dispatch', 'pending', 'leased'), ('dispatch', 'pending', 'canceled'),
          ('dispatch', 'leased', 'completed'), ('dispatch', 'leased', 'expired'), ('dispatch', 'leased', 'canceled')
 $$;
@@ -91,6 +93,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
    WHERE d.dispatch_id IS NULL
       OR (a.status IN ('succeeded', 'failed') AND d.status <> 'completed')
       OR (a.status = 'running' AND d.status <> 'leased')
+      OR (a.status = 'not_received' AND d.status <> 'expired')
       OR (d.status = 'completed' AND a.status NOT IN ('succeeded', 'failed'))
       OR a.attempt <> d.attempt OR a.worker_id <> d.worker_id
   UNION ALL
@@ -105,10 +108,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
    WHERE d.status = 'completed' AND (d.finished_at >= d.lease_expires_at OR d.finished_at >= d.attempt_deadline)
   UNION ALL
   SELECT 'attempts_within_max', t.run_id, t.task_key,
-         format('%s attempts made, tasks.attempts = %s, max_attempts = %s', count(a.*), t.attempts, t.max_attempts)
+         format('%s attempts made (%s not counted), tasks.attempts = %s (%s not counted), max_attempts = %s',
+                count(a.*), count(a.*) FILTER (WHERE NOT a.counted), t.attempts, t.uncounted_attempts, t.max_attempts)
     FROM tasks t LEFT JOIN attempts a ON a.run_id = t.run_id AND a.task_key = t.task_key
-   GROUP BY t.run_id, t.task_key, t.attempts, t.max_attempts
-  HAVING count(a.*) > t.max_attempts OR count(a.*) <> t.attempts
+   GROUP BY t.run_id, t.task_key, t.attempts, t.uncounted_attempts, t.max_attempts
+  HAVING count(a.*) FILTER (WHERE a.counted) > t.max_attempts OR count(a.*) <> t.attempts
+      OR count(a.*) FILTER (WHERE NOT a.counted) <> t.uncounted_attempts
   UNION ALL
   SELECT 'started_before_deps', a.run_id, a.task_key || '#' || a.attempt, format('dependency %s', dep)
     FROM attempts a JOIN tasks t ON t.run_id = a.run_id AND t.task_key = a.task_key,

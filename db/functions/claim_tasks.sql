@@ -1,5 +1,6 @@
--- awp.claim_tasks(worker_id, session_token, slots): hands up to `slots` pending dispatches to a
--- worker, oldest first. For each: attempt N+1 is created (`running`), the task becomes `running`,
+-- awp.claim_tasks(worker_id, session_token, slots, claim_seq): hands up to `slots` pending dispatches to a
+-- worker, oldest first. claim_seq (optional): the worker's number of this claim request, stored on each
+-- lease (dispatches.claim_seq) for the heartbeat's release rule (docs/protocol.md, Lease recovery). For each: attempt N+1 is created (`running`), the task becomes `running`,
 -- the dispatch `leased` with a new random lease token (only its SHA-256 stored),
 -- attempt_deadline = now + timeout, lease_expires_at = least(now + lease, deadline) and a strictly
 -- increasing fencing token; revision and events in the same transaction. Each lease carries the
@@ -13,8 +14,11 @@
 -- Locks: the worker row, then Run and Dispatch together with
 -- `FOR UPDATE OF r, d SKIP LOCKED`. When every candidate is locked by someone else it waits for
 -- the oldest candidate's run row (and only that row) instead of answering empty: a busy run is a
--- hot row, not an idle queue.
-CREATE OR REPLACE FUNCTION awp.claim_tasks(p_worker_id text, p_session_token text, p_slots integer)
+-- hot row, not an idle queue. That wait lasts at most 500 ms (or the session's lower lock_timeout):
+-- a run held longer is stuck, not busy, and the claim answers empty rather than hold the worker's
+-- row (and so its heartbeats) behind it.
+CREATE OR REPLACE FUNCTION awp.claim_tasks(p_worker_id text, p_session_token text, p_slots integer,
+                                           p_claim_seq bigint DEFAULT NULL)
 RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
                run_id text, task_key text, executor_kind text, action text, input jsonb,
                attempt integer, attempt_deadline timestamptz, lease_expires_at timestamptz,
@@ -31,15 +35,26 @@ BEGIN
   IF p_slots IS NULL OR p_slots < 1 THEN
     PERFORM awp._bad_request('invalid slots', 'slots must be at least 1');
   END IF;
+  PERFORM awp._check_claim_seq(p_claim_seq);
   v_free := awp._free_slots(w);
   IF p_slots > v_free THEN
     RAISE EXCEPTION 'worker capacity exceeded' USING ERRCODE = 'AWCAP',
       DETAIL = format('asked for %s slots, %s of %s free', p_slots, v_free, w.max_concurrency);
   END IF;
-  RETURN QUERY SELECT * FROM awp._claim(w, p_slots, true);
+  RETURN QUERY SELECT * FROM awp._claim(w, p_slots, true, p_claim_seq);
   PERFORM awp._log_flush();
 END $$;
-COMMENT ON FUNCTION awp.claim_tasks(text, text, integer) IS 'Leases up to slots pending dispatches to a worker (attempt, lease token, fencing token); AWSES/AWDRN/AWCAP/AWREQ.';
+COMMENT ON FUNCTION awp.claim_tasks(text, text, integer, bigint) IS 'Leases up to slots pending dispatches to a worker (attempt, lease token, fencing token); AWSES/AWDRN/AWCAP/AWREQ.';
+
+-- awp._check_claim_seq(claim_seq): AWREQ unless it is null or at least 1. Locks: none.
+CREATE OR REPLACE FUNCTION awp._check_claim_seq(p_claim_seq bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  IF p_claim_seq < 1 THEN
+    PERFORM awp._bad_request('invalid claim_seq', 'claim_seq must be at least 1');
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._check_claim_seq(bigint) IS 'Validates a claim request number (AWREQ unless null or >= 1).';
 
 -- awp._free_slots(worker): the worker's max_concurrency less its leases. Locks: none.
 CREATE OR REPLACE FUNCTION awp._free_slots(w awp.workers) RETURNS integer
@@ -49,10 +64,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._free_slots(awp.workers) IS 'Free slots of a worker: max_concurrency less its leases.';
 
--- awp._claim(worker, slots, may_wait): the leasing part of awp.claim_tasks for a worker whose
+-- awp._claim(worker, slots, may_wait, claim_seq): the leasing part of awp.claim_tasks for a worker whose
 -- session, status and free capacity the caller has checked (holding the worker row's lock). With
 -- may_wait false (a completion that claims: it holds a run already) it never waits for a busy run.
-CREATE OR REPLACE FUNCTION awp._claim(w awp.workers, p_slots integer, p_may_wait boolean)
+-- claim_seq is stored on every lease it grants (NULL: none given).
+CREATE OR REPLACE FUNCTION awp._claim(w awp.workers, p_slots integer, p_may_wait boolean,
+                                      p_claim_seq bigint DEFAULT NULL)
 RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
                run_id text, task_key text, executor_kind text, action text, input jsonb,
                attempt integer, attempt_deadline timestamptz, lease_expires_at timestamptz,
@@ -71,6 +88,7 @@ DECLARE
   v_exp   timestamptz;
   v_fence bigint;
   v_busy  text;
+  v_lock_timeout text;
   v_id    text;
   v_up    jsonb;
 BEGIN
@@ -101,8 +119,19 @@ BEGIN
     IF v_busy IS NOT NULL AND p_may_wait THEN
       -- On the row itself, not behind the run's queue of completions (their advisory lock, see
       -- awp._complete_task): a claim holds its worker's row while it waits, and a long wait there
-      -- would hold that worker's heartbeats back too.
-      PERFORM 1 FROM awp.runs r WHERE r.run_id = v_busy FOR UPDATE;
+      -- would hold that worker's heartbeats back too. For the same reason the wait is bounded: a row
+      -- held for longer than a few completions take (a transaction left open, a slow statement) is
+      -- not waited for; the claim answers empty (a long-poll re-checks later) instead of failing.
+      v_lock_timeout := current_setting('lock_timeout');
+      BEGIN
+        IF v_lock_timeout::interval = interval '0' OR v_lock_timeout::interval > interval '500 ms' THEN
+          PERFORM set_config('lock_timeout', '500ms', true);
+        END IF;
+        PERFORM 1 FROM awp.runs r WHERE r.run_id = v_busy FOR UPDATE;
+        PERFORM set_config('lock_timeout', v_lock_timeout, true);
+      EXCEPTION WHEN lock_not_available THEN   -- the block's setting is undone with it
+        RETURN;
+      END;
       SELECT array_agg(q.dispatch_id ORDER BY q.created_at, q.dispatch_id) INTO v_ids FROM (
         SELECT d.dispatch_id, d.created_at
           FROM awp.dispatches d JOIN awp.runs r ON r.run_id = d.run_id
@@ -134,7 +163,7 @@ BEGIN
     UPDATE awp.dispatches d
        SET status = 'leased', worker_id = v_worker_id, lease_token_hash = awp._hash(v_token),
            attempt = v_att, fencing_token = v_fence, leased_at = v_now,
-           lease_expires_at = v_exp, attempt_deadline = v_dl
+           lease_expires_at = v_exp, attempt_deadline = v_dl, claim_seq = p_claim_seq
      WHERE d.dispatch_id = c.dispatch_id;
     INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token,
                               started_at, deadline)
@@ -155,7 +184,7 @@ BEGIN
                         c.run_input, v_up;
   END LOOP;
 END $$;
-COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean) IS 'Leases up to slots pending dispatches to a checked worker (the body of claim_tasks).';
+COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases up to slots pending dispatches to a checked worker (the body of claim_tasks).';
 
 -- awp._upstream(run, depends_on): {dependency key: output of its succeeded attempt} (JSON null when
 -- that attempt had no output). Called only for tasks that are being leased, so every dependency has

@@ -9,6 +9,8 @@
 -- dispatch in place of the freed lease (awp._replace_dispatch: limits and fairness rule hold).
 -- Result: {"kind": success|temporary_failure|permanent_failure, "output": any,
 --          "error_code": text <= 128, "error_message": text <= 8 KiB}, output <= 64 KiB.
+-- Check 2 runs twice: first on a plain read of the dispatch, before any lock (an early reject: a wrong
+-- lease token never queues behind a busy or stuck run), then again under the locks (authoritative).
 -- Locks: the run's transaction advisory lock (hashtextextended(run_id, 0): completions of one run
 -- queue there), then Run, then Dispatch, then the task rows of that run.
 CREATE OR REPLACE FUNCTION awp._complete_task(w awp.workers, p_dispatch_id text, p_lease_token text,
@@ -20,6 +22,7 @@ DECLARE
   v_kind   text;
   v_hash   bytea;
   v_run_id text;
+  v_holds  boolean;
   r        awp.runs;
   d        awp.dispatches;
   v_now    timestamptz;
@@ -31,9 +34,17 @@ BEGIN
               'kind', v_kind, 'output', p_result->'output',
               'error_code', p_result->'error_code', 'error_message', p_result->'error_message')::text, 'UTF8'));
 
-  SELECT x.run_id INTO v_run_id FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
+  SELECT x.run_id, awp._holds_lease(x, p_worker_id, p_lease_token) INTO v_run_id, v_holds
+    FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = format('no dispatch %s', p_dispatch_id);
+  END IF;
+  -- Early reject, without waiting for the run: a dispatch's worker and lease token hash are written once,
+  -- when it is leased (a dispatch is never leased twice), and the caller's token comes from that committed
+  -- claim, so a mismatch here is final. The same test under the locks below stays the authoritative one.
+  IF NOT v_holds THEN
+    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST',
+      DETAIL = 'the dispatch is not leased to this worker with this lease token';
   END IF;
   -- Completions of one run queue on a transaction advisory lock before the run row: the lock
   -- manager wakes one waiter per release, where waiters on the row itself all wake on each commit
@@ -43,7 +54,7 @@ BEGIN
   SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id FOR UPDATE;
   v_now := awp._now();
 
-  IF d.worker_id IS DISTINCT FROM p_worker_id OR d.lease_token_hash IS DISTINCT FROM awp._hash(p_lease_token) THEN
+  IF NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN
     RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST',
       DETAIL = 'the dispatch is not leased to this worker with this lease token';
   END IF;
@@ -109,6 +120,50 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.complete_task(text, text, text, text, jsonb) IS 'Reports a lease''s result (fenced, idempotent): true when applied; AWSES/AWREQ/AWLST/AWCNF.';
 
+-- awp._holds_lease(dispatch, worker_id, lease_token): whether the dispatch is leased to this worker with
+-- this lease token (its worker and the SHA-256 of the token). The one ownership test of a completion,
+-- run by awp._complete_task before the run lock (early reject) and under it (authoritative). Locks: none.
+CREATE OR REPLACE FUNCTION awp._holds_lease(d awp.dispatches, p_worker_id text, p_lease_token text)
+RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+BEGIN
+  RETURN d.worker_id IS NOT DISTINCT FROM p_worker_id AND d.lease_token_hash IS NOT DISTINCT FROM awp._hash(p_lease_token);
+END $$;
+COMMENT ON FUNCTION awp._holds_lease(awp.dispatches, text, text) IS 'Whether a dispatch is leased to this worker with this lease token.';
+
+-- awp._queue_for_runs(worker_id, dispatch_ids, lease_tokens): for a completion that locks its worker's
+-- row (complete_and_claim, complete_tasks), queues on the advisory lock of each run it completes for
+-- (hashtextextended(run_id, 0), the lock awp._complete_task takes first) BEFORE that row is locked: while
+-- a completion waits for a busy or stuck run it then holds nothing of its worker, so the worker's
+-- heartbeats, drain and claims are not held back (a lock_timeout ends the wait). Only dispatches this
+-- worker holds with these tokens count (awp._holds_lease; the others are refused without waiting).
+-- Locks: those advisory locks, in run_id order (as complete_tasks settles its items), nothing else.
+CREATE OR REPLACE FUNCTION awp._queue_for_runs(p_worker_id text, p_dispatch_ids text[], p_lease_tokens text[])
+RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_run text;
+BEGIN
+  IF cardinality(p_dispatch_ids) = 1 THEN   -- complete_and_claim: one primary-key read (no join to plan)
+    SELECT d.run_id INTO v_run FROM awp.dispatches d
+     WHERE d.dispatch_id = p_dispatch_ids[1] AND awp._holds_lease(d, p_worker_id, p_lease_tokens[1]);
+    IF FOUND THEN
+      PERFORM pg_advisory_xact_lock(hashtextextended(v_run, 0));
+    END IF;
+    RETURN;
+  END IF;
+  FOR v_run IN
+    SELECT DISTINCT d.run_id
+      FROM unnest(p_dispatch_ids, p_lease_tokens) AS u(dispatch_id, lease_token)
+      JOIN awp.dispatches d ON d.dispatch_id = u.dispatch_id
+     WHERE awp._holds_lease(d, p_worker_id, u.lease_token)
+     ORDER BY d.run_id
+  LOOP
+    PERFORM pg_advisory_xact_lock(hashtextextended(v_run, 0));
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION awp._queue_for_runs(text, text[], text[]) IS 'Takes the advisory locks of the runs a worker completes for, before its worker row is locked.';
+
 -- awp._check_result(result): AWREQ unless result is a valid, size-limited result object.
 CREATE OR REPLACE FUNCTION awp._check_result(p jsonb) RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
@@ -143,23 +198,29 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._check_result(jsonb) IS 'Validates a result object (AWREQ).';
 
--- awp.complete_and_claim(worker_id, session_token, dispatch_id, lease_token, result, slots):
--- complete_task, then claim_tasks for up to `slots` leases, in one transaction (docs/protocol.md, The fast path:
+-- awp.complete_and_claim(worker_id, session_token, dispatch_id, lease_token, result, slots, claim_seq):
+-- complete_task, then claim_tasks for up to `slots` leases (claim_seq as there), in one transaction (docs/protocol.md, The fast path:
 -- a busy worker needs one round trip per task). The claim part asks only for what is free and
 -- claims nothing for a draining worker; errors of the complete part are raised as by complete_task.
--- Returns the new leases (columns of awp.claim_tasks). Locks: the worker row (so the free slots
--- it computes cannot be taken by a concurrent claim), then as complete_task, then as claim_tasks.
+-- Returns the new leases (columns of awp.claim_tasks). Locks: the run's advisory lock (queued for
+-- before the worker row: awp._queue_for_runs), then the worker row (so the free slots it computes
+-- cannot be taken by a concurrent claim), then as complete_task, then as claim_tasks.
 CREATE OR REPLACE FUNCTION awp.complete_and_claim(p_worker_id text, p_session_token text, p_dispatch_id text,
-                                                  p_lease_token text, p_result jsonb, p_slots integer)
+                                                  p_lease_token text, p_result jsonb, p_slots integer,
+                                                  p_claim_seq bigint DEFAULT NULL)
 RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
                run_id text, task_key text, executor_kind text, action text, input jsonb,
                attempt integer, attempt_deadline timestamptz, lease_expires_at timestamptz,
                lease_remaining_ms bigint, fencing_token bigint, run_input jsonb, upstream jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
-  w      awp.workers := awp._session(p_worker_id, p_session_token, true);  -- worker lock first, as in claim
+  w      awp.workers;
   v_free integer;
 BEGIN
+  PERFORM awp._session(p_worker_id, p_session_token, false);   -- AWSES first
+  PERFORM awp._check_claim_seq(p_claim_seq);
+  PERFORM awp._queue_for_runs(p_worker_id, ARRAY[p_dispatch_id], ARRAY[p_lease_token]);
+  w := awp._session(p_worker_id, p_session_token, true);       -- then the worker row, as in claim
   PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result);
   IF p_slots IS NULL OR p_slots < 1 OR w.status <> 'active' THEN
     PERFORM awp._notify_pending();
@@ -167,14 +228,14 @@ BEGIN
   END IF;
   v_free := awp._free_slots(w);
   IF v_free >= 1 THEN
-    RETURN QUERY SELECT * FROM awp._claim(w, least(p_slots, v_free), false);
+    RETURN QUERY SELECT * FROM awp._claim(w, least(p_slots, v_free), false, p_claim_seq);
   END IF;
   PERFORM awp._notify_pending();   -- only for what this call created and did not lease itself
 END $$;
-COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, integer) IS 'complete_task, then claim_tasks for up to slots free leases, in one transaction; returns the new leases.';
+COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, integer, bigint) IS 'complete_task, then claim_tasks for up to slots free leases, in one transaction; returns the new leases.';
 
--- awp.complete_tasks(worker_id, session_token, results, slots): several completions and a claim in
--- one transaction, for a worker with several slots (one request and one commit for many tasks).
+-- awp.complete_tasks(worker_id, session_token, results, slots, claim_seq): several completions and a claim
+-- (claim_seq as in awp.claim_tasks) in one transaction, for a worker with several slots (one request and one commit for many tasks).
 -- `results` is a JSON array of 1-256 {"dispatch_id", "lease_token", "result"} objects (distinct
 -- dispatch ids); each is settled exactly as awp.complete_task would (fenced, idempotent), and an
 -- item that complete_task would refuse (AWLST, AWCNF, AWREQ for its result) is answered with that
@@ -183,15 +244,16 @@ COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, intege
 --   {"results": [{"dispatch_id", "applied": true} | {"dispatch_id", "error": {"sqlstate", "message", "detail"}}],
 --    "leases": [lease objects: the columns of awp.claim_tasks]}
 -- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array).
--- Locks: the worker row, then the runs of the items in run_id order (each as complete_task: the run's
--- advisory lock, Run, then Dispatch, then Task/Attempt), then as claim_tasks. Sorting by run keeps two
--- batches that touch the same runs from deadlocking.
+-- Locks: the advisory locks of the items' runs in run_id order (awp._queue_for_runs, before the worker
+-- row), then the worker row, then the runs of the items in run_id order (each as complete_task: Run,
+-- then Dispatch, then Task/Attempt), then as claim_tasks. Sorting by run keeps two batches that touch
+-- the same runs from deadlocking.
 CREATE OR REPLACE FUNCTION awp.complete_tasks(p_worker_id text, p_session_token text, p_results jsonb,
-                                              p_slots integer DEFAULT 0)
+                                              p_slots integer DEFAULT 0, p_claim_seq bigint DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
-  w        awp.workers := awp._session(p_worker_id, p_session_token, true);
+  w        awp.workers := awp._session(p_worker_id, p_session_token, false);   -- AWSES first; locked below
   v_item   record;
   v_out    jsonb := '{}';
   v_msg    text;
@@ -211,6 +273,11 @@ BEGIN
     PERFORM awp._bad_request('invalid results',
       'results must be an array of 1-256 {"dispatch_id": string, "lease_token": string, "result": object} with distinct dispatch ids');
   END IF;
+  PERFORM awp._check_claim_seq(p_claim_seq);
+  PERFORM awp._queue_for_runs(p_worker_id,
+    ARRAY(SELECT e->>'dispatch_id' FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o) ORDER BY o),
+    ARRAY(SELECT e->>'lease_token' FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o) ORDER BY o));
+  w := awp._session(p_worker_id, p_session_token, true);
   FOR v_item IN
     SELECT e->>'dispatch_id' AS dispatch_id, e->>'lease_token' AS lease_token, e->'result' AS result
       FROM jsonb_array_elements(p_results) e
@@ -235,7 +302,7 @@ BEGIN
   IF p_slots IS NOT NULL AND p_slots >= 1 AND w.status = 'active' THEN
     v_free := awp._free_slots(w);
     IF v_free >= 1 THEN
-      SELECT coalesce(jsonb_agg(to_jsonb(c)), '[]') INTO v_leases FROM awp._claim(w, least(p_slots, v_free), false) c;
+      SELECT coalesce(jsonb_agg(to_jsonb(c)), '[]') INTO v_leases FROM awp._claim(w, least(p_slots, v_free), false, p_claim_seq) c;
     END IF;
   END IF;
   PERFORM awp._notify_pending();
@@ -243,4 +310,4 @@ BEGIN
     'results', (SELECT jsonb_agg(v_out->(e->>'dispatch_id') ORDER BY o) FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o)),
     'leases', v_leases);
 END $$;
-COMMENT ON FUNCTION awp.complete_tasks(text, text, jsonb, integer) IS 'Several fenced, idempotent completions (each answered applied or with its error) and a claim of up to slots leases, in one transaction.';
+COMMENT ON FUNCTION awp.complete_tasks(text, text, jsonb, integer, bigint) IS 'Several fenced, idempotent completions (each answered applied or with its error) and a claim of up to slots leases, in one transaction.';

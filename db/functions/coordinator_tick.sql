@@ -1,7 +1,8 @@
 -- The coordinator's work (docs/protocol.md, rule 12), one function per step plus awp.coordinator_tick(), one
--- full pass. The gateway runs the tick under an advisory lock so one coordinator is active per
--- database; every step is also safe to call by hand from psql.
--- Locks: worker rows first (offline marking, before any run lock), then due schedule rows (firing
+-- full pass. The gateway's one active coordinator (db/functions/leadership.sql) runs the tick with its
+-- term; every step is also safe to call by hand from psql.
+-- Locks: the coordinator_leader row (a pass with a term), then the settings row, then worker rows
+-- (offline marking, before any run lock), then due schedule rows (firing
 -- schedules, db/functions/schedules.sql), then per run: Run, then its Dispatches, then its
 -- Task/Attempt rows. Runs busy in another transaction are skipped (SKIP LOCKED) and picked up by
 -- the next pass.
@@ -57,7 +58,10 @@ COMMENT ON FUNCTION awp.converge_cancellations() IS 'Converges requested cancell
 -- awp.reap_expired_leases(): settles leases that are no longer valid: the attempt deadline passed
 -- -> attempt timed_out (also when the lease expired too); the lease expired or its worker is
 -- offline -> attempt interrupted. Both consume the attempt and follow the retry rule; the dispatch
--- becomes expired. Candidates are taken with SKIP LOCKED and re-checked under the lock against a
+-- becomes expired. Lease recovery (docs/protocol.md): a lease its worker's heartbeat released as never
+-- received (uncounted = not_received) ends as attempt not_received, and one that lived through an outage
+-- (uncounted = outage) as above; neither counts against max_attempts (their retry is due at once).
+-- Candidates are taken with SKIP LOCKED and re-checked under the lock against a
 -- fresh clock (a lease renewed meanwhile is left alone). Returns the number reaped.
 CREATE OR REPLACE FUNCTION awp.reap_expired_leases() RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
@@ -92,21 +96,64 @@ BEGIN
     ELSE
       CONTINUE;   -- renewed after the candidate was read
     END IF;
+    IF d.uncounted = 'not_received' THEN
+      v_to := 'not_received';
+    END IF;
     UPDATE awp.dispatches x SET status = 'expired', finished_at = v_now WHERE x.dispatch_id = d.dispatch_id;
     PERFORM awp._log1(d.run_id, 'dispatch', d.dispatch_id, 'leased', 'expired',
                       CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
-                                ELSE CASE WHEN v_dead THEN 'worker offline' ELSE 'lease expired' END END);
+                                WHEN 'not_received' THEN 'not received by its worker'
+                                ELSE CASE WHEN v_dead THEN 'worker offline' ELSE 'lease expired' END END
+                      || CASE WHEN d.uncounted = 'outage' THEN ' after an outage' ELSE '' END);
     PERFORM awp._end_attempt(d.run_id, d.task_key, d.attempt, v_to, true, NULL,
-                             CASE v_to WHEN 'timed_out' THEN 'attempt_timeout' ELSE 'lease_expired' END,
+                             CASE v_to WHEN 'timed_out' THEN 'attempt_timeout' WHEN 'not_received' THEN 'not_received'
+                                       ELSE 'lease_expired' END,
                              CASE v_to WHEN 'timed_out' THEN 'the attempt deadline passed'
+                                       WHEN 'not_received' THEN 'its worker never received the lease (the claim answer was lost)'
                                        ELSE 'the lease expired before the attempt completed' END,
-                             CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed' ELSE 'lease expired' END);
+                             CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
+                                       WHEN 'not_received' THEN 'not received by its worker' ELSE 'lease expired' END
+                             || CASE WHEN d.uncounted = 'outage' THEN ' after an outage' ELSE '' END,
+                             d.uncounted IS NULL);
     v_n := v_n + 1;
   END LOOP;
   PERFORM awp._log_flush();
   RETURN v_n;
 END $$;
-COMMENT ON FUNCTION awp.reap_expired_leases() IS 'Expires invalid leases (attempt interrupted or timed_out, then retry or fail); returns the count.';
+COMMENT ON FUNCTION awp.reap_expired_leases() IS 'Expires invalid leases (attempt interrupted, timed_out or not_received, then retry or fail); returns the count.';
+
+-- awp._resume_leases(last_pass): after an outage (docs/protocol.md, Lease recovery), every lease that was
+-- live at the last coordinator pass (lease_expires_at > last_pass: no reaper has seen it end) gets one full
+-- lease duration from now (capped at its attempt deadline), as if its holder had renewed it, and is marked
+-- uncounted = outage: if it still ends without a result its attempt does not count against max_attempts.
+-- A lease its worker reported dropped ends now instead (its worker is not coming back for it); one released
+-- as not received keeps that. Returns the number of leases resumed. Locks: the dispatches with SKIP LOCKED
+-- (a lease another transaction holds right now is being completed, renewed or released by its worker).
+CREATE OR REPLACE FUNCTION awp._resume_leases(p_last_pass timestamptz) RETURNS integer
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  s     awp.settings := awp._settings();
+  v_now timestamptz := awp._now();
+  v_n   integer;
+BEGIN
+  WITH live AS (
+    SELECT d.dispatch_id FROM awp.dispatches d
+     WHERE d.status = 'leased' AND d.lease_expires_at > p_last_pass
+       AND d.uncounted IS DISTINCT FROM 'not_received'
+     ORDER BY d.dispatch_id
+       FOR UPDATE SKIP LOCKED
+  )
+  UPDATE awp.dispatches d
+     SET uncounted = 'outage',
+         lease_expires_at = CASE WHEN d.dropped_at IS NOT NULL THEN least(d.lease_expires_at, v_now)
+                                 ELSE greatest(d.lease_expires_at,
+                                               least(v_now + make_interval(secs => s.lease_duration_ms / 1000.0),
+                                                     d.attempt_deadline)) END
+    FROM live WHERE d.dispatch_id = live.dispatch_id;
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  RETURN v_n;
+END $$;
+COMMENT ON FUNCTION awp._resume_leases(timestamptz) IS 'After an outage: gives every lease live at the last pass a full lease from now and marks it uncounted = outage; returns the count.';
 
 -- awp.promote_retries(): waiting_retry tasks whose ready_at has come become ready.
 -- Returns the number promoted.
@@ -232,13 +279,22 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.create_dispatches() IS 'Creates pending dispatches for ready tasks under the backpressure limits and the fairness rule; returns the count.';
 
--- awp.coordinator_tick(takeover): one full coordinator pass: offline marking, schedule firing, cancel
+-- awp.coordinator_tick(takeover, term): one full coordinator pass: offline marking, schedule firing, cancel
 -- convergence, reaping, retry promotion, orphan withdrawal, dispatch creation. A coordinator that has
 -- just taken over (p_takeover, or no pass for a full offline window) restarts the offline clock.
--- Returns {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired} (counts) and
+-- An outage (docs/protocol.md, Lease recovery): a pass with p_takeover more than a heartbeat interval after
+-- the previous one resumes, before reaping, the leases live at that previous pass (awp._resume_leases): lease
+-- time does not run while no coordinator can work, and such a lease's attempt will not count if it is lost.
+-- p_term: the active coordinator's term (awp.take_leadership). The pass is then fenced: AWLDR, before any
+-- write, unless this session still leads with that term (db/functions/leadership.sql); it renews the
+-- leadership (coordinator_leader.last_seen_at) at its end. Without a term (a DBA's pass from psql) there is
+-- no such check and no renewal.
+-- Returns {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed} (counts) and
 -- "limited": the limits that still hold ready tasks back after the pass (awp._limits_held(), e.g.
 -- ["workers_full"]; [] when none), which the gateway counts for /metrics (docs/limits.md).
-CREATE OR REPLACE FUNCTION awp.coordinator_tick(p_takeover boolean DEFAULT false) RETURNS jsonb
+-- Locks: the coordinator_leader row first when p_term is given, then as the steps above.
+CREATE OR REPLACE FUNCTION awp.coordinator_tick(p_takeover boolean DEFAULT false, p_term bigint DEFAULT NULL)
+RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
   s       awp.settings;
@@ -250,7 +306,11 @@ DECLARE
   v_wd    integer;
   v_disp  integer;
   v_fired integer;
+  v_resumed integer := 0;
 BEGIN
+  IF p_term IS NOT NULL THEN
+    PERFORM awp._check_leader(p_term, true);
+  END IF;
   SELECT * INTO s FROM awp.settings FOR UPDATE;
   UPDATE awp.settings x
      SET last_tick_at = v_now,
@@ -260,14 +320,22 @@ BEGIN
            THEN v_now ELSE x.coordinator_since END;
   v_off  := awp.mark_offline_workers();
   v_fired := awp.fire_schedules();   -- schedule rows before any run lock
+  -- Before reaping, after the worker rows (lock order). A takeover's pass marks nobody offline.
+  IF p_takeover AND s.last_tick_at < v_now - make_interval(secs => s.heartbeat_interval_ms / 1000.0) THEN
+    v_resumed := awp._resume_leases(s.last_tick_at);
+  END IF;
   v_can  := awp.converge_cancellations();
   v_reap := awp.reap_expired_leases();
   v_prom := awp.promote_retries();
   v_wd   := awp.withdraw_orphan_dispatches();
   v_disp := awp._create_dispatches();
   PERFORM awp._notify_pending();
+  IF p_term IS NOT NULL THEN   -- at the end: a long pass counts as alive until it commits
+    UPDATE awp.coordinator_leader x SET last_seen_at = awp._now();
+  END IF;
   RETURN jsonb_build_object('canceled', v_can, 'reaped', v_reap, 'offline', v_off,
                             'promoted', v_prom, 'withdrawn', v_wd, 'dispatched', v_disp,
-                            'schedules_fired', v_fired, 'limited', to_jsonb(awp._limits_held()));
+                            'schedules_fired', v_fired, 'resumed', v_resumed,
+                            'limited', to_jsonb(awp._limits_held()));
 END $$;
-COMMENT ON FUNCTION awp.coordinator_tick(boolean) IS 'One full coordinator pass; returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired} and the limits still holding ready tasks (limited).';
+COMMENT ON FUNCTION awp.coordinator_tick(boolean, bigint) IS 'One full coordinator pass (fenced by the active coordinator''s term when given: AWLDR, nothing written, once it no longer leads); returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed} and the limits still holding ready tasks (limited).';

@@ -1,23 +1,51 @@
--- awp.heartbeat(worker_id, session_token, leases): proves a worker alive (also with no leases)
--- and answers per lease (docs/protocol.md, rule 6):
+-- awp.heartbeat(worker_id, session_token, leases, claimed_through, claims_pending, dropped): proves a worker
+-- alive (also with no leases) and answers per lease (docs/protocol.md, rule 6):
 --   renewed  lease_expires_at := least(now + lease_duration, attempt_deadline)
 --   revoked  the dispatch is no longer leased (canceled, expired, completed), the lease or the
 --            attempt deadline has passed, or the run's cancellation was requested
 --   unknown  no such dispatch, another worker's, or a wrong lease token
--- All leases are renewed in one statement. Raises AWSES (checked first), AWREQ (malformed leases).
--- Locks: the worker row, then the renewable dispatches with SKIP LOCKED: a dispatch that another
--- transaction is settling right now is answered from its committed state without renewal (the
--- next heartbeat renews it), so a heartbeat never waits behind the reaper or a cancellation.
-CREATE OR REPLACE FUNCTION awp.heartbeat(p_worker_id text, p_session_token text, p_leases jsonb)
+-- Lease recovery (docs/protocol.md, Lease recovery), only for a worker that sends claimed_through (an older
+-- worker keeps the rules above and nothing more):
+--   not received  a lease of this worker whose claim request (dispatches.claim_seq) is at or before
+--                 claimed_through and not in claims_pending (the requests still waiting for their answer),
+--                 that is listed neither in leases nor in dropped (nor was dropped before), is one whose
+--                 answer never reached the worker: its lease ends now (uncounted = not_received) and the next
+--                 coordinator pass, woken at once, ends its attempt as not_received, not counted against
+--                 max_attempts. A lease granted to a request the worker still waits for is never released
+--                 (its claim_seq is pending or after claimed_through), so neither is one granted after the
+--                 worker composed this heartbeat.
+--   outage        while no coordinator has passed for longer than a heartbeat interval (the database or every
+--                 gateway was down), a listed lease that expired after the last pass (no reaper has seen it)
+--                 is renewed as if it had not expired: lease time does not run while no coordinator can work.
+--   dropped       leases the worker gave up without a result (its local safety deadline passed, its result was
+--                 dropped): marked dropped_at, never renewed nor released as not received; they end as before
+--                 at their expiry, except one in outage grace (uncounted = outage), whose lease ends now.
+-- All leases are renewed in one statement. Raises AWSES (checked first), AWREQ (malformed leases, dropped or
+-- claims).
+-- Locks: the worker row, then the renewable, dropped and released dispatches with SKIP LOCKED: a dispatch that
+-- another transaction is settling right now is answered from its committed state without a change (the
+-- next heartbeat renews, marks or releases it), so a heartbeat never waits behind the reaper or a cancellation.
+CREATE OR REPLACE FUNCTION awp.heartbeat(p_worker_id text, p_session_token text, p_leases jsonb,
+                                         p_claimed_through bigint DEFAULT NULL,
+                                         p_claims_pending bigint[] DEFAULT NULL,
+                                         p_dropped jsonb DEFAULT NULL)
 RETURNS TABLE (dispatch_id text, status text, lease_remaining_ms bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 #variable_conflict use_column
 DECLARE
-  w     awp.workers := awp._session(p_worker_id, p_session_token, true);
-  s     awp.settings := awp._settings();
-  v_now timestamptz := awp._now();
+  w      awp.workers := awp._session(p_worker_id, p_session_token, true);
+  s      awp.settings := awp._settings();
+  v_now  timestamptz := awp._now();
+  -- An outage (for a worker that takes part in lease recovery): no coordinator pass for longer than a heartbeat
+  -- interval. Leases that expired after the last pass are then suspended, not over.
+  v_outage boolean := p_claimed_through IS NOT NULL AND s.last_tick_at IS NOT NULL
+                      AND v_now - s.last_tick_at > make_interval(secs => s.heartbeat_interval_ms / 1000.0);
+  v_t0   timestamptz := s.last_tick_at;
+  v_ended integer := 0;
+  v_n    integer;
 BEGIN
   p_leases := coalesce(p_leases, '[]'::jsonb);
+  p_dropped := coalesce(p_dropped, '[]'::jsonb);
   IF jsonb_typeof(p_leases) <> 'array' OR jsonb_array_length(p_leases) > 1024 OR EXISTS (
        SELECT 1 FROM jsonb_array_elements(p_leases) e
         WHERE jsonb_typeof(e) <> 'object'
@@ -26,6 +54,20 @@ BEGIN
            OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN ('dispatch_id', 'lease_token'))) THEN
     PERFORM awp._bad_request('invalid leases',
       'leases must be an array of at most 1024 {"dispatch_id": string, "lease_token": string} objects');
+  END IF;
+  IF jsonb_typeof(p_dropped) <> 'array' OR jsonb_array_length(p_dropped) > 1024 OR EXISTS (
+       SELECT 1 FROM jsonb_array_elements(p_dropped) e
+        WHERE jsonb_typeof(e) <> 'object'
+           OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
+           OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN ('dispatch_id', 'lease_token'))) THEN
+    PERFORM awp._bad_request('invalid dropped',
+      'dropped must be an array of at most 1024 {"dispatch_id": string, "lease_token": string} objects');
+  END IF;
+  IF p_claimed_through < 0 OR cardinality(p_claims_pending) > 1024
+     OR array_position(p_claims_pending, NULL) IS NOT NULL THEN
+    PERFORM awp._bad_request('invalid claims',
+      'claimed_through must be at least 0 and claims_pending an array of at most 1024 claim numbers');
   END IF;
   UPDATE awp.workers x SET last_heartbeat_at = v_now WHERE x.worker_id = p_worker_id;
 
@@ -38,7 +80,9 @@ BEGIN
       JOIN req ON req.id = d.dispatch_id AND req.h = d.lease_token_hash
       JOIN awp.runs r ON r.run_id = d.run_id
      WHERE d.worker_id = p_worker_id AND d.status = 'leased'
-       AND v_now < d.lease_expires_at AND v_now < d.attempt_deadline
+       AND (v_now < d.lease_expires_at
+            OR (v_outage AND d.lease_expires_at > v_t0 AND d.uncounted IS DISTINCT FROM 'not_received'))
+       AND v_now < d.attempt_deadline
        AND r.cancel_requested_at IS NULL AND r.status = 'running'
      ORDER BY d.dispatch_id
      FOR UPDATE OF d SKIP LOCKED
@@ -49,12 +93,66 @@ BEGIN
                                            d.attempt_deadline))
     FROM renewable WHERE d.dispatch_id = renewable.dispatch_id;
 
+  IF jsonb_array_length(p_dropped) > 0 THEN
+    WITH req AS (
+      SELECT DISTINCT e->>'dispatch_id' AS id, awp._hash(e->>'lease_token') AS h
+        FROM jsonb_array_elements(p_dropped) e
+    ), gone AS (
+      SELECT d.dispatch_id
+        FROM awp.dispatches d
+        JOIN req ON req.id = d.dispatch_id AND req.h = d.lease_token_hash
+       WHERE d.worker_id = p_worker_id AND d.status = 'leased' AND d.dropped_at IS NULL
+       ORDER BY d.dispatch_id
+       FOR UPDATE OF d SKIP LOCKED
+    ), u AS (
+      UPDATE awp.dispatches d
+         SET dropped_at = v_now,
+             lease_expires_at = CASE WHEN d.uncounted = 'outage' THEN least(d.lease_expires_at, v_now)
+                                     ELSE d.lease_expires_at END
+        FROM gone WHERE d.dispatch_id = gone.dispatch_id
+      RETURNING d.uncounted
+    )
+    SELECT count(*) FILTER (WHERE u.uncounted = 'outage') INTO v_n FROM u;
+    v_ended := v_ended + v_n;
+  END IF;
+
+  IF p_claimed_through IS NOT NULL THEN
+    WITH listed AS (
+      SELECT e->>'dispatch_id' AS id FROM jsonb_array_elements(p_leases) e
+      UNION
+      SELECT e->>'dispatch_id' FROM jsonb_array_elements(p_dropped) e
+    ), lost AS (
+      SELECT d.dispatch_id
+        FROM awp.dispatches d
+        JOIN awp.runs r ON r.run_id = d.run_id
+       WHERE d.worker_id = p_worker_id AND d.status = 'leased'
+         AND d.claim_seq <= p_claimed_through AND d.claim_seq <> ALL (coalesce(p_claims_pending, '{}'))
+         AND d.dropped_at IS NULL AND d.uncounted IS DISTINCT FROM 'not_received'
+         AND d.dispatch_id NOT IN (SELECT listed.id FROM listed)
+         AND (v_now < d.lease_expires_at OR (v_outage AND d.lease_expires_at > v_t0))
+         AND v_now < d.attempt_deadline
+         AND r.cancel_requested_at IS NULL AND r.status = 'running'
+       ORDER BY d.dispatch_id
+       FOR UPDATE OF d SKIP LOCKED
+    )
+    UPDATE awp.dispatches d
+       SET uncounted = 'not_received', lease_expires_at = least(d.lease_expires_at, v_now)
+      FROM lost WHERE d.dispatch_id = lost.dispatch_id;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    v_ended := v_ended + v_n;
+  END IF;
+  IF v_ended > 0 THEN
+    PERFORM awp._wake('awp_coordinator', 'leases_released');   -- the reaper settles them at once
+  END IF;
+
   RETURN QUERY
   SELECT e.id,
          CASE
            WHEN d.dispatch_id IS NULL OR d.worker_id IS DISTINCT FROM p_worker_id
                 OR d.lease_token_hash IS DISTINCT FROM e.h THEN 'unknown'
-           WHEN d.status <> 'leased' OR v_now >= d.lease_expires_at OR v_now >= d.attempt_deadline
+           WHEN d.status <> 'leased' OR v_now >= d.attempt_deadline
+                OR (v_now >= d.lease_expires_at
+                    AND NOT (v_outage AND d.lease_expires_at > v_t0 AND d.uncounted IS DISTINCT FROM 'not_received'))
                 OR r.cancel_requested_at IS NOT NULL OR r.status <> 'running' THEN 'revoked'
            ELSE 'renewed'
          END,
@@ -70,4 +168,4 @@ BEGIN
     LEFT JOIN awp.runs r ON r.run_id = d.run_id
    ORDER BY e.o;
 END $$;
-COMMENT ON FUNCTION awp.heartbeat(text, text, jsonb) IS 'Records liveness and renews, revokes or disowns each listed lease (renewed/revoked/unknown); AWSES/AWREQ.';
+COMMENT ON FUNCTION awp.heartbeat(text, text, jsonb, bigint, bigint[], jsonb) IS 'Records liveness and renews, revokes or disowns each listed lease (renewed/revoked/unknown); with claimed_through also releases the leases the worker never received and renews those suspended by an outage; AWSES/AWREQ.';

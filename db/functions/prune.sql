@@ -158,17 +158,22 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.prune(interval) IS 'Deletes finished runs (with tasks, dispatches, attempts, events), ended unreferenced workers and idempotency records older than older_than, in bounded batches; returns counts; AWREQ for a null or negative interval.';
 
--- awp.apply_retention(): one bounded batch of awp.prune with older_than = settings.retention_ms (the
+-- awp.apply_retention(term): one bounded batch of awp.prune with older_than = settings.retention_ms (the
 -- active coordinator calls it every few seconds, and again at once while `more`), at most 200 runs /
 -- 5,000 of their tasks / 200 workers / 2,000 records. retention_ms 0 (keep forever) deletes nothing.
 -- Either way it folds the status count deltas that /metrics reads. Returns the batch's counts plus
--- retention_ms. Locks: as awp._prune_batch.
-CREATE OR REPLACE FUNCTION awp.apply_retention()
+-- retention_ms. p_term: the active coordinator's term; AWLDR, before any write, once that term is over
+-- (db/functions/leadership.sql). Without it (by hand) there is no such check.
+-- Locks: the coordinator_leader row (FOR KEY SHARE, when p_term is given), then as awp._prune_batch.
+CREATE OR REPLACE FUNCTION awp.apply_retention(p_term bigint DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
   s awp.settings := awp._settings();
 BEGIN
+  IF p_term IS NOT NULL THEN
+    PERFORM awp._check_leader(p_term, false);
+  END IF;
   IF s.retention_ms = 0 THEN
     PERFORM awp._compact_status_counts();
     RETURN jsonb_build_object('runs', 0, 'tasks', 0, 'dispatches', 0, 'attempts', 0, 'events', 0, 'workers', 0,
@@ -177,4 +182,4 @@ BEGIN
   RETURN awp._prune_batch(awp._now() - make_interval(secs => s.retention_ms / 1000.0))
          || jsonb_build_object('retention_ms', s.retention_ms);
 END $$;
-COMMENT ON FUNCTION awp.apply_retention() IS 'One bounded prune batch with the configured retention_ms (nothing when 0); returns its counts.';
+COMMENT ON FUNCTION awp.apply_retention(bigint) IS 'One bounded prune batch with the configured retention_ms (nothing when 0), fenced by the active coordinator''s term when given (AWLDR); returns its counts.';

@@ -143,8 +143,8 @@ SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_stri
                ('start_run', ARRAY['text', 'integer', 'text', 'jsonb']),
                ('request_cancel', ARRAY['text']),
                ('register_worker', ARRAY['text', 'text[]', 'integer', 'integer']),
-               ('claim_tasks', ARRAY['text', 'text', 'integer']),
-               ('heartbeat', ARRAY['text', 'text', 'jsonb']),
+               ('claim_tasks', ARRAY['text', 'text', 'integer', 'bigint']),
+               ('heartbeat', ARRAY['text', 'text', 'jsonb', 'bigint', 'bigint[]', 'jsonb']),
                ('complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb']),
                ('drain_worker', ARRAY['text', 'text']),
                ('get_run', ARRAY['text']),
@@ -154,12 +154,12 @@ SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_stri
                ('list_runs', ARRAY['text', 'text', 'text', 'integer', 'timestamptz']),
                ('list_workers', ARRAY['timestamptz', 'text', 'integer']),
                ('get_worker', ARRAY['text']),
-               ('coordinator_tick', ARRAY['boolean']),
-               ('configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint']),
+               ('coordinator_tick', ARRAY['boolean', 'bigint']),
+               ('configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer']),
                ('prune', ARRAY['interval'])) AS x(f, args);
 
-SELECT function_returns('awp', 'coordinator_tick', ARRAY['boolean'], 'jsonb', 'coordinator_tick returns jsonb');
-SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint'], 'jsonb', 'configure returns jsonb');
+SELECT function_returns('awp', 'coordinator_tick', ARRAY['boolean', 'bigint'], 'jsonb', 'coordinator_tick returns jsonb');
+SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer'], 'jsonb', 'configure returns jsonb');
 SELECT function_returns('awp', 'prune', ARRAY['interval'], 'jsonb', 'prune returns jsonb');
 SELECT function_returns('awp', 'start_run', ARRAY['text', 'integer', 'text', 'jsonb'], 'text', 'start_run returns the run id');
 SELECT function_returns('awp', 'complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb'], 'boolean', 'complete_task returns applied');
@@ -177,12 +177,12 @@ SELECT is(tests.out_columns('awp.request_cancel(text)'), ARRAY['run_id', 'status
 SELECT is(tests.out_columns('awp.register_worker(text, text[], integer, integer)'),
           ARRAY['worker_id', 'session_token', 'heartbeat_interval_ms', 'lease_duration_ms', 'protocol_version'],
           'register_worker returns the documented columns');
-SELECT is(tests.out_columns('awp.claim_tasks(text, text, integer)'),
+SELECT is(tests.out_columns('awp.claim_tasks(text, text, integer, bigint)'),
           ARRAY['dispatch_id', 'lease_token', 'workflow_id', 'workflow_version', 'run_id', 'task_key', 'executor_kind',
                 'action', 'input', 'attempt', 'attempt_deadline', 'lease_expires_at', 'lease_remaining_ms', 'fencing_token',
                 'run_input', 'upstream'],
           'claim_tasks returns the lease columns, run_input and upstream included');
-SELECT is(tests.out_columns('awp.heartbeat(text, text, jsonb)'), ARRAY['dispatch_id', 'status', 'lease_remaining_ms'],
+SELECT is(tests.out_columns('awp.heartbeat(text, text, jsonb, bigint, bigint[], jsonb)'), ARRAY['dispatch_id', 'status', 'lease_remaining_ms'],
           'heartbeat returns (dispatch_id, status, lease_remaining_ms)');
 SELECT is((tests.out_columns('awp.get_run(text)'))[1:9],
           ARRAY['run_id', 'workflow_id', 'workflow_version', 'status', 'revision', 'cancel_requested_at',
@@ -201,8 +201,9 @@ SELECT is((tests.out_columns('awp.list_workers(timestamptz, text, integer)'))[1:
 SELECT is(tests.out_columns('awp.drain_worker(text, text)'), tests.out_columns('awp.get_worker(text)'),
           'drain_worker returns the worker summary row');
 SELECT is((SELECT array_agg(n ORDER BY i) FROM pg_proc p, unnest(p.proargnames) WITH ORDINALITY a(n, i)
-            WHERE p.oid = 'awp.configure(integer, integer, integer, integer, bigint)'::regprocedure),
-          ARRAY['lease_duration_ms', 'heartbeat_interval_ms', 'offline_after_heartbeats', 'dispatch_limit', 'retention_ms'],
+            WHERE p.oid = 'awp.configure(integer, integer, integer, integer, bigint, integer)'::regprocedure),
+          ARRAY['lease_duration_ms', 'heartbeat_interval_ms', 'offline_after_heartbeats', 'dispatch_limit', 'retention_ms',
+                'leader_lease_ms'],
           'configure has the fixed argument names');
 SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.start_run(text, integer, text, jsonb)'::regprocedure),
           3::smallint, 'start_run: version, idempotency_key and input are optional');

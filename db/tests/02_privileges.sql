@@ -2,7 +2,7 @@
 -- or a sequence, nor run a private `_` helper; PUBLIC can do nothing in schema awp.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(26 + 4 * (SELECT count(*)::integer FROM pg_class
+SELECT plan(28 + 4 * (SELECT count(*)::integer FROM pg_class
                         WHERE relnamespace = 'awp'::regnamespace AND relkind IN ('r', 'p')));
 SELECT cmp_ok((SELECT count(*)::integer FROM pg_class WHERE relnamespace = 'awp'::regnamespace AND relkind IN ('r', 'p')),
               '>=', 9, 'the nine tables of docs/protocol.md, Objects (at least) are covered below');
@@ -42,6 +42,9 @@ SELECT is(ARRAY(SELECT a.privilege_type FROM pg_namespace n, aclexplode(n.nspacl
           '{}'::text[], 'PUBLIC has no privilege on schema awp');
 SELECT ok(has_schema_privilege('awp_gateway', 'awp', 'USAGE'), 'awp_gateway may use schema awp');
 SELECT ok(NOT has_schema_privilege('awp_gateway', 'awp', 'CREATE'), 'awp_gateway cannot create objects in awp');
+SELECT ok(NOT has_database_privilege('public', current_database(), 'CONNECT'),
+          'PUBLIC cannot connect to AWP''s database (migration 0007)');
+SELECT ok(has_database_privilege('awp_gateway', current_database(), 'CONNECT'), 'members of awp_gateway may connect');
 
 -- Acting as the gateway: data for it to (fail to) touch first.
 SELECT tests.make_run('wf') AS run \gset

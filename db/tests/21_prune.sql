@@ -203,7 +203,7 @@ SELECT ok(tests.worker_exists(:'wa_worker_id') AND tests.worker_exists(:'wd_work
           'older_than 0 still leaves active, draining and lease-holding workers alone');
 SELECT is((SELECT prosecdef FROM pg_proc WHERE oid = 'awp.prune(interval)'::regprocedure), true, 'prune is SECURITY DEFINER');
 SELECT ok(has_function_privilege('awp_gateway', 'awp.prune(interval)', 'EXECUTE')
-          AND has_function_privilege('awp_gateway', 'awp.apply_retention()', 'EXECUTE'), 'awp_gateway may prune');
+          AND has_function_privilege('awp_gateway', 'awp.apply_retention(bigint)', 'EXECUTE'), 'awp_gateway may prune');
 SELECT ok(NOT has_function_privilege('awp_gateway', 'awp._prune_batch(timestamptz, integer, integer, integer, integer)', 'EXECUTE'),
           '... but not call the private batch');
 SELECT isnt(obj_description('awp.prune(interval)'::regprocedure, 'pg_proc'), NULL, 'prune has a COMMENT');

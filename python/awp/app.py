@@ -28,7 +28,13 @@ def create_app(config: GatewayConfig) -> web.Application:
     app = web.Application(middlewares=[api_middleware], client_max_size=WORKFLOW_BODY_LIMIT + 1)
     app[CONFIG] = config
     app[METRICS] = Metrics()
-    app[DB] = Database(config.database_url, pool_size=config.pool_size)
+    app[DB] = Database(
+        config.database_url,
+        pool_size=config.pool_size,
+        heartbeat_pool_size=config.heartbeat_pool_size,
+        lock_timeout_ms=config.lock_timeout_ms,
+        statement_timeout_ms=config.statement_timeout_ms,
+    )
     app[LISTENER] = DispatchListener(config.database_url)
     app[OPENAPI] = load_openapi()
     if config.coordinator:

@@ -8,12 +8,20 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from awp.coordinator import Coordinator
-from awp.db import Database, DispatchListener
+from awp.db import (
+    DEFAULT_HEARTBEAT_POOL_SIZE,
+    DEFAULT_LOCK_TIMEOUT_MS,
+    DEFAULT_STATEMENT_TIMEOUT_MS,
+    Database,
+    DispatchListener,
+)
 from awp.metrics import Metrics
 
 API = "/api/v1"
 PROTOCOL_HEADER = "X-Worker-Protocol-Version"
 PROTOCOL_VERSION = "1"
+# The shortest secret (viewer, operator, bootstrap, metrics token) `awp serve` accepts, in characters.
+MIN_TOKEN_LENGTH = 32
 
 
 @dataclass(frozen=True)
@@ -30,25 +38,40 @@ class GatewayConfig:
     coordinator_interval_ms: int = 1000
     claim_recheck_ms: int = 500
     retention_interval_ms: int | None = 5000  # background retention batches (None: off); docs/retention.md
+    # Every request connection's lock_timeout and statement_timeout, and the heartbeat pool (docs/operations.md,
+    # Timeouts and pools).
+    lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
+    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
+    heartbeat_pool_size: int = DEFAULT_HEARTBEAT_POOL_SIZE
 
     def check(self) -> None:
-        """Raise ValueError when a secret is empty or two secrets are equal."""
+        """Raise ValueError when a secret is empty, shorter than MIN_TOKEN_LENGTH, or two secrets are equal."""
         secrets = {
             "viewer": self.viewer_token,
             "operator": self.operator_token,
             "worker bootstrap": self.bootstrap_token,
         }
+        if self.metrics_token is not None:
+            secrets["metrics"] = self.metrics_token
         for name, value in secrets.items():
             if not value or not value.strip():
                 raise ValueError(f"the {name} token is empty")
-        if len(set(secrets.values())) != len(secrets):
+            if len(value.strip()) < MIN_TOKEN_LENGTH:
+                raise ValueError(
+                    f"the {name} token has {len(value.strip())} characters, fewer than {MIN_TOKEN_LENGTH} "
+                    "(make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+                )
+        roles = [self.viewer_token, self.operator_token, self.bootstrap_token]
+        if len(set(roles)) != len(roles):
             raise ValueError("the viewer, operator and worker bootstrap tokens must all differ")
-        if self.metrics_token is not None and not self.metrics_token.strip():
-            raise ValueError("the metrics token is empty")
         if self.coordinator_interval_ms < 10:
             raise ValueError("the coordinator interval must be at least 10 ms")
         if self.retention_interval_ms is not None and self.retention_interval_ms < 100:
             raise ValueError("the retention interval must be at least 100 ms")
+        if self.lock_timeout_ms < 1 or self.statement_timeout_ms < 1:
+            raise ValueError("the lock and statement timeouts must be at least 1 ms")
+        if self.heartbeat_pool_size < 1:
+            raise ValueError("the heartbeat pool needs at least 1 connection")
 
 
 CONFIG = web.AppKey("config", GatewayConfig)

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from awp.appstate import CONFIG, GatewayConfig
 from awp.errors import ApiError
+from awp.jsonio import bad_text
 
 
 class Role(enum.Enum):
@@ -29,7 +30,11 @@ class Access(enum.Enum):
 
 
 def bearer_token(request: web.Request) -> str | None:
+    """The token of ``Authorization: Bearer <token>``; None when missing or malformed (bytes that are not UTF-8
+    too: aiohttp keeps them as lone surrogates, which no token holds and PostgreSQL refuses)."""
     header = request.headers.get("Authorization", "")
+    if bad_text(header):
+        return None
     scheme, _, token = header.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:

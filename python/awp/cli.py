@@ -1,18 +1,10 @@
-"""The ``awp`` command. ``main`` is a plain click group: other modules add their commands to it.
-
-Adding a command from another module, e.g. ``awp/gateway_cli.py``::
-
-    from awp.cli import main
-
-    @main.command()
-    def serve() -> None: ...
-
-and import that module at the bottom of this file (``_COMMAND_MODULES``) so the entry point sees it.
-"""
+"""The ``awp`` command: the ``main`` click group, the ``db`` and ``check`` commands, and the registration of
+every other command. Command modules (:mod:`awp.cli_user`, :mod:`awp.serve`, :mod:`awp.cli_retention`) define
+plain click commands and do not import this module; the list at the bottom adds them, so the import graph
+has no cycle. A new command: define it with ``@click.command()`` in its module and add it to ``COMMANDS``."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
@@ -21,15 +13,20 @@ from pathlib import Path
 import click
 import psycopg
 
-from awp import __version__
+from awp import __version__, cli_retention, cli_user, serve
 from awp.localdb import (
     DEFAULT_DBNAME,
+    GATEWAY_LOGIN,
     ClusterError,
     default_database_url,
     find_project_dir,
+    gateway_database_url,
+    gateway_passfile,
     project_cluster,
     purge_project_cluster,
+    up_project_database,
 )
+from awp.logsafe import SafeFormatter
 from awp.migrate import MigrationError, migrate
 from awp.pgbin import PostgresNotFound
 
@@ -42,7 +39,9 @@ _EXTERNAL = "AWP_DATABASE_URL is set: using that server; the local cluster is no
 def main(verbose: int) -> None:
     """AWP: a PostgreSQL-centred runtime and scheduler for multi-step workflows."""
     level = logging.DEBUG if verbose else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeFormatter("%(levelname)s %(name)s: %(message)s"))  # one line per record (logsafe)
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 @main.group()
@@ -67,24 +66,23 @@ def _fail(message: str) -> None:
 @click.option("--migrate/--no-migrate", "run_migrate", default=True, help="Apply db/ after starting.")
 @click.pass_obj
 def up(project_dir: Path, run_migrate: bool) -> None:
-    """Create (first time) and start the local cluster, create database 'awp', print its DSN."""
+    """Create (first time) and start the local cluster, create database 'awp' and the gateway's login.
+
+    TCP logins need a password (scram-sha-256); `awp serve` logs in as awp_gateway_login, whose password
+    is kept in .awp/gateway.pgpass (mode 0600). Prints the gateway's DSN, then the superuser's (unix socket,
+    for migrations and psql) on the last line.
+    """
     if os.environ.get("AWP_DATABASE_URL"):
         click.echo(_EXTERNAL)
         return
     try:
-        cluster = project_cluster(project_dir, create=True)
-        status = cluster.status()
-        if not status.initialized:
-            cluster.init()
-        if not status.running:
-            cluster.start(fsync=True)
-        dsn = cluster.create_database(DEFAULT_DBNAME, exist_ok=True)
-        if run_migrate:
-            applied = migrate(dsn)
-            click.echo(f"migrations applied: {', '.join(applied) or 'none (up to date)'}", err=True)
+        local = up_project_database(project_dir, run_migrate=run_migrate)
     except (ClusterError, PostgresNotFound, MigrationError, FileNotFoundError, psycopg.Error) as e:
         _fail(str(e))
-    click.echo(dsn)
+    if run_migrate:
+        click.echo(f"migrations applied: {', '.join(local.applied) or 'none (up to date)'}", err=True)
+    click.echo(f"gateway (awp serve): {local.gateway_dsn}")
+    click.echo(local.admin_dsn)
 
 
 @db.command()
@@ -132,9 +130,27 @@ def status(project_dir: Path) -> None:
     else:
         state = "stopped" if st.initialized else "not created (run: awp db up)"
     click.echo(f"state:   {state}")
-    click.echo(f"dsn:     {cluster.dsn(DEFAULT_DBNAME)}")
+    click.echo(f"dsn:     {cluster.dsn(DEFAULT_DBNAME)}  (superuser postgres, unix socket)")
+    passfile = gateway_passfile(project_dir)
+    if passfile.exists():
+        click.echo(f"gateway: {cluster.tcp_dsn(DEFAULT_DBNAME, GATEWAY_LOGIN, passfile)}")
+    else:
+        click.echo("gateway: no login yet (run: awp db up)")
     if not st.running:
         sys.exit(1)
+
+
+@db.command()
+@click.option("--gateway", "for_gateway", is_flag=True, help="The gateway login's DSN (what awp serve uses).")
+@click.pass_obj
+def dsn(project_dir: Path, for_gateway: bool) -> None:
+    """Print the local cluster's DSN of database awp: the superuser's (unix socket), or with --gateway
+    awp_gateway_login's (TCP, password in .awp/gateway.pgpass). E.g. psql "$(awp db dsn)"."""
+    try:
+        url = gateway_database_url(project_dir) if for_gateway else default_database_url(project_dir)
+    except ClusterError as e:
+        _fail(str(e))
+    click.echo(url)
 
 
 @db.command("migrate")
@@ -170,18 +186,16 @@ def check(run_ids: tuple[str, ...], database_url: str | None) -> None:
         sys.exit(1)
 
 
-# Modules that register more commands on ``main`` (serve, worker, workflow, run, workers, demo): add yours.
-# A listed module that does not exist (yet) is skipped, so the CLI keeps working while the project grows.
-_COMMAND_MODULES: tuple[str, ...] = ("awp.cli_user", "awp.serve", "awp.cli_retention")
-
-
-def _load_command_modules() -> None:
-    for name in _COMMAND_MODULES:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-
-
-_load_command_modules()
+COMMANDS: tuple[click.Command, ...] = (
+    serve.serve,
+    cli_user.worker,
+    cli_user.workflow,
+    cli_user.run,
+    cli_user.status_cmd,
+    cli_user.workers_cmd,
+    cli_user.schedule,
+    cli_retention.prune,
+    cli_user.demo,
+)
+for _command in COMMANDS:
+    main.add_command(_command)

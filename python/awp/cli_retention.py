@@ -16,7 +16,6 @@ from typing import Any
 import click
 import psycopg
 
-from awp.cli import main
 from awp.localdb import default_database_url, find_project_dir
 
 _PART = re.compile(r"(\d+)(ms|s|m|h|d|w)")
@@ -47,7 +46,7 @@ class Duration(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-@main.command()
+@click.command()
 @click.option(
     "--older-than",
     "older_than",

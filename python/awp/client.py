@@ -3,6 +3,9 @@
 Errors: an error answer raises :class:`ApiError` (``code`` is the API's error code, e.g. ``lease_lost``);
 a request that got no answer (connection refused, reset, timeout) raises :class:`TransportError`.
 ``ApiError.retryable`` tells whether the same request may simply be sent again later (5xx, 503).
+
+TLS: an ``https://`` base URL is verified against ``ca_file`` (PEM) when given, else the system's trust
+store; a certificate that does not verify is a :class:`TransportError` (never sent in the clear).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import ssl
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,19 +33,46 @@ class TransportError(ClientError):
     """No answer from the gateway (unreachable, connection lost, timed out)."""
 
 
+class TlsVerifyError(TransportError):
+    """The ``https://`` gateway's certificate does not verify (unknown CA: ``--ca-file``; wrong host name)."""
+
+
 class ApiError(ClientError):
     """The gateway answered with an error body ``{"error": {"code", "message", "request_id"}}``."""
 
-    def __init__(self, status: int, code: str, message: str, request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        request_id: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
         self.request_id = request_id
+        self.retry_after_s = retry_after_s  # the answer's Retry-After header in seconds (a 503 has one)
 
     @property
     def retryable(self) -> bool:
         return self.status >= 500 or self.status == 429
+
+
+def retry_after(value: str | None) -> float | None:
+    """The seconds of a ``Retry-After`` header given as delay-seconds (an HTTP date or garbage: None)."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(min(int(value.strip()), 3600))
+
+
+def client_ssl_context(ca_file: str | None) -> ssl.SSLContext | bool:
+    """The TLS verification of a client: a context trusting ``ca_file`` (PEM; raises OSError or ssl.SSLError
+    when it cannot be read), else ``True`` (aiohttp verifies against the system's trust store)."""
+    if not ca_file:
+        return True
+    return ssl.create_default_context(cafile=ca_file)
 
 
 def _q(part: str) -> str:
@@ -55,14 +86,19 @@ def body_idempotency_key(body: Any) -> str:
 
 
 class Client:
-    """One aiohttp session to a gateway. ``base_url`` is ``http://host:port`` (without ``/api/v1``)."""
+    """One aiohttp session to a gateway. ``base_url`` is ``http(s)://host:port`` (without ``/api/v1``);
+    ``ca_file``: the PEM certificate(s) that an ``https://`` gateway's certificate must chain to."""
 
-    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str, token: str | None = None, timeout_s: float = 30.0, ca_file: str | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         if self.base_url.endswith("/api/v1"):
             self.base_url = self.base_url[: -len("/api/v1")]
         self.token = token
         self.timeout_s = timeout_s
+        self.ca_file = ca_file
+        self._ssl: ssl.SSLContext | bool = client_ssl_context(ca_file)
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
@@ -75,7 +111,7 @@ class Client:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                connector=aiohttp.TCPConnector(limit=64),
+                connector=aiohttp.TCPConnector(limit=64, ssl=self._ssl),
             )
         return self._session
 
@@ -117,6 +153,12 @@ class Client:
                 status = resp.status
                 request_id = resp.headers.get("X-Request-Id")
                 ctype = resp.headers.get("Content-Type", "")
+                wait_s = retry_after(resp.headers.get("Retry-After"))
+        except (aiohttp.ClientConnectorCertificateError, ssl.SSLCertVerificationError) as e:
+            raise TlsVerifyError(
+                f"{method} {url}: the gateway's TLS certificate does not verify ({e}); "
+                "give its CA certificate with --ca-file (AWP_CA_FILE)"
+            ) from e
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             raise TransportError(f"{method} {url}: {type(e).__name__}: {e}") from e
         data: Any = text
@@ -132,7 +174,7 @@ class Client:
                 code = str(err.get("code") or code)
                 message = str(err.get("message") or "")
                 request_id = err.get("request_id") or request_id
-            raise ApiError(status, code, message, request_id)
+            raise ApiError(status, code, message, request_id, wait_s)
         return data
 
     # ---- worker routes -------------------------------------------------------------------------------
@@ -153,10 +195,15 @@ class Client:
             "POST", "/workers/register", body, token=bootstrap_token, headers=self._worker_headers()
         )
 
-    async def claim(self, worker_id: str, session_token: str, slots: int, wait_ms: int = 0) -> list[dict[str, Any]]:
+    async def claim(
+        self, worker_id: str, session_token: str, slots: int, wait_ms: int = 0, claim_seq: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The leases of one claim; ``claim_seq`` numbers the request (docs/protocol.md, Lease recovery)."""
         body: dict[str, Any] = {"slots": slots}
         if wait_ms:
             body["wait_ms"] = wait_ms
+        if claim_seq is not None:
+            body["claim_seq"] = claim_seq
         answer = await self.request(
             "POST",
             f"/workers/{_q(worker_id)}/claims",
@@ -168,12 +215,28 @@ class Client:
         return list(answer.get("leases") or [])
 
     async def heartbeat(
-        self, worker_id: str, session_token: str, leases: list[dict[str, str]], timeout_s: float | None = None
+        self,
+        worker_id: str,
+        session_token: str,
+        leases: list[dict[str, str]],
+        timeout_s: float | None = None,
+        *,
+        claimed_through: int | None = None,
+        claims_pending: list[int] | None = None,
+        dropped: list[dict[str, str]] | None = None,
     ) -> list[dict[str, Any]]:
+        """One answer per lease; ``claimed_through``, ``claims_pending`` and ``dropped`` are the lease recovery
+        fields (docs/protocol.md, Lease recovery), sent when given."""
+        body: dict[str, Any] = {"leases": leases}
+        if claimed_through is not None:
+            body["claimed_through"] = claimed_through
+            body["claims_pending"] = list(claims_pending or [])
+        if dropped:
+            body["dropped"] = dropped
         answer = await self.request(
             "POST",
             f"/workers/{_q(worker_id)}/heartbeat",
-            {"leases": leases},
+            body,
             token=session_token,
             headers=self._worker_headers(),
             timeout_s=timeout_s,
@@ -188,11 +251,15 @@ class Client:
         lease_token: str,
         result: dict[str, Any],
         claim_slots: int | None = None,
+        claim_seq: int | None = None,
     ) -> tuple[bool, list[dict[str, Any]]]:
-        """(applied, new leases); with ``claim_slots`` the gateway also claims that many in the same call."""
+        """(applied, new leases); with ``claim_slots`` the gateway also claims that many in the same call
+        (``claim_seq`` numbering that claim)."""
         body: dict[str, Any] = {"lease_token": lease_token, "result": result}
         if claim_slots is not None:
             body["claim_slots"] = claim_slots
+        if claim_seq is not None:
+            body["claim_seq"] = claim_seq
         answer = await self.request(
             "POST",
             f"/workers/{_q(worker_id)}/leases/{_q(dispatch_id)}/complete",
@@ -203,13 +270,20 @@ class Client:
         return bool(answer.get("applied")), list(answer.get("leases") or [])
 
     async def complete_many(
-        self, worker_id: str, session_token: str, items: list[dict[str, Any]], claim_slots: int = 0
+        self,
+        worker_id: str,
+        session_token: str,
+        items: list[dict[str, Any]],
+        claim_slots: int = 0,
+        claim_seq: int | None = None,
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(per-result answers in the order given, new leases): ``items`` are {dispatch_id, lease_token, result};
         each answer is {dispatch_id, applied: true} or {dispatch_id, error: {code, message}}."""
         body: dict[str, Any] = {"results": items}
         if claim_slots:
             body["claim_slots"] = claim_slots
+            if claim_seq is not None:
+                body["claim_seq"] = claim_seq
         answer = await self.request(
             "POST", f"/workers/{_q(worker_id)}/completions", body, token=session_token, headers=self._worker_headers()
         )
@@ -243,7 +317,7 @@ class Client:
         ``input`` is given, else ``{}``."""
         if version is None:
             wf = await self.get_workflow(workflow_id)
-            version = int(wf.get("latest_version") or wf.get("version"))
+            version = int(wf.get("latest_version") or wf["version"])
         return await self.request(
             "POST",
             f"/workflows/{_q(workflow_id)}/versions/{int(version)}/runs",
@@ -321,11 +395,11 @@ class Client:
             query["cursor"] = cursor
 
 
-async def wait_ready(base_url: str, timeout_s: float = 30.0) -> None:
+async def wait_ready(base_url: str, timeout_s: float = 30.0, ca_file: str | None = None) -> None:
     """Wait until ``GET /health/ready`` answers 200; raises TimeoutError."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout_s
-    async with Client(base_url, timeout_s=2.0) as client:
+    async with Client(base_url, timeout_s=2.0, ca_file=ca_file) as client:
         while True:
             try:
                 await client.request("GET", "/health/ready", root=True)

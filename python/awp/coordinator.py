@@ -1,19 +1,26 @@
 """The coordinator loop inside ``awp serve`` (docs/protocol.md, rule 12).
 
-Every gateway replica runs one :class:`Coordinator`. On a dedicated connection it tries
-``pg_try_advisory_lock(LOCK_KEY)``; the replica holding the lock is the active coordinator, the others
-are standbys that retry every interval and take over as soon as the holder's session ends (the lock
-is released by PostgreSQL when the process dies or its connection drops).
+Every gateway replica runs one :class:`Coordinator`. On a dedicated connection it calls
+``awp.take_leadership(holder)`` (db/functions/leadership.sql) every interval (at most 1 s, sooner when the
+leader's lease is about to run out): the session that holds the advisory lock ``LOCK_KEY`` leads, with a
+term that grows at every takeover; the others are standbys. A standby takes over at once when the leader's
+session ends (PostgreSQL releases the lock), and after ``leader_lease_ms`` of silence on the database clock
+when the leader is frozen (SIGSTOP, a paused VM) or behind a half-open connection: the database then ends
+the leader's session. When the database role may not end it (a superuser's session), the standby does so
+with its own rights (:meth:`Coordinator._terminate`).
 
-The active coordinator runs ``awp.coordinator_tick(takeover)`` (``takeover`` true on its first pass,
+The active coordinator runs ``awp.coordinator_tick(takeover, term)`` (``takeover`` true on its first pass,
 which restarts the workers' offline window), then waits for ``NOTIFY awp_coordinator`` (new run,
 completion, cancel, worker change) or the interval, whichever comes first. While a pass makes
-progress it runs the next one at once. A lost connection is logged and retried with backoff; the
-process never dies of it.
+progress it runs the next one at once. Each pass renews the leadership; when the interval is long
+compared with the lease it also sends ``awp.leader_heartbeat(term)`` every third of the lease. A pass,
+heartbeat or retention batch whose term is over is refused (SQLSTATE ``AWLDR``, nothing written): the
+coordinator steps down to standby and logs it once, as it does when its session was ended. A lost
+connection is logged and retried with backoff; the process never dies of it.
 
 While active, it also applies the retention setting in the background (docs/retention.md): every
-``retention_interval_s`` one bounded prune batch, ``awp.apply_retention()``, on a connection of its own (so
-passes never wait for it), and the next batches after a short pause while one says there is ``more``.
+``retention_interval_s`` one bounded prune batch, ``awp.apply_retention(term)``, on a connection of its own
+(so passes never wait for it), and the next batches after a short pause while one says there is ``more``.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,15 +40,26 @@ from awp.db import connect
 
 log = logging.getLogger(__name__)
 
-LOCK_KEY = 0x4157_505F_434F_4F52  # "AWP_COOR"
+LOCK_KEY = 0x4157_505F_434F_4F52  # "AWP_COOR" (= awp._coordinator_lock_key(), db/functions/leadership.sql)
+LEADERSHIP_LOST = "AWLDR"  # SQLSTATE of a pass, heartbeat or retention batch whose term is over
 CHANNEL = "awp_coordinator"
 MAX_QUICK_PASSES = 100  # passes in a row without waiting, even if every one made progress
 RETENTION_BURST = 20  # retention batches in a row while each says there is more, then the interval again
 RETENTION_PAUSE_S = 0.2  # between the batches of a burst
 
 
+class LeadershipLost(Exception):
+    """The database refused a call of this coordinator (AWLDR): another one leads now."""
+
+
+def default_holder() -> str:
+    """How this process names itself in awp.coordinator_leader: host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"[:200]
+
+
 class Coordinator:
-    """Leader election by advisory lock plus the tick loop. ``active`` says whether this replica leads."""
+    """Leader election (advisory lock, term, leader lease) plus the tick loop. ``active`` says whether
+    this replica leads; ``term`` is its term while it does."""
 
     def __init__(
         self,
@@ -50,8 +70,15 @@ class Coordinator:
         serving: Callable[[], bool] | None = None,
         retention_interval_s: float | None = 5.0,
         on_retention: Callable[[dict[str, Any], float], None] | None = None,
+        holder: str | None = None,
     ) -> None:
         self.dsn = dsn
+        self.holder = holder or default_holder()
+        self.term: int | None = None
+        self.lease_s = 10.0  # leader_lease_ms as the database last said (take_leadership, leader_heartbeat)
+        self.takeovers = 0
+        self._renewed = 0.0  # time.monotonic() of the latest pass or heartbeat that renewed the leadership
+        self._terminate_warned = False
         # None: no background retention (awp.prune by hand only).
         self.retention_interval_s = retention_interval_s
         self.on_retention = on_retention
@@ -96,7 +123,7 @@ class Coordinator:
     def _set_active(self, active: bool) -> None:
         if active != self.active:
             self.active = active
-            log.info("coordinator %s", "active (advisory lock acquired)" if active else "standby")
+            log.info("coordinator %s", f"active (term {self.term}, holder {self.holder})" if active else "standby")
             if self.on_active is not None:
                 self.on_active(active)
             if active and self.retention_interval_s is not None:
@@ -105,8 +132,9 @@ class Coordinator:
                 self._retention.cancel()  # it closes its connection; a batch in flight rolls back
 
     async def _retention_loop(self) -> None:
-        """While active: ``awp.apply_retention()`` every interval, and again at once while it says ``more``."""
+        """While active: ``awp.apply_retention(term)`` every interval, and again at once while it says ``more``."""
         assert self.retention_interval_s is not None
+        term = self.term
         conn: psycopg.AsyncConnection[Any] | None = None
         try:
             while not self._stopping.is_set():
@@ -118,9 +146,12 @@ class Coordinator:
                         if conn is None or conn.closed:
                             conn = await connect(self.dsn)
                         started = time.perf_counter()
-                        cur = await conn.execute("SELECT awp.apply_retention()")
+                        cur = await conn.execute("SELECT awp.apply_retention(%s)", (term,))
                         row = await cur.fetchone()
                     except (psycopg.Error, OSError) as e:
+                        if isinstance(e, psycopg.Error) and e.sqlstate == LEADERSHIP_LOST:
+                            log.info("retention batch refused: term %s is over", term)  # the pass loop steps down
+                            return
                         log.warning("retention batch failed (%s); next try in %.1fs", e, self.retention_interval_s)
                         if conn is not None:
                             with contextlib.suppress(Exception):
@@ -155,8 +186,14 @@ class Coordinator:
                 await self._standby(self._conn)
                 if not self._stopping.is_set():
                     await self._lead(self._conn)
+            except LeadershipLost as e:
+                log.warning("coordinator stepping down: %s", e)
             except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as e:
-                if not self._stopping.is_set():
+                if self._stopping.is_set():
+                    pass
+                elif self.active:  # e.g. a standby ended this session after a whole lease of silence
+                    log.warning("coordinator stepping down: its database session ended (%s); term %s", e, self.term)
+                else:
                     log.warning("coordinator lost its database connection (%s); retrying in %.1fs", e, backoff)
             except psycopg.Error:
                 log.exception("coordinator database error; reconnecting in %.1fs", backoff)
@@ -164,6 +201,7 @@ class Coordinator:
                 log.exception("coordinator pass failed; reconnecting in %.1fs", backoff)
             finally:
                 self._set_active(False)
+                self.term = None
                 conn, self._conn = self._conn, None
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -175,14 +213,72 @@ class Coordinator:
                 backoff = min(backoff * 2, 2.0)
 
     async def _standby(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Return once this session holds the lock (or we are stopping)."""
+        """Return once this session leads (``self.term`` set), or we are stopping."""
         retry = min(self.interval_s, 1.0)
+        ended: int | None = None  # the silent leader's session this standby ended itself (_terminate)
         while not self._stopping.is_set():
-            cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,))
+            cur = await conn.execute("SELECT awp.take_leadership(%s)", (self.holder,))
             row = await cur.fetchone()
-            if row is not None and row[0]:
+            answer: dict[str, Any] = dict(row[0]) if row and row[0] else {}
+            if answer.get("leader"):
+                self.term = int(answer["term"])
+                self.lease_s = int(answer["leader_lease_ms"]) / 1000
+                self._renewed = time.monotonic()
+                ended = answer.get("terminated_pid") or ended
+                if ended is not None:
+                    self.takeovers += 1
+                    log.warning(
+                        "coordinator taking over (term %s): the leader was silent for leader_lease_ms (%d ms); "
+                        "its session %s was ended",
+                        self.term,
+                        int(answer["leader_lease_ms"]),
+                        ended,
+                    )
                 return
-            await self._sleep(retry)
+            if answer.get("reason") == "cannot_terminate" and await self._terminate(conn, int(answer["pid"])):
+                ended = int(answer["pid"])
+                continue  # its session is gone: ask again at once
+            wait = retry
+            remaining = answer.get("lease_remaining_ms")
+            if isinstance(remaining, int):  # wake up just after the leader's lease would run out
+                wait = min(retry, remaining / 1000 + 0.01)
+            await self._sleep(wait)
+
+    async def _terminate(self, conn: psycopg.AsyncConnection[Any], pid: int) -> bool:
+        """End the session ``pid`` of a leader silent for a whole lease (awp.take_leadership said so, but
+        awp_owner may not end it: a superuser's, or no pg_signal_backend) with this login's own rights, if it
+        still holds the coordinator's lock. True when it ended."""
+        try:
+            cur = await conn.execute(
+                "SELECT pg_catalog.pg_terminate_backend(l.pid, 5000) FROM pg_catalog.pg_locks l"
+                " WHERE l.pid = %s AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+                " AND l.classid = %s AND l.objid = %s AND l.database ="
+                " (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())",
+                (pid, LOCK_KEY >> 32, LOCK_KEY & 0xFFFF_FFFF),
+            )
+            row = await cur.fetchone()
+        except psycopg.errors.InsufficientPrivilege as e:
+            if not self._terminate_warned:  # once: a standby asks every interval
+                self._terminate_warned = True
+                log.error(
+                    "the coordinator leader (session %s) is silent but neither awp_owner nor this login may end its "
+                    "session (%s): GRANT pg_signal_backend TO awp_owner (docs/operations.md)",
+                    pid,
+                    e,
+                )
+            return False
+        if not (row and row[0]):
+            return False
+        log.warning(
+            "ended the silent leader's session %s with this login's own rights (awp_owner may not: "
+            "a superuser's session, or no pg_signal_backend)",
+            pid,
+        )
+        return True
+
+    def _refused(self, what: str, e: psycopg.Error) -> LeadershipLost:
+        detail = e.diag.message_detail if e.diag is not None else None
+        return LeadershipLost(f"{what} refused, term {self.term} is over ({detail or e})")
 
     async def _lead(self, conn: psycopg.AsyncConnection[Any]) -> None:
         await conn.execute(f"LISTEN {CHANNEL}")
@@ -194,15 +290,18 @@ class Coordinator:
             try:
                 if self.serving is not None and not self.serving():
                     takeover = True
-                cur = await conn.execute("SELECT awp.coordinator_tick(%s)", (takeover,))
+                cur = await conn.execute("SELECT awp.coordinator_tick(%s, %s)", (takeover, self.term))
                 row = await cur.fetchone()
             except (psycopg.OperationalError, psycopg.InterfaceError):
                 raise
-            except psycopg.Error:
-                # A bug or a transient conflict in one pass: keep the lock, try again after the interval.
+            except psycopg.Error as e:
+                if e.sqlstate == LEADERSHIP_LOST:
+                    raise self._refused("pass", e) from e
+                # A bug or a transient conflict in one pass: keep the lead, try again after the interval.
                 log.exception("coordinator pass failed")
                 await self._wait_for_work(conn)
                 continue
+            self._renewed = time.monotonic()
             takeover = False
             counts: dict[str, Any] = dict(row[0]) if row and row[0] else {}
             self.passes += 1
@@ -222,20 +321,41 @@ class Coordinator:
             quick = 0
             await self._wait_for_work(conn)
 
+    async def _heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Renew the leadership between passes (awp.leader_heartbeat); learn the current leader lease."""
+        try:
+            cur = await conn.execute("SELECT awp.leader_heartbeat(%s)", (self.term,))
+            row = await cur.fetchone()
+        except (psycopg.OperationalError, psycopg.InterfaceError):
+            raise
+        except psycopg.Error as e:
+            if e.sqlstate == LEADERSHIP_LOST:
+                raise self._refused("heartbeat", e) from e
+            raise
+        self._renewed = time.monotonic()
+        if row and row[0]:
+            self.lease_s = int(row[0]["leader_lease_ms"]) / 1000
+
     async def _drain_notifies(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Drop wake-ups already received: the next pass covers them."""
         async for _ in conn.notifies(timeout=0, stop_after=1000):
             pass
 
     async def _wait_for_work(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Wait for a NOTIFY, the interval, or stop; swallow a burst of notifications into one pass."""
+        """Wait for a NOTIFY, the interval, or stop; swallow a burst of notifications into one pass. Renew
+        the leadership every third of the lease meanwhile (when the interval is that long)."""
         deadline = time.monotonic() + self.interval_s
         while not self._stopping.is_set():
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 return
+            renew_in = self._renewed + self.lease_s / 3 - now
+            if renew_in <= 0:
+                await self._heartbeat(conn)
+                continue
             got = False
-            async for _ in conn.notifies(timeout=min(remaining, 0.25), stop_after=1):
+            async for _ in conn.notifies(timeout=min(remaining, renew_in, 0.25), stop_after=1):
                 got = True
             if got:
                 await self._drain_notifies(conn)

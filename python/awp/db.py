@@ -1,8 +1,14 @@
-"""Database access for the control plane: one psycopg ``AsyncConnectionPool`` and one method per SQL
+"""Database access for the control plane: two psycopg ``AsyncConnectionPool``s and one method per SQL
 function of schema ``awp``. Rows come back as dicts with the SQL column names (the SQL API in README.md).
 
 Every method is one statement (one round trip, one transaction in autocommit mode). Errors are
 psycopg's: :mod:`awp.errors` maps them to HTTP answers.
+
+Pools (docs/operations.md, Timeouts and pools): the request pool serves every route but these; a small
+heartbeat pool of its own serves heartbeats, registrations, drains, session checks and the readiness ping,
+so a request pool filled by completions waiting for one stuck run never holds a worker's heartbeat back.
+Every connection of both pools has ``lock_timeout`` and ``statement_timeout``: a request waits for a lock
+held elsewhere at most that long, then answers 503 (retryable) instead of holding its connection forever.
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ import collections
 import contextlib
 import logging
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import psycopg
+import psycopg_pool
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -35,35 +43,112 @@ CONNECTION_KWARGS: dict[str, Any] = {
     "application_name": "awp-gateway",
 }
 
+DEFAULT_LOCK_TIMEOUT_MS = 2_000
+DEFAULT_STATEMENT_TIMEOUT_MS = 10_000
+DEFAULT_HEARTBEAT_POOL_SIZE = 2
+SATURATED_FOR_S = 5.0  # a request pool that made a request time out is reported saturated this long
+
+
+def session_options(lock_timeout_ms: int, statement_timeout_ms: int) -> str:
+    """libpq ``options`` of a request connection: UTC, and the two timeouts (milliseconds; 0 is no limit)."""
+    return f"-c TimeZone=UTC -c lock_timeout={int(lock_timeout_ms)} -c statement_timeout={int(statement_timeout_ms)}"
+
+
+class PoolSaturated(psycopg_pool.PoolTimeout):
+    """No connection became free in time while every connection the pool may open was open and in use: the
+    gateway is busy (e.g. requests waiting for one stuck run), the database may well be fine."""
+
 
 class Database:
-    """The pool plus one method per SQL function."""
+    """The request pool and the heartbeat pool, plus one method per SQL function."""
 
-    def __init__(self, dsn: str, pool_size: int = 10, acquire_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        pool_size: int = 10,
+        acquire_timeout: float = 5.0,
+        *,
+        heartbeat_pool_size: int = DEFAULT_HEARTBEAT_POOL_SIZE,
+        lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
+        statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+    ) -> None:
         self.dsn = dsn
         self.acquire_timeout = acquire_timeout
-        self.pool = AsyncConnectionPool(
-            dsn,
-            min_size=1,
-            max_size=max(1, pool_size),
-            open=False,
-            kwargs={**CONNECTION_KWARGS, "autocommit": True, "row_factory": dict_row},
-            timeout=acquire_timeout,
-            reconnect_timeout=3600 * 24 * 365,  # keep trying: an outage must never shrink the pool for good
-            name="awp-gateway",
-        )
+        self.lock_timeout_ms = lock_timeout_ms
+        self.statement_timeout_ms = statement_timeout_ms
+        kwargs = {
+            **CONNECTION_KWARGS,
+            "options": session_options(lock_timeout_ms, statement_timeout_ms),
+            "autocommit": True,
+            "row_factory": dict_row,
+        }
+
+        def pool(size: int, name: str) -> AsyncConnectionPool:
+            return AsyncConnectionPool(
+                dsn,
+                min_size=1,
+                max_size=max(1, size),
+                open=False,
+                kwargs=kwargs,
+                timeout=acquire_timeout,
+                reconnect_timeout=3600 * 24 * 365,  # keep trying: an outage must never shrink the pool for good
+                name=name,
+            )
+
+        self.pool = pool(pool_size, "awp-gateway")
+        # Heartbeats, registrations, drains, session checks, the readiness ping: short statements that never
+        # wait for a run's lock, kept apart so that requests queued for the request pool cannot delay them.
+        self.heartbeat_pool = pool(heartbeat_pool_size, "awp-gateway-heartbeat")
         self._checking = False
+        # Connections handed to a request right now, per pool. The pool's own statistics cannot tell "every
+        # connection is busy" from "the connections are being re-opened" (after a database restart they are
+        # counted while they reconnect): only the first is saturation, the second is a database that is down.
+        self._in_use = {id(self.pool): 0, id(self.heartbeat_pool): 0}
         self.last_failure = float("-inf")  # time.monotonic() of the last request lost to the database
+        self.last_saturated = float("-inf")  # time.monotonic() of the last request that found no free connection
+
+    def pool_full(self, pool: AsyncConnectionPool) -> bool:
+        """Whether every connection ``pool`` may have is handed to a request (a new request has to queue)."""
+        return self._in_use[id(pool)] >= pool.max_size
+
+    @contextlib.asynccontextmanager
+    async def _connection(self, pool: AsyncConnectionPool, timeout: float | None = None) -> AsyncIterator[Any]:
+        async with pool.connection(timeout=timeout) as conn:
+            self._in_use[id(pool)] += 1
+            try:
+                yield conn
+            finally:
+                self._in_use[id(pool)] -= 1
 
     def failed_within(self, seconds: float) -> bool:
         """Whether a request failed for want of the database in the last ``seconds``."""
         return time.monotonic() - self.last_failure < seconds
 
+    def saturated(self) -> bool:
+        """The request pool is saturated: requests queue for a connection now (every one is busy), or one
+        waited in vain within the last few seconds. The database itself may be fine (see :meth:`ping`)."""
+        waiting = self.pool.get_stats()["requests_waiting"] > 0
+        return (waiting and self.pool_full(self.pool)) or time.monotonic() - self.last_saturated < SATURATED_FOR_S
+
+    def pool_state(self) -> dict[str, dict[str, int]]:
+        """{"requests"|"heartbeat": {max, in_use, waiting}} for /health/ready."""
+        state = {}
+        for name, pool in (("requests", self.pool), ("heartbeat", self.heartbeat_pool)):
+            stats = pool.get_stats()
+            state[name] = {
+                "max": stats["pool_max"],
+                "in_use": stats["pool_size"] - stats["pool_available"],
+                "waiting": stats["requests_waiting"],
+            }
+        return state
+
     async def open(self) -> None:
-        """Open the pool without waiting for the database (it may be down; requests answer 503)."""
+        """Open the pools without waiting for the database (it may be down; requests answer 503)."""
         await self.pool.open(wait=False)
+        await self.heartbeat_pool.open(wait=False)
 
     async def close(self) -> None:
+        await self.heartbeat_pool.close()
         await self.pool.close()
 
     def connection_lost(self) -> None:
@@ -75,7 +160,8 @@ class Database:
 
         async def check() -> None:
             try:
-                await self.pool.check()
+                for pool in (self.pool, self.heartbeat_pool):
+                    await pool.check()
             except Exception:  # a check that fails is retried on the next error
                 log.debug("pool check failed", exc_info=True)
             finally:
@@ -84,25 +170,41 @@ class Database:
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().create_task(check())
 
-    async def _rows(self, query: str, params: tuple[Any, ...] = ()) -> list[Row]:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(query, params)
-            return await cur.fetchall()
+    async def _rows(
+        self, query: str, params: tuple[Any, ...] = (), pool: AsyncConnectionPool | None = None
+    ) -> list[Row]:
+        pool = pool or self.pool
+        try:
+            async with self._connection(pool) as conn:
+                cur = await conn.execute(query, params)
+                return cast(list[Row], await cur.fetchall())  # both pools' connections use row_factory=dict_row
+        except psycopg_pool.PoolTimeout as e:  # raised only while waiting for a connection
+            if not self.pool_full(pool):
+                raise  # it could not open one: the database is unreachable
+            if pool is self.pool:
+                self.last_saturated = time.monotonic()
+            raise PoolSaturated(str(e)) from e
 
-    async def _row(self, query: str, params: tuple[Any, ...] = ()) -> Row:
-        rows = await self._rows(query, params)
+    async def _row(self, query: str, params: tuple[Any, ...] = (), pool: AsyncConnectionPool | None = None) -> Row:
+        rows = await self._rows(query, params, pool)
         return rows[0]
 
-    async def _value(self, query: str, params: tuple[Any, ...] = ()) -> Any:
-        row = await self._row(query, params)
+    async def _value(self, query: str, params: tuple[Any, ...] = (), pool: AsyncConnectionPool | None = None) -> Any:
+        row = await self._row(query, params, pool)
         return next(iter(row.values()))
 
     # -- health and metrics -----------------------------------------------------------------------
 
     async def ping(self, timeout: float = 2.0) -> None:
-        """Raise unless the database answers within ``timeout`` seconds."""
-        async with self.pool.connection(timeout=timeout) as conn:
-            await conn.execute("SELECT 1")
+        """Raise unless the database answers within ``timeout`` seconds (through the heartbeat pool: a full
+        request pool is not a database that is down)."""
+        try:
+            async with self._connection(self.heartbeat_pool, timeout) as conn:
+                await conn.execute("SELECT 1")
+        except psycopg_pool.PoolTimeout as e:
+            if self.pool_full(self.heartbeat_pool):
+                raise PoolSaturated(str(e)) from e
+            raise
 
     async def metrics_snapshot(self) -> dict[str, Any]:
         """awp.metrics_snapshot() plus the per-kind stats and the dispatch_limit (docs/limits.md), one statement."""
@@ -220,16 +322,43 @@ class Database:
         return await self._row(
             "SELECT * FROM awp.register_worker(%s, %s::text[], %s, %s)",
             (display_name, executor_kinds, max_concurrency, protocol_version),
+            self.heartbeat_pool,
         )
 
     async def check_worker_session(self, worker_id: str, session_token: str) -> str:
-        return await self._value("SELECT awp.check_worker_session(%s, %s) AS s", (worker_id, session_token))
+        return await self._value(
+            "SELECT awp.check_worker_session(%s, %s) AS s", (worker_id, session_token), self.heartbeat_pool
+        )
 
-    async def claim_tasks(self, worker_id: str, session_token: str, slots: int) -> list[Row]:
-        return await self._rows("SELECT * FROM awp.claim_tasks(%s, %s, %s)", (worker_id, session_token, slots))
+    async def claim_tasks(
+        self, worker_id: str, session_token: str, slots: int, claim_seq: int | None = None
+    ) -> list[Row]:
+        return await self._rows(
+            "SELECT * FROM awp.claim_tasks(%s, %s, %s, %s)", (worker_id, session_token, slots, claim_seq)
+        )
 
-    async def heartbeat(self, worker_id: str, session_token: str, leases: list[dict[str, str]]) -> list[Row]:
-        return await self._rows("SELECT * FROM awp.heartbeat(%s, %s, %s)", (worker_id, session_token, Jsonb(leases)))
+    async def heartbeat(
+        self,
+        worker_id: str,
+        session_token: str,
+        leases: list[dict[str, str]],
+        claimed_through: int | None = None,
+        claims_pending: list[int] | None = None,
+        dropped: list[dict[str, str]] | None = None,
+    ) -> list[Row]:
+        """awp.heartbeat; the last three are the lease recovery fields (docs/protocol.md, Lease recovery)."""
+        return await self._rows(
+            "SELECT * FROM awp.heartbeat(%s, %s, %s, %s, %s::bigint[], %s)",
+            (
+                worker_id,
+                session_token,
+                Jsonb(leases),
+                claimed_through,
+                claims_pending,
+                Jsonb(dropped) if dropped is not None else None,
+            ),
+            self.heartbeat_pool,
+        )
 
     async def complete_task(
         self, worker_id: str, session_token: str, dispatch_id: str, lease_token: str, result: dict[str, Any]
@@ -247,21 +376,25 @@ class Database:
         lease_token: str,
         result: dict[str, Any],
         slots: int,
+        claim_seq: int | None = None,
     ) -> list[Row]:
         return await self._rows(
-            "SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, %s)",
-            (worker_id, session_token, dispatch_id, lease_token, Jsonb(result), slots),
+            "SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, %s, %s)",
+            (worker_id, session_token, dispatch_id, lease_token, Jsonb(result), slots, claim_seq),
         )
 
     async def complete_tasks(
-        self, worker_id: str, session_token: str, items: list[dict[str, Any]], slots: int
+        self, worker_id: str, session_token: str, items: list[dict[str, Any]], slots: int, claim_seq: int | None = None
     ) -> dict[str, Any]:
         return await self._value(
-            "SELECT awp.complete_tasks(%s, %s, %s, %s) AS answer", (worker_id, session_token, Jsonb(items), slots)
+            "SELECT awp.complete_tasks(%s, %s, %s, %s, %s) AS answer",
+            (worker_id, session_token, Jsonb(items), slots, claim_seq),
         )
 
     async def drain_worker(self, worker_id: str, session_token: str) -> Row:
-        return await self._row("SELECT * FROM awp.drain_worker(%s, %s)", (worker_id, session_token))
+        return await self._row(
+            "SELECT * FROM awp.drain_worker(%s, %s)", (worker_id, session_token), self.heartbeat_pool
+        )
 
     async def list_workers(
         self, after_registered_at: str | None = None, after_worker_id: str | None = None, limit: int | None = None
@@ -276,9 +409,32 @@ class Database:
         return await self._row("SELECT * FROM awp.get_worker(%s)", (worker_id,))
 
 
+# The long-lived dedicated connections (the coordinator's, which holds the leadership; its retention
+# batches'; the LISTEN connection) notice a dead peer on both ends: libpq drops one whose sent data stays
+# unacknowledged for tcp_user_timeout (besides the keepalives above), and the server, told the same through
+# `options`, ends a session whose client vanished: keepalives while it is idle, client_connection_check_interval
+# while a statement runs. A frozen client (its kernel still answers) is the leader lease's business
+# (db/functions/leadership.sql). The server settings need PostgreSQL 14 or later.
+TCP_USER_TIMEOUT_MS = 10_000
+LONG_LIVED_KWARGS: dict[str, Any] = {
+    **CONNECTION_KWARGS,
+    "tcp_user_timeout": TCP_USER_TIMEOUT_MS,
+    "options": " ".join(
+        (
+            "-c TimeZone=UTC",
+            "-c client_connection_check_interval=2000",
+            f"-c tcp_keepalives_idle={CONNECTION_KWARGS['keepalives_idle']}",
+            f"-c tcp_keepalives_interval={CONNECTION_KWARGS['keepalives_interval']}",
+            f"-c tcp_keepalives_count={CONNECTION_KWARGS['keepalives_count']}",
+            f"-c tcp_user_timeout={TCP_USER_TIMEOUT_MS}",
+        )
+    ),
+}
+
+
 async def connect(dsn: str) -> psycopg.AsyncConnection[Any]:
-    """A dedicated autocommit connection (LISTEN, advisory lock) with the gateway's options."""
-    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, **CONNECTION_KWARGS)
+    """A dedicated autocommit connection (LISTEN, leadership, retention) with the long-lived options."""
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True, **LONG_LIVED_KWARGS)
 
 
 class DispatchListener:

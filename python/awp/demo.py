@@ -14,12 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import secrets
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -28,11 +26,11 @@ from typing import Any
 
 import psycopg
 import yaml
+from psycopg.conninfo import conninfo_to_dict
 from rich.console import Console
 
+from awp import procs
 from awp.client import Client, ClientError, wait_ready
-
-log = logging.getLogger(__name__)
 
 
 class DemoError(Exception):
@@ -60,11 +58,6 @@ def examples_dir() -> Path:
     """``examples/`` of the source tree (the package is installed in editable mode), else of the cwd."""
     here = Path(__file__).resolve().parents[2] / "examples"
     return here if here.is_dir() else Path.cwd() / "examples"
-
-
-def awp_command() -> list[str]:
-    """How to run ``awp`` as a subprocess with this interpreter."""
-    return [sys.executable, "-c", "import sys; from awp.cli import main; sys.exit(main())"]
 
 
 @dataclass
@@ -103,50 +96,30 @@ class DemoState:
 
 def _spawn(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Proc:
     log_path = log_dir / f"{name}.log"
-    with open(log_path, "ab") as out:
-        popen = subprocess.Popen(
-            [*awp_command(), *args],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches the demo only; it stops the children in order
-        )
-    return Proc(name, popen, log_path)
+    # its own session: Ctrl-C reaches the demo only; it stops the children in order
+    return Proc(name, procs.start(args, env=env, log_path=log_path, new_session=True), log_path)
 
 
 def _stop(proc: Proc, timeout_s: float, signalled: bool = False) -> int | None:
     """SIGTERM (unless ``signalled``: a second one would mean "exit at once"), wait, then SIGKILL."""
-    if proc.alive and not signalled:
-        with contextlib.suppress(ProcessLookupError):
-            proc.popen.send_signal(signal.SIGTERM)
-    try:
-        return proc.popen.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        log.warning("%s did not stop in %.0fs: killing it", proc.name, timeout_s)
-        with contextlib.suppress(ProcessLookupError):
-            proc.popen.kill()
-        return proc.popen.wait(5)
+    return procs.stop(proc.popen, timeout_s, signalled=signalled)
 
 
-def _local_database(console: Console) -> tuple[str, Any]:
-    """Start (create the first time) the local cluster and its 'awp' database, like ``awp db up``."""
-    from awp.localdb import DEFAULT_DBNAME, ClusterError, find_project_dir, project_cluster
+def _local_database(console: Console) -> tuple[str, str, Any]:
+    """Start (create the first time) the local cluster, its 'awp' database and the gateway's login, like
+    ``awp db up`` (the caller migrates); returns the superuser's DSN, the gateway login's DSN and the
+    cluster when the demo started it."""
+    from awp.localdb import ClusterError, find_project_dir, project_cluster, up_project_database
     from awp.pgbin import PostgresNotFound
 
     try:
-        cluster = project_cluster(find_project_dir(), create=True)
-        status = cluster.status()
-        if not status.initialized:
+        project_dir = find_project_dir()
+        if not project_cluster(project_dir).status().initialized:
             console.print("creating the local PostgreSQL cluster under .awp/ …")
-            cluster.init()
-        started = not status.running
-        if started:
-            cluster.start(fsync=True)
-        dsn = cluster.create_database(DEFAULT_DBNAME, exist_ok=True)
+        local = up_project_database(project_dir, run_migrate=False)
     except (ClusterError, PostgresNotFound, OSError, psycopg.Error) as e:
         raise DemoError(f"cannot start the local database: {e}") from e
-    return dsn, (cluster if started else None)
+    return local.admin_dsn, local.gateway_dsn, (local.cluster if local.started else None)
 
 
 def _prepare_definition(timings: Timings) -> dict[str, Any]:
@@ -167,7 +140,7 @@ def run_demo(database_url: str | None = None, fast: bool = False, port: int = 0,
     state = DemoState()
     own_cluster = None
     old_settings: dict[str, Any] | None = None
-    dsn = database_url
+    dsn = serve_dsn = database_url
     log_dir = Path(tempfile.mkdtemp(prefix="awp-demo-"))
     previous_term = signal.getsignal(signal.SIGTERM)
 
@@ -180,8 +153,8 @@ def run_demo(database_url: str | None = None, fast: bool = False, port: int = 0,
         from awp.migrate import MigrationError, migrate
 
         console.rule("[bold]AWP demo")
-        if dsn is None:
-            dsn, own_cluster = _local_database(console)
+        if dsn is None:  # the superuser migrates; awp serve logs in as the execute-only awp_gateway_login
+            dsn, serve_dsn, own_cluster = _local_database(console)
         try:
             applied = migrate(dsn)
         except (MigrationError, FileNotFoundError, psycopg.Error) as e:
@@ -195,7 +168,8 @@ def run_demo(database_url: str | None = None, fast: bool = False, port: int = 0,
                 (timings.lease_ms, timings.heartbeat_ms),
             )
         console.print(f"demo timings: lease {timings.lease_ms} ms, heartbeat {timings.heartbeat_ms} ms")
-        return asyncio.run(_main(console, dsn, port, n_workers, timings, state, log_dir))
+        assert serve_dsn is not None
+        return asyncio.run(_main(console, serve_dsn, port, n_workers, timings, state, log_dir))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: shutting down[/]")
         return 130
@@ -255,8 +229,8 @@ async def _cancel(gateway: str, token: str | None, run_id: str) -> None:
 async def _main(
     console: Console, dsn: str, port: int, n_workers: int, timings: Timings, state: DemoState, log_dir: Path
 ) -> int:
-    from awp.cli_user import watch_run, workers_table
     from awp.localdb import free_port
+    from awp.terminal import watch_run, workers_table
 
     port = port or free_port()
     gateway = f"http://127.0.0.1:{port}"
@@ -277,7 +251,8 @@ async def _main(
         await wait_ready(gateway, timeout_s=30)
     except TimeoutError as e:
         raise DemoError(f"the gateway did not start: see {server.log_path}\n{_tail(server.log_path)}") from e
-    console.print(f"gateway up at {gateway} (pid {server.popen.pid})")
+    login = conninfo_to_dict(dsn).get("user") or "the default user"
+    console.print(f"gateway up at {gateway} (pid {server.popen.pid}), database login {login}")
 
     handlers = str(examples_dir() / "handlers.py")
     for i in range(1, n_workers + 1):
@@ -370,9 +345,7 @@ async def _our_workers(client: Client, state: DemoState) -> list[dict[str, Any]]
 
 
 def _tail(path: Path, lines: int = 20) -> str:
-    with contextlib.suppress(OSError):
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    return ""
+    return procs.log_tail(path, lines)
 
 
 async def _wait_workers(client: Client, state: DemoState, n: int) -> None:

@@ -1,8 +1,10 @@
 """The one table from database errors to HTTP answers, and the error the gateway raises.
 
 Functions in schema ``awp`` raise our own SQLSTATEs (the SQL API in README.md); callers branch on the SQLSTATE,
-never on message text. Anything else from the database is a bug or an outage: a lost connection is
-``503 unavailable``, every other error ``500 internal_error`` (logged with its cause, never shown).
+never on message text. Anything else from the database is a bug or an outage: a lost connection, a request pool
+with no free connection, and a ``lock_timeout`` or ``statement_timeout`` that ended a statement are
+``503 unavailable`` (with ``Retry-After``: the same request may be sent again); every other error is
+``500 internal_error`` (logged with its cause, never shown).
 """
 
 from __future__ import annotations
@@ -36,6 +38,17 @@ GATEWAY_ERRORS: dict[int, str] = {
     503: "unavailable",
 }
 
+# A live connection whose statement waited too long (docs/operations.md, Timeouts and pools): the database is up,
+# but a lock it needed was held elsewhere (lock_timeout: 55P03 lock_not_available) or the statement ran past
+# statement_timeout (57014 query_canceled, also a DBA's pg_cancel_backend). Answered 503: retry later.
+TIMEOUT_SQLSTATES: dict[str, str] = {
+    "55P03": "the request waited too long for a lock held by another transaction (lock_timeout); retry later",
+    "57014": "the statement was canceled (statement_timeout or an operator); retry later",
+}
+
+# Seconds in the Retry-After header of every 503 answer.
+RETRY_AFTER_S = 1
+
 ERROR_CODES: frozenset[str] = frozenset(code for _, code in SQLSTATE_ERRORS.values()) | frozenset(
     GATEWAY_ERRORS.values()
 )
@@ -65,9 +78,16 @@ def is_connection_error(exc: BaseException) -> bool:
     return False
 
 
+def is_timeout_error(exc: BaseException) -> bool:
+    """True when ``exc`` is a statement ended by lock_timeout or statement_timeout (the connection is fine)."""
+    return getattr(exc, "sqlstate", None) in TIMEOUT_SQLSTATES
+
+
 def from_database_error(exc: psycopg.Error | psycopg_pool.PoolTimeout) -> ApiError | None:
-    """The API error for one of our SQLSTATEs, ``503 unavailable`` for a lost database, else None."""
+    """The API error for one of our SQLSTATEs, ``503 unavailable`` for a lost database or a timeout, else None."""
     sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate in TIMEOUT_SQLSTATES:
+        return ApiError.of(503, TIMEOUT_SQLSTATES[sqlstate])
     if sqlstate in SQLSTATE_ERRORS:
         status, code = SQLSTATE_ERRORS[sqlstate]
         diag = getattr(exc, "diag", None)

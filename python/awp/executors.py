@@ -8,71 +8,34 @@
   imported (``--handlers``). Never an import path, a file or a shell command.
 
 Executors are cancelled (``asyncio.CancelledError``) when the worker loses the lease or reaches its local
-deadline; a sync handler runs in a thread, which cannot be interrupted: its result is then discarded.
+deadline. ``execute`` returns (or raises) only once the handler has returned: a sync handler runs in a thread,
+which cannot be interrupted, so a cancelled ``execute`` waits for the thread (its result is then discarded) and
+the worker keeps that slot taken until then (a hung handler; a second cancellation stops the wait, when the
+process exits). Results are checked against the server's limits by :func:`awp.results.check_result`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import sys
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from awp.handlers import Context, PermanentError, get_handler, is_async
+from awp.handlers import Context, HandlerFunc, PermanentError, get_handler, is_async
+from awp.results import Result, failure, success
+from awp.results import check_result as check_result  # re-exported: the check lives in awp.results
 
 log = logging.getLogger(__name__)
 
 HANDLER_THREAD_PREFIX = "awp-handler"
-MAX_OUTPUT_BYTES = 64 * 1024
-MAX_ERROR_MESSAGE = 8 * 1024
-MAX_ERROR_CODE = 128
-
-Result = dict[str, Any]
-
-
-def success(output: Any) -> Result:
-    return {"kind": "success", "output": output}
-
-
-def failure(kind: str, error_code: str, message: str) -> Result:
-    return {"kind": kind, "error_code": error_code[:MAX_ERROR_CODE], "error_message": trim(message)}
-
-
-def trim(text: str, limit: int = MAX_ERROR_MESSAGE) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes (the API measures bytes)."""
-    raw = text.encode("utf-8")
-    if len(raw) <= limit:
-        return text
-    return raw[: limit - 3].decode("utf-8", errors="ignore") + "..."
-
-
-def check_result(result: Result) -> Result:
-    """Enforce the API limits on a result: an output too large (or not JSON) becomes a permanent failure."""
-    if result.get("kind") == "success":
-        try:
-            size = len(json.dumps(result.get("output"), separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-        except (TypeError, ValueError) as e:
-            return failure("permanent_failure", "output_not_json", f"output is not JSON-serialisable: {e}")
-        if size > MAX_OUTPUT_BYTES:
-            return failure(
-                "permanent_failure", "output_too_large", f"output is {size} bytes; the limit is {MAX_OUTPUT_BYTES}"
-            )
-        return result
-    out = {"kind": result.get("kind", "temporary_failure")}
-    if out["kind"] not in ("temporary_failure", "permanent_failure"):
-        return failure("permanent_failure", "invalid_result", f"unknown result kind {out['kind']!r}")
-    out["error_code"] = str(result.get("error_code") or "error")[:MAX_ERROR_CODE]
-    out["error_message"] = trim(str(result.get("error_message") or ""))
-    return out
 
 
 class Executor(Protocol):
@@ -151,7 +114,7 @@ class PythonExecutor:
             if is_async(func):
                 output = await func(input, ctx)
             else:
-                output = await asyncio.get_running_loop().run_in_executor(self._pool, partial(func, input, ctx))
+                output = await self._in_thread(func, input, ctx)
         except PermanentError as e:
             return failure("permanent_failure", e.error_code or "permanent_error", str(e) or repr(e))
         except asyncio.CancelledError:
@@ -160,6 +123,19 @@ class PythonExecutor:
             log.warning("handler %r failed on %s attempt %d: %r", action, ctx.task_key, ctx.attempt, e)
             return failure("temporary_failure", "handler_error", repr(e))
         return success(output)
+
+    async def _in_thread(self, func: HandlerFunc, input: Any, ctx: Context) -> Any:
+        """Run a sync handler in the pool; when cancelled, wait until the handler has returned (a thread cannot
+        be interrupted) and then raise CancelledError: a worker slot is free only once its handler has returned.
+        A second cancellation (the process is exiting) stops the wait."""
+        thread = asyncio.wrap_future(self._pool.submit(func, input, ctx))
+        try:
+            return await asyncio.shield(thread)
+        except asyncio.CancelledError as cancelled:
+            if not thread.done():
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(thread)
+            raise cancelled
 
 
 KNOWN_KINDS = ("mock", "python")

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -21,8 +22,9 @@ from aiohttp import web
 
 from awp.appstate import API, CONFIG, COORDINATOR, DB, LISTENER, METRICS, OPENAPI, PROTOCOL_HEADER, PROTOCOL_VERSION
 from awp.auth import Access, authorize, bearer_token
+from awp.db import PoolSaturated
 from awp.errors import SQLSTATE_ERRORS, ApiError, join_message
-from awp.jsonio import canonical_hash, json_response
+from awp.jsonio import bad_text, canonical_hash, json_response
 from awp.metrics import CONTENT_TYPE
 from awp.middleware import Handler
 from awp.parsing import (
@@ -46,11 +48,11 @@ from awp.parsing import (
     query_int,
     query_str,
 )
+from awp.results import RESULT_KINDS
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT_MS = 30_000
-RESULT_KINDS = ("success", "temporary_failure", "permanent_failure")
 
 ROUTES: list[tuple[str, str, Access, Handler]] = []
 
@@ -78,7 +80,10 @@ async def health_live(request: web.Request) -> web.Response:
 
 @route("GET", "/health/ready", Access.PUBLIC)
 async def health_ready(request: web.Request) -> web.Response:
+    """``ready`` (200), ``saturated`` (200: the database answers but every request connection is busy and
+    requests queue; heartbeats are still served by their own pool), ``not_ready`` (503: no database)."""
     app = request.app
+    db = app[DB]
     coordinator = app.get(COORDINATOR)
     state: dict[str, Any] = {
         "database": "ok",
@@ -87,17 +92,20 @@ async def health_ready(request: web.Request) -> web.Response:
         "dispatch_listener": "connected" if app[LISTENER].connected else "disconnected",
     }
     try:
-        await app[DB].ping()
+        await db.ping()
+    except PoolSaturated:  # even the heartbeat pool is busy: the database may be fine
+        return json_response({"status": "saturated", **state, "database": "busy", "pools": db.pool_state()})
     except (psycopg.Error, psycopg_pool.PoolTimeout, OSError) as e:
-        app[DB].connection_lost()
+        db.connection_lost()
         message = f"the database is unreachable: {type(e).__name__}"
         state.update(
             status="not_ready",
             database="unreachable",
             error={"code": "unavailable", "message": message, "request_id": request["request_id"]},
         )
-        return json_response(state, status=503)
-    return json_response({"status": "ready", **state})
+        return json_response({**state, "pools": db.pool_state()}, status=503)
+    status = "saturated" if db.saturated() else "ready"
+    return json_response({"status": status, **state, "pools": db.pool_state()})
 
 
 @route("GET", "/metrics", Access.METRICS)
@@ -248,6 +256,8 @@ def idempotency_key(request: web.Request) -> str:
         raise bad_request("the Idempotency-Key header is required")
     if len(key) > 255:
         raise bad_request("the Idempotency-Key header must have 1-255 characters")
+    if bad_text(key):
+        raise bad_request("the Idempotency-Key header must be UTF-8 text")
     return key
 
 
@@ -338,18 +348,29 @@ async def worker_request(
     return worker_id, token, parsed
 
 
-def _parse_claim(body: dict[str, Any]) -> tuple[int, int]:
-    only_fields(body, required=("slots",), optional=("wait_ms",))
+# Lease recovery (docs/protocol.md): a worker numbers its claim requests (claim_seq, 1, 2, ...) and tells each
+# heartbeat which of them have ended (claimed_through, claims_pending), so that a lease whose answer was lost
+# goes back to the queue at once, without counting against max_attempts.
+CLAIM_SEQ_MAX = 2**63 - 1
+MAX_PENDING_CLAIMS = 1024
+
+
+def _claim_seq(body: dict[str, Any]) -> int | None:
+    return as_int(body["claim_seq"], "claim_seq", 1, CLAIM_SEQ_MAX) if "claim_seq" in body else None
+
+
+def _parse_claim(body: dict[str, Any]) -> tuple[int, int, int | None]:
+    only_fields(body, required=("slots",), optional=("wait_ms", "claim_seq"))
     slots = as_int(body["slots"], "slots", 1, INT32_MAX)
     wait_ms = as_int(body.get("wait_ms", 0), "wait_ms", 0, MAX_WAIT_MS)
-    return slots, wait_ms
+    return slots, wait_ms, _claim_seq(body)
 
 
 @route("POST", API + "/workers/{worker_id}/claims", Access.WORKER)
 async def claim(request: web.Request) -> web.Response:
-    worker_id, token, (slots, wait_ms) = await worker_request(request, _parse_claim)
+    worker_id, token, (slots, wait_ms, claim_seq) = await worker_request(request, _parse_claim)
     db, listener, config = request.app[DB], request.app[LISTENER], request.app[CONFIG]
-    leases = await db.claim_tasks(worker_id, token, slots)
+    leases = await db.claim_tasks(worker_id, token, slots, claim_seq)
     if not leases and wait_ms > 0:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
@@ -364,7 +385,7 @@ async def claim(request: web.Request) -> web.Response:
             transport = request.transport
             if listener.closed or transport is None or transport.is_closing():
                 break  # shutting down, or the worker hung up: leasing now would strand the lease
-            leases = await db.claim_tasks(worker_id, token, slots)
+            leases = await db.claim_tasks(worker_id, token, slots, claim_seq)
     metrics = request.app[METRICS]
     metrics.claims.labels("leased" if leases else "empty").inc()
     if leases:
@@ -372,37 +393,63 @@ async def claim(request: web.Request) -> web.Response:
     return json_response({"leases": leases})
 
 
-def _parse_heartbeat(body: dict[str, Any]) -> list[dict[str, str]]:
-    only_fields(body, optional=("leases",))
-    leases = body.get("leases", [])
-    if not isinstance(leases, list) or len(leases) > 1024:
-        raise bad_request("leases must be a list of at most 1024 {dispatch_id, lease_token} objects")
-    for lease in leases:
-        if not isinstance(lease, dict) or set(lease) != {"dispatch_id", "lease_token"}:
-            raise bad_request("each lease must be exactly {dispatch_id, lease_token}")
-        as_str(lease["dispatch_id"], "dispatch_id")
-        as_str(lease["lease_token"], "lease_token")
-    return leases
+def _lease_refs(body: dict[str, Any], name: str) -> list[dict[str, str]]:
+    refs = body.get(name, [])
+    if not isinstance(refs, list) or len(refs) > 1024:
+        raise bad_request(f"{name} must be a list of at most 1024 {{dispatch_id, lease_token}} objects")
+    for ref in refs:
+        if not isinstance(ref, dict) or set(ref) != {"dispatch_id", "lease_token"}:
+            raise bad_request(f"each entry of {name} must be exactly {{dispatch_id, lease_token}}")
+        as_str(ref["dispatch_id"], "dispatch_id")
+        as_str(ref["lease_token"], "lease_token")
+    return refs
+
+
+@dataclass(frozen=True)
+class HeartbeatBody:
+    leases: list[dict[str, str]]
+    claimed_through: int | None
+    claims_pending: list[int] | None
+    dropped: list[dict[str, str]] | None
+
+
+def _parse_heartbeat(body: dict[str, Any]) -> HeartbeatBody:
+    only_fields(body, optional=("leases", "claimed_through", "claims_pending", "dropped"))
+    leases = _lease_refs(body, "leases")
+    dropped = _lease_refs(body, "dropped") if "dropped" in body else None
+    claimed_through = (
+        as_int(body["claimed_through"], "claimed_through", 0, CLAIM_SEQ_MAX) if "claimed_through" in body else None
+    )
+    pending = body.get("claims_pending")
+    if pending is not None:
+        if not isinstance(pending, list) or len(pending) > MAX_PENDING_CLAIMS:
+            raise bad_request(f"claims_pending must be a list of at most {MAX_PENDING_CLAIMS} claim numbers")
+        pending = [as_int(n, "each of claims_pending", 1, CLAIM_SEQ_MAX) for n in pending]
+    if pending is not None and claimed_through is None:
+        raise bad_request("claims_pending needs claimed_through")
+    return HeartbeatBody(leases, claimed_through, pending, dropped)
 
 
 @route("POST", API + "/workers/{worker_id}/heartbeat", Access.WORKER)
 async def heartbeat(request: web.Request) -> web.Response:
-    worker_id, token, leases = await worker_request(request, _parse_heartbeat)
-    rows = await request.app[DB].heartbeat(worker_id, token, leases)
+    worker_id, token, hb = await worker_request(request, _parse_heartbeat)
+    rows = await request.app[DB].heartbeat(
+        worker_id, token, hb.leases, hb.claimed_through, hb.claims_pending, hb.dropped
+    )
     return json_response({"leases": rows})
 
 
-def _parse_complete(body: dict[str, Any]) -> tuple[str, dict[str, Any], int | None]:
-    only_fields(body, required=("lease_token", "result"), optional=("claim_slots",))
+def _parse_complete(body: dict[str, Any]) -> tuple[str, dict[str, Any], int | None, int | None]:
+    only_fields(body, required=("lease_token", "result"), optional=("claim_slots", "claim_seq"))
     lease_token = as_str(body["lease_token"], "lease_token")
     claim_slots = as_int(body["claim_slots"], "claim_slots", 0, 1000) if "claim_slots" in body else None
     result = body["result"]
     _check_result_shape(result)
-    return lease_token, result, claim_slots
+    return lease_token, result, claim_slots, _claim_seq(body)
 
 
 def _check_result_shape(result: Any) -> None:
-    """The result object's shape (its sizes are checked by the database)."""
+    """The result object's shape (its sizes are checked by the database: awp.results has the limits)."""
     if not isinstance(result, dict):
         raise bad_request("result must be an object")
     only_fields(result, required=("kind",), optional=("output", "error_code", "error_message"))
@@ -415,7 +462,7 @@ def _check_result_shape(result: Any) -> None:
 
 @route("POST", API + "/workers/{worker_id}/leases/{dispatch_id}/complete", Access.WORKER)
 async def complete(request: web.Request) -> web.Response:
-    worker_id, token, (lease_token, result, claim_slots) = await worker_request(request, _parse_complete)
+    worker_id, token, (lease_token, result, claim_slots, claim_seq) = await worker_request(request, _parse_complete)
     dispatch_id = path_param(request, "dispatch_id")
     db, metrics = request.app[DB], request.app[METRICS]
     if claim_slots is None:
@@ -423,7 +470,7 @@ async def complete(request: web.Request) -> web.Response:
         metrics.completions.labels(str(bool(applied)).lower()).inc()
         return json_response({"applied": applied})
     # docs/protocol.md, The fast path: a busy worker's next leases ride on its completion (one round trip per task).
-    leases = await db.complete_and_claim(worker_id, token, dispatch_id, lease_token, result, claim_slots)
+    leases = await db.complete_and_claim(worker_id, token, dispatch_id, lease_token, result, claim_slots, claim_seq)
     metrics.completions.labels("true").inc()
     if claim_slots:
         metrics.claims.labels("leased" if leases else "empty").inc()
@@ -434,8 +481,8 @@ async def complete(request: web.Request) -> web.Response:
 MAX_BATCH = 256
 
 
-def _parse_completions(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
-    only_fields(body, required=("results",), optional=("claim_slots",))
+def _parse_completions(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int, int | None]:
+    only_fields(body, required=("results",), optional=("claim_slots", "claim_seq"))
     items = body["results"]
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
         raise bad_request(f"results must be a list of 1-{MAX_BATCH} {{dispatch_id, lease_token, result}} objects")
@@ -451,16 +498,16 @@ def _parse_completions(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int]
         as_str(item["lease_token"], "lease_token")
         _check_result_shape(item["result"])
     claim_slots = as_int(body["claim_slots"], "claim_slots", 0, 1000) if "claim_slots" in body else 0
-    return items, claim_slots
+    return items, claim_slots, _claim_seq(body)
 
 
 @route("POST", API + "/workers/{worker_id}/completions", Access.WORKER)
 async def complete_many(request: web.Request) -> web.Response:
     """Several results (and the next leases) in one request and one transaction: each result is answered on
     its own (``applied`` or the error complete would give), a bad one does not spoil the others."""
-    worker_id, token, (items, claim_slots) = await worker_request(request, _parse_completions)
+    worker_id, token, (items, claim_slots, claim_seq) = await worker_request(request, _parse_completions)
     db, metrics = request.app[DB], request.app[METRICS]
-    answer = await db.complete_tasks(worker_id, token, items, claim_slots)
+    answer = await db.complete_tasks(worker_id, token, items, claim_slots, claim_seq)
     results = []
     for item in answer["results"]:
         error = item.get("error")

@@ -5,6 +5,13 @@ user (``runuser -u postgres --``) and the directories it writes are chowned to t
 directory must be reachable by that user: ``project_cluster`` falls back to
 ``/tmp/awp-pgdata-<hash of the project path>`` when the project lives somewhere ``postgres`` cannot
 traverse (e.g. under ``/root``) and records the choice in ``.awp/cluster.json``.
+
+The project's cluster (``awp db up``) trusts no TCP login: its ``pg_hba.conf`` asks every TCP login for a
+scram-sha-256 password; the superuser ``postgres`` logs in over the unix socket only (its directory is mode
+0700, so only this OS user and root reach it): :meth:`Cluster.dsn` is that socket. ``awp serve`` logs in as
+``awp_gateway_login`` (a member of the execute-only role ``awp_gateway``) over TCP with the password kept in
+``.awp/gateway.pgpass`` (mode 0600, read by libpq as its ``passfile``): :func:`gateway_database_url`.
+Throwaway test clusters (:mod:`awp.testing`) keep trust authentication.
 """
 
 from __future__ import annotations
@@ -15,12 +22,15 @@ import json
 import logging
 import os
 import pwd
+import secrets
 import shlex
 import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
@@ -33,6 +43,8 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 54329
 DEFAULT_DBNAME = "awp"
 PG_OS_USER = "postgres"
+GATEWAY_ROLE = "awp_gateway"  # NOLOGIN, EXECUTE on the public awp functions only (db/functions/zz_grants.sql)
+GATEWAY_LOGIN = "awp_gateway_login"  # the login `awp serve` uses on the local cluster: a member of GATEWAY_ROLE
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; leave room for "/.s.PGSQL.NNNNN"
 
 
@@ -140,13 +152,21 @@ class ClusterStatus:
 
 
 class Cluster(Server):
-    """A PostgreSQL cluster in ``datadir`` listening on 127.0.0.1:``port`` and a socket in ``socket_dir``."""
+    """A PostgreSQL cluster in ``datadir`` listening on 127.0.0.1:``port`` and a socket in ``socket_dir``.
 
-    def __init__(self, datadir: Path | str, port: int, socket_dir: Path | str | None = None) -> None:
+    ``admin_socket=True`` (the project's cluster): :meth:`dsn` logs the superuser in over the unix socket,
+    since :meth:`require_tcp_passwords` makes every TCP login need a password. Otherwise (throwaway test
+    clusters, trust authentication) :meth:`dsn` is TCP on 127.0.0.1.
+    """
+
+    def __init__(
+        self, datadir: Path | str, port: int, socket_dir: Path | str | None = None, admin_socket: bool = False
+    ) -> None:
         self.datadir = Path(datadir).absolute()
         self.port = port
         self.socket_dir = Path(socket_dir).absolute() if socket_dir else self.datadir.parent / "run"
         self.logfile = self.datadir / "server.log"
+        self.admin_socket = admin_socket
 
     def __repr__(self) -> str:
         return f"Cluster({str(self.datadir)!r}, port={self.port})"
@@ -207,6 +227,7 @@ class Cluster(Server):
             "max_connections": "200",
             "shared_buffers": "128MB",
             "logging_collector": "off",
+            "password_encryption": "scram-sha-256",
         }
         if not fsync:
             settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
@@ -233,7 +254,39 @@ class Cluster(Server):
         return ClusterStatus(initialized=True, running=res.returncode == 0, pid=pid)
 
     def dsn(self, dbname: str = "postgres") -> str:
+        """The superuser's DSN: over the unix socket when ``admin_socket``, else TCP on 127.0.0.1."""
+        if self.admin_socket:  # libpq: a percent-encoded absolute path as host is a socket directory
+            return f"postgresql://postgres@{quote(str(self.socket_dir), safe='')}:{self.port}/{dbname}"
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def tcp_dsn(self, dbname: str, user: str, passfile: Path | None = None) -> str:
+        """A TCP DSN for ``user``; libpq reads the password from ``passfile`` (a .pgpass file, mode 0600)."""
+        dsn = f"postgresql://{quote(user, safe='')}@127.0.0.1:{self.port}/{quote(dbname, safe='')}"
+        return dsn + (f"?passfile={quote(str(passfile), safe='')}" if passfile else "")
+
+    def require_tcp_passwords(self) -> None:
+        """Write ``pg_hba.conf``: every TCP login needs a scram-sha-256 password; over the unix socket
+        the superuser ``postgres`` is trusted (the socket directory is mode 0700), anyone else needs a
+        password. Reloads a running server; idempotent (``awp db up`` calls it every time)."""
+        hba = self.datadir / "pg_hba.conf"
+        text = (
+            "# Written by `awp db up` (python/awp/localdb.py, Cluster.require_tcp_passwords) on every run.\n"
+            "# TYPE  DATABASE     USER      ADDRESS        METHOD\n"
+            "local   all          postgres                 trust\n"
+            "local   replication  postgres                 trust\n"
+            "local   all          all                      scram-sha-256\n"
+            "host    all          all       127.0.0.1/32   scram-sha-256\n"
+            "host    all          all       ::1/128        scram-sha-256\n"
+        )
+        if hba.exists() and hba.read_text() == text:
+            return
+        hba.write_text(text)  # as root too: root may write into the server user's 0700 directory
+        hba.chmod(0o600)
+        if is_root():
+            os.chown(hba, *_postgres_ids())
+        log.info("pg_hba.conf of %s: TCP logins need a password (scram-sha-256)", self.datadir)
+        if self.status().running:
+            self._run([pg_bin("pg_ctl"), "reload", "-D", str(self.datadir)])
 
 
 # -- the project's cluster (awp db up|down|status) -------------------------------------------------------
@@ -279,18 +332,18 @@ def project_cluster(project_dir: Path | None = None, create: bool = False) -> Cl
     """
     project_dir = (project_dir or find_project_dir()).absolute()
     awp_dir = project_dir / ".awp"
-    record: dict[str, object] = {}
+    record: dict[str, Any] = {}  # what cluster.json holds (JSON)
     with contextlib.suppress(OSError, ValueError):
         record = json.loads(_record_path(project_dir).read_text())
     port = int(os.environ.get("AWP_DB_PORT") or record.get("port") or DEFAULT_PORT)
     if record.get("datadir") and not create:
-        return Cluster(str(record["datadir"]), port, str(record.get("socket_dir") or "") or None)
+        return Cluster(str(record["datadir"]), port, str(record.get("socket_dir") or "") or None, admin_socket=True)
     if not create:
-        return Cluster(awp_dir / "pgdata", port, awp_dir / "run")
+        return Cluster(awp_dir / "pgdata", port, awp_dir / "run", admin_socket=True)
 
     awp_dir.mkdir(parents=True, exist_ok=True)
     if record.get("datadir"):
-        cluster = Cluster(str(record["datadir"]), port, str(record.get("socket_dir") or "") or None)
+        cluster = Cluster(str(record["datadir"]), port, str(record.get("socket_dir") or "") or None, admin_socket=True)
         if cluster.datadir.parent != awp_dir:
             _ensure_private_base(cluster.datadir.parent)
     else:
@@ -301,7 +354,7 @@ def project_cluster(project_dir: Path | None = None, create: bool = False) -> Cl
             base = _fallback_base(project_dir)
             _ensure_private_base(base)
             log.info("cluster data for %s goes to %s (project path unreachable or too long)", project_dir, base)
-        cluster = Cluster(base / "pgdata", port, base / "run")
+        cluster = Cluster(base / "pgdata", port, base / "run", admin_socket=True)
     _record_path(project_dir).write_text(
         json.dumps({"datadir": str(cluster.datadir), "socket_dir": str(cluster.socket_dir), "port": port}, indent=2)
         + "\n"
@@ -321,8 +374,111 @@ def purge_project_cluster(project_dir: Path | None = None) -> None:
     if base != awp_dir and base.name.startswith("awp-pgdata-"):
         shutil.rmtree(base, ignore_errors=True)
     _record_path(project_dir).unlink(missing_ok=True)
+    gateway_passfile(project_dir).unlink(missing_ok=True)
 
 
 def default_database_url(project_dir: Path | None = None) -> str:
-    """``AWP_DATABASE_URL`` when set, else the DSN of the project's local cluster database ``awp``."""
+    """``AWP_DATABASE_URL`` when set, else the superuser's DSN (unix socket) of the local cluster's database
+    ``awp``: for migrations and the admin commands (``awp db migrate``, ``awp check``, ``awp prune``)."""
     return os.environ.get("AWP_DATABASE_URL") or project_cluster(project_dir).dsn(DEFAULT_DBNAME)
+
+
+# -- the gateway's login ---------------------------------------------------------------------------------
+
+
+def gateway_passfile(project_dir: Path | None = None) -> Path:
+    """``.awp/gateway.pgpass``: the gateway login's password as a libpq password file (mode 0600)."""
+    return (project_dir or find_project_dir()).absolute() / ".awp" / "gateway.pgpass"
+
+
+def gateway_database_url(project_dir: Path | None = None) -> str:
+    """The DSN ``awp serve`` uses by default: ``AWP_DATABASE_URL`` when set, else the local cluster's
+    database ``awp`` over TCP as ``awp_gateway_login``, its password in :func:`gateway_passfile`."""
+    env = os.environ.get("AWP_DATABASE_URL")
+    if env:
+        return env
+    project_dir = (project_dir or find_project_dir()).absolute()
+    passfile = gateway_passfile(project_dir)
+    if not passfile.exists():
+        raise ClusterError(
+            f"no gateway login for the local cluster ({passfile} is missing): run `awp db up` "
+            "(or set AWP_DATABASE_URL / --database-url)"
+        )
+    return project_cluster(project_dir).tcp_dsn(DEFAULT_DBNAME, GATEWAY_LOGIN, passfile)
+
+
+def _read_or_create_password(passfile: Path, login: str) -> str:
+    """The login's password from ``passfile`` (a .pgpass line ``*:*:*:login:password``), else a new random
+    one written there with mode 0600 (created 0600 from the start, then renamed into place)."""
+    with contextlib.suppress(OSError):
+        for line in passfile.read_text().splitlines():
+            parts = line.split(":")
+            if len(parts) == 5 and parts[3] == login and parts[4]:
+                if passfile.stat().st_mode & 0o077:
+                    passfile.chmod(0o600)  # libpq ignores a password file that others may read
+                return parts[4]
+    password = secrets.token_urlsafe(32)  # no ':' or '\\': nothing to escape in the .pgpass format
+    passfile.parent.mkdir(parents=True, exist_ok=True)
+    tmp = passfile.with_name(passfile.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"*:*:*:{login}:{password}\n")
+    os.replace(tmp, passfile)
+    return password
+
+
+def ensure_gateway_login(admin_dsn: str, password: str, login: str = GATEWAY_LOGIN) -> None:
+    """Create (or update) ``login``: LOGIN, no special attribute, member of ``awp_gateway`` (created NOLOGIN
+    when missing, as migration 0001 does), password ``password`` stored as a scram-sha-256 verifier
+    (hashed here: the password itself never reaches the server). Idempotent."""
+    ident = sql.Identifier(login)
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        verifier = conn.pgconn.encrypt_password(password.encode(), login.encode(), b"scram-sha-256").decode()
+        attrs = sql.SQL(
+            "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS INHERIT PASSWORD {}"
+        ).format(sql.Literal(verifier))
+        with conn.transaction():
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (GATEWAY_ROLE,)).fetchone() is None:
+                conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(GATEWAY_ROLE)))
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (login,)).fetchone()
+            verb = "ALTER ROLE {} WITH " if exists else "CREATE ROLE {} WITH "
+            conn.execute(sql.SQL(verb).format(ident) + attrs)
+            conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(GATEWAY_ROLE), ident))
+    log.info("gateway login %s ready (member of %s)", login, GATEWAY_ROLE)
+
+
+@dataclass
+class LocalDatabase:
+    """What :func:`up_project_database` set up."""
+
+    cluster: Cluster
+    admin_dsn: str  # superuser over the unix socket: migrations, awp check, awp prune
+    gateway_dsn: str  # awp_gateway_login over TCP with its password file: awp serve
+    started: bool  # the server was started now (it was not running)
+    applied: list[str]  # migrations applied now
+
+
+def up_project_database(project_dir: Path | None = None, run_migrate: bool = True) -> LocalDatabase:
+    """``awp db up`` (and ``awp demo``): create (first time) and start the project's cluster with TCP logins
+    needing a password, create database ``awp``, migrate it, and create the gateway login with its password
+    file. Idempotent; also brings a cluster made before any of this (trust auth) up to date."""
+    from awp.migrate import migrate
+
+    project_dir = (project_dir or find_project_dir()).absolute()
+    cluster = project_cluster(project_dir, create=True)
+    status = cluster.status()
+    if not status.initialized:
+        cluster.init()
+    cluster.require_tcp_passwords()
+    if not status.running:
+        cluster.start(fsync=True)
+    admin = cluster.create_database(DEFAULT_DBNAME, exist_ok=True)
+    applied = migrate(admin) if run_migrate else []
+    passfile = gateway_passfile(project_dir)
+    ensure_gateway_login(admin, _read_or_create_password(passfile, GATEWAY_LOGIN))
+    with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as conn:  # only AWP's roles reach awp
+        for name in ("postgres", "template1"):
+            conn.execute(sql.SQL("REVOKE CONNECT ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name)))
+    gateway = cluster.tcp_dsn(DEFAULT_DBNAME, GATEWAY_LOGIN, passfile)
+    return LocalDatabase(cluster, admin, gateway, started=not status.running, applied=applied)

@@ -20,7 +20,16 @@ RUN_STATUSES = ("pending", "running", "succeeded", "failed", "canceled")
 LIVE_DISPATCH_STATUSES = ("pending", "leased")
 WORKER_STATUSES = ("active", "draining", "stopped", "offline")
 PRUNED_KINDS = ("runs", "tasks", "dispatches", "attempts", "events", "workers", "idempotency_keys")
-COORDINATOR_COUNTS = ("canceled", "reaped", "offline", "promoted", "withdrawn", "dispatched", "schedules_fired")
+COORDINATOR_COUNTS = (
+    "canceled",
+    "reaped",
+    "offline",
+    "promoted",
+    "withdrawn",
+    "dispatched",
+    "schedules_fired",
+    "resumed",  # leases resumed after an outage (docs/protocol.md, Lease recovery)
+)
 # The limits a coordinator pass can find holding ready tasks back ("limited" in its answer; docs/limits.md).
 LIMITS = ("run_concurrency", "workers_full", "dispatch_limit", "no_worker_for_executor")
 

@@ -16,7 +16,8 @@ import psycopg_pool
 from aiohttp import web
 
 from awp.appstate import DB, METRICS, PROTOCOL_HEADER, PROTOCOL_VERSION
-from awp.errors import ApiError, from_database_error
+from awp.db import PoolSaturated
+from awp.errors import RETRY_AFTER_S, ApiError, from_database_error, is_timeout_error
 from awp.jsonio import json_response
 
 log = logging.getLogger("awp.gateway")
@@ -31,6 +32,8 @@ def error_response(error: ApiError, request_id: str, headers: dict[str, str] | N
     response = json_response(body, status=error.status)
     if headers:
         response.headers.update(headers)
+    if error.status == 503:  # always retryable: say when
+        response.headers.setdefault("Retry-After", str(RETRY_AFTER_S))
     return response
 
 
@@ -60,8 +63,15 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
             log.error("request %s %s failed: %s", request_id, request.path, e, exc_info=e)
             error = ApiError.of(500, "internal error; see the gateway log for request id " + request_id)
         elif error.status == 503:
-            log.warning("request %s: database unavailable: %s", request_id, e)
-            request.app[DB].connection_lost()
+            db = request.app[DB]
+            if is_timeout_error(e):  # the database is up; a row or lock was held elsewhere for too long
+                log.warning("request %s %s: %s", request_id, request.path, e)
+            elif isinstance(e, PoolSaturated):  # every connection busy: the database may be fine
+                log.warning("request %s %s: no free database connection (pool saturated)", request_id, request.path)
+                error = ApiError.of(503, "every database connection of this gateway is busy; retry later")
+            else:
+                log.warning("request %s: database unavailable: %s", request_id, e)
+                db.connection_lost()
         response = error_response(error, request_id)
     except (asyncio.CancelledError, KeyboardInterrupt):
         raise

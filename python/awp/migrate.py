@@ -132,7 +132,7 @@ def migrate(dsn: str, sql_dir: Path | str | None = None, with_pgtap: bool = Fals
                 f"CREATE TABLE IF NOT EXISTS {LEDGER} ("
                 " name text PRIMARY KEY, checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
             )
-            done = dict(conn.execute(f"SELECT name, checksum FROM {LEDGER}").fetchall())
+            done: dict[str, str] = dict(conn.execute(f"SELECT name, checksum FROM {LEDGER}").fetchall())
             for path in migration_files(sql_dir):
                 data = path.read_bytes()
                 checksum = _checksum(data)

@@ -186,6 +186,13 @@ class Runner:
             c.execute(
                 sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(self.template))
             )
+            # CREATE DATABASE copies the template's contents, not its own privileges (migration 0007 revokes
+            # CONNECT from PUBLIC on the migrated database): give the copy the template's, as migrating would.
+            c.execute(
+                "UPDATE pg_catalog.pg_database SET datacl = (SELECT datacl FROM pg_catalog.pg_database"
+                " WHERE datname = %s) WHERE datname = %s",
+                [self.template, name],
+            )
         return self.server.dsn(name)
 
     def run(self, m: Mutation | None, pytest_nodes: tuple[str, ...] = ()) -> Outcome:

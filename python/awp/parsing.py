@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from awp.errors import ApiError
-from awp.jsonio import dumps, has_nul, json_default, loads
+from awp.jsonio import RefusedJson, bad_text, dumps, json_default, loads
 
 BODY_LIMIT = 1024 * 1024  # 1 MiB
 WORKFLOW_BODY_LIMIT = 16 * 1024 * 1024  # 16 MiB: a 10,000-task definition fits
@@ -25,6 +25,13 @@ def bad_request(message: str) -> ApiError:
     return ApiError.of(400, message)
 
 
+def _malformed_body(exc: BaseException) -> ApiError:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = [line for line in lines if not re.fullmatch(r"\d{3}, message:?", line)]  # aiohttp's "400, message:"
+    reason = lines[0].rstrip(":") if lines else "incomplete"
+    return bad_request(f"the request body is malformed: {reason[:200]}")
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The raw body, at most ``limit`` bytes (413 beyond)."""
     too_large = ApiError.of(413, f"the request body exceeds {limit} bytes")
@@ -32,8 +39,16 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise too_large
     data = bytearray()
     while True:
-        chunk = await request.content.read(65536)
+        try:
+            chunk = await request.content.read(65536)
+        except web.RequestPayloadError as e:  # bad chunked framing or content encoding
+            raise _malformed_body(e) from None
+        except ConnectionResetError:  # the client closed before the whole body came: nobody reads this answer
+            raise bad_request("the request body is incomplete: the connection closed") from None
         if not chunk:
+            broken = request.content.exception()  # framing that broke mid-body (awp.webserver)
+            if broken is not None:
+                raise _malformed_body(broken)
             return bytes(data)
         data += chunk
         if len(data) > limit:
@@ -49,12 +64,12 @@ async def json_body(request: web.Request, limit: int = BODY_LIMIT, allow_empty: 
         raise bad_request("the request body must be a JSON object")
     try:
         value = loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+    except RefusedJson as e:
+        raise bad_request(f"the request body is refused: {e}") from None
+    except ValueError as e:  # UnicodeDecodeError too
         raise bad_request(f"the request body is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise bad_request("the request body must be a JSON object")
-    if has_nul(value):
-        raise bad_request("strings must not contain the NUL character (U+0000)")
     return value
 
 
@@ -81,7 +96,7 @@ def as_str(value: Any, name: str, max_len: int = 1024) -> str:
 
 def path_param(request: web.Request, name: str) -> str:
     value = request.match_info[name]
-    if "\x00" in value or len(value) > 1024:
+    if len(value) > 1024 or bad_text(value):
         raise ApiError.of(404, f"no such {name}")
     return value
 
@@ -97,7 +112,7 @@ def query_str(request: web.Request, name: str, max_len: int = 1024) -> str | Non
     value = request.query.get(name)
     if value is None or value == "":
         return None
-    if "\x00" in value or len(value) > max_len:
+    if len(value) > max_len or bad_text(value):
         raise bad_request(f"invalid {name}")
     return value
 
@@ -120,7 +135,7 @@ def decode_cursor(cursor: str) -> str:
         key = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise bad_request("invalid cursor") from None
-    if not key or "\x00" in key or encode_cursor(key) != cursor:
+    if not key or bad_text(key) or encode_cursor(key) != cursor:
         raise bad_request("invalid cursor")
     return key
 
@@ -149,7 +164,7 @@ def key_cursor(*values: Any) -> str:
 def _key_value(value: Any, kind: str) -> Any:
     if kind == "int" and isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT32_MAX:
         return value
-    if kind in ("str", "ts") and isinstance(value, str) and 1 <= len(value) <= 1024 and "\x00" not in value:
+    if kind in ("str", "ts") and isinstance(value, str) and 1 <= len(value) <= 1024 and not bad_text(value):
         if kind == "str":
             return value
         try:
@@ -166,7 +181,7 @@ def parse_key(raw: str, kinds: tuple[str, ...]) -> list[Any]:
     """The sort key in a decoded cursor: a JSON list of ``kinds`` ("str", "int", "ts"); 400 otherwise."""
     try:
         values = loads(raw)
-    except (ValueError, RecursionError):
+    except ValueError:
         raise bad_request("invalid cursor") from None
     if not isinstance(values, list) or len(values) != len(kinds):
         raise bad_request("invalid cursor")

@@ -3,6 +3,11 @@
 Graceful shutdown on SIGTERM/SIGINT: stop accepting connections, end long-polls (they answer an
 empty lease list), finish in-flight requests, stop the coordinator (releasing its advisory lock),
 close the pools.
+
+TLS: ``--tls-cert FILE --tls-key FILE`` (PEM) serve HTTPS only; workers and the CLI then use an ``https://``
+gateway URL and ``--ca-file`` (or the system's trust store). Database: ``--database-url`` /
+``AWP_DATABASE_URL``, else the local cluster as the execute-only ``awp_gateway_login``
+(:func:`awp.localdb.gateway_database_url`).
 """
 
 from __future__ import annotations
@@ -11,33 +16,51 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
+from pathlib import Path
 
 import click
 from aiohttp import web
 
 from awp.app import create_app
-from awp.appstate import GatewayConfig
-from awp.cli import main
+from awp.appstate import MIN_TOKEN_LENGTH, GatewayConfig
+from awp.db import DEFAULT_HEARTBEAT_POOL_SIZE, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
+from awp.webserver import GatewayRunner
 
 log = logging.getLogger(__name__)
 
 
-async def run_server(config: GatewayConfig, host: str, port: int, shutdown_timeout: float = 10.0) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+def server_ssl_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    """A server TLS context (TLS 1.2 or later) for the PEM certificate chain ``cert_file`` and its key."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+async def run_server(
+    config: GatewayConfig,
+    host: str,
+    port: int,
+    shutdown_timeout: float = 10.0,
+    ssl_context: ssl.SSLContext | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down gracefully; HTTPS when ``ssl_context`` is given."""
     app = create_app(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout)
+    runner = GatewayRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
+        site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
         bound = list(runner.addresses) or [(host, port)]
+        scheme = "https" if ssl_context else "http"
         log.info(
             "awp serve listening on %s (coordinator %s)",
-            ", ".join(f"http://{a[0]}:{a[1]}" for a in bound),
+            ", ".join(f"{scheme}://{a[0]}:{a[1]}" for a in bound),
             f"every {config.coordinator_interval_ms} ms" if config.coordinator else "disabled",
         )
         await stop.wait()
@@ -50,11 +73,28 @@ async def run_server(config: GatewayConfig, host: str, port: int, shutdown_timeo
     log.info("stopped")
 
 
-@main.command()
+@click.command()
 @click.option("--host", envvar="AWP_HOST", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", envvar="AWP_PORT", type=int, default=8080, show_default=True, help="Port to listen on.")
 @click.option(
-    "--database-url", envvar="AWP_DATABASE_URL", default=None, help="PostgreSQL DSN [default: the local cluster's]."
+    "--database-url",
+    envvar="AWP_DATABASE_URL",
+    default=None,
+    help="PostgreSQL DSN of a member of awp_gateway [default: the local cluster's awp_gateway_login].",
+)
+@click.option(
+    "--tls-cert",
+    envvar="AWP_TLS_CERT",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Serve HTTPS with this PEM certificate (chain); needs --tls-key.",
+)
+@click.option(
+    "--tls-key",
+    envvar="AWP_TLS_KEY",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The PEM private key of --tls-cert.",
 )
 @click.option("--no-coordinator", is_flag=True, help="Run the gateway only (no standby coordinator).")
 @click.option(
@@ -63,7 +103,9 @@ async def run_server(config: GatewayConfig, host: str, port: int, shutdown_timeo
     type=click.IntRange(10, 3_600_000),
     default=1000,
     show_default=True,
-    help="Period of coordinator passes (and of a standby's lock retries, at most 1 s) besides NOTIFY wake-ups.",
+    help="Period of coordinator passes (and of a standby's leadership checks, at most 1 s) besides NOTIFY "
+    "wake-ups. The leader lease (how long a silent leader keeps the lead) is the database setting "
+    "leader_lease_ms: SELECT awp.configure(leader_lease_ms => ...).",
 )
 @click.option(
     "--retention-interval-ms",
@@ -79,7 +121,38 @@ async def run_server(config: GatewayConfig, host: str, port: int, shutdown_timeo
     "--bootstrap-token", envvar="AWP_WORKER_BOOTSTRAP_TOKEN", default="", help="Secret for worker registration."
 )
 @click.option("--metrics-token", envvar="AWP_METRICS_TOKEN", default=None, help="Require this bearer on /metrics.")
-@click.option("--pool-size", envvar="AWP_POOL_SIZE", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option(
+    "--pool-size",
+    envvar="AWP_POOL_SIZE",
+    type=click.IntRange(1, 1000),
+    default=10,
+    show_default=True,
+    help="Database connections for requests (every route but the ones of --heartbeat-pool-size).",
+)
+@click.option(
+    "--heartbeat-pool-size",
+    envvar="AWP_HEARTBEAT_POOL_SIZE",
+    type=click.IntRange(1, 100),
+    default=DEFAULT_HEARTBEAT_POOL_SIZE,
+    show_default=True,
+    help="Database connections of their own for heartbeats, registrations, drains and /health/ready.",
+)
+@click.option(
+    "--lock-timeout-ms",
+    envvar="AWP_LOCK_TIMEOUT_MS",
+    type=click.IntRange(1, 3_600_000),
+    default=DEFAULT_LOCK_TIMEOUT_MS,
+    show_default=True,
+    help="lock_timeout of every request connection: a request waiting longer for a lock answers 503 (retryable).",
+)
+@click.option(
+    "--statement-timeout-ms",
+    envvar="AWP_STATEMENT_TIMEOUT_MS",
+    type=click.IntRange(1, 86_400_000),
+    default=DEFAULT_STATEMENT_TIMEOUT_MS,
+    show_default=True,
+    help="statement_timeout of every request connection: a longer statement is canceled and answers 503.",
+)
 @click.option(
     "--claim-recheck-ms",
     envvar="AWP_CLAIM_RECHECK_MS",
@@ -93,6 +166,8 @@ def serve(
     host: str,
     port: int,
     database_url: str | None,
+    tls_cert: Path | None,
+    tls_key: Path | None,
     no_coordinator: bool,
     coordinator_interval_ms: int,
     retention_interval_ms: int,
@@ -101,14 +176,28 @@ def serve(
     bootstrap_token: str,
     metrics_token: str | None,
     pool_size: int,
+    heartbeat_pool_size: int,
+    lock_timeout_ms: int,
+    statement_timeout_ms: int,
     claim_recheck_ms: int,
     shutdown_timeout: float,
 ) -> None:
     """Run the control plane: the HTTP gateway and a (standby) coordinator."""
+    ssl_context = None
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together (AWP_TLS_CERT, AWP_TLS_KEY)")
+    if tls_cert is not None and tls_key is not None:
+        try:
+            ssl_context = server_ssl_context(tls_cert, tls_key)
+        except (ssl.SSLError, OSError) as e:
+            raise click.UsageError(f"cannot use --tls-cert {tls_cert} / --tls-key {tls_key}: {e}") from None
     if not database_url:
-        from awp.localdb import default_database_url
+        from awp.localdb import ClusterError, gateway_database_url
 
-        database_url = default_database_url()
+        try:
+            database_url = gateway_database_url()
+        except ClusterError as e:
+            raise click.UsageError(str(e)) from None
     config = GatewayConfig(
         database_url=database_url,
         viewer_token=viewer_token,
@@ -116,6 +205,9 @@ def serve(
         bootstrap_token=bootstrap_token,
         metrics_token=metrics_token or None,
         pool_size=pool_size,
+        heartbeat_pool_size=heartbeat_pool_size,
+        lock_timeout_ms=lock_timeout_ms,
+        statement_timeout_ms=statement_timeout_ms,
         coordinator=not no_coordinator,
         coordinator_interval_ms=coordinator_interval_ms,
         claim_recheck_ms=claim_recheck_ms,
@@ -126,6 +218,7 @@ def serve(
     except ValueError as e:
         raise click.UsageError(
             f"{e}: set AWP_VIEWER_TOKEN, AWP_OPERATOR_TOKEN and AWP_WORKER_BOOTSTRAP_TOKEN "
-            "(or --viewer-token, --operator-token, --bootstrap-token) to three different secrets"
+            "(or --viewer-token, --operator-token, --bootstrap-token) to three different secrets "
+            f"of at least {MIN_TOKEN_LENGTH} characters"
         ) from None
-    asyncio.run(run_server(config, host, port, shutdown_timeout))
+    asyncio.run(run_server(config, host, port, shutdown_timeout, ssl_context))

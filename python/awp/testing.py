@@ -4,6 +4,10 @@
 then created and dropped on that server.
 
     python -m awp.testing pgprove db/tests     # fresh cluster + migrated database with pgTAP, run pg_prove
+
+:func:`one` runs a query and returns its row (a failure when there is none), typed as the connection's rows
+(a tuple, or a dict for a :data:`DictConnection`, one opened with ``row_factory=dict_row``), so that
+``one(conn, "SELECT ...")["name"]`` type-checks without an ``assert row is not None`` before each index.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TypeAlias, TypeVar
 
+import psycopg
+from psycopg.abc import Params, QueryNoTemplate
 from psycopg.conninfo import conninfo_to_dict
 
 from awp.localdb import Cluster, ExternalServer, Server, free_port, give_to_server_user
@@ -28,6 +35,18 @@ from awp.migrate import migrate
 from awp.pgbin import pg_bin
 
 log = logging.getLogger(__name__)
+
+Row = TypeVar("Row")
+
+DictConnection: TypeAlias = psycopg.Connection[dict[str, Any]]
+
+
+def one(conn: psycopg.Connection[Row], query: QueryNoTemplate, params: Params | None = None) -> Row:
+    """The first row ``query`` returns; an ``AssertionError`` when it returns none."""
+    row = conn.execute(query, params).fetchone()
+    if row is None:  # raised, not asserted: benchmarks may run under python -O
+        raise AssertionError(f"no row from {query!r}")
+    return row
 
 
 @contextlib.contextmanager

@@ -8,7 +8,14 @@ local safety deadline = lease end - safety margin (capped at half the lease), pu
 ``revoked``/``unknown``, the execution is cancelled and never completed: someone else may own it now.
 
 Exit codes: 0 after a drain (SIGTERM/SIGINT), 2 for a rejected bootstrap token or bad configuration,
-3 when the session became invalid (``worker_session_invalid``), 130 on a second signal.
+3 when the session became invalid (``worker_session_invalid``), 4 when a drain ended with handlers still running
+that could not be stopped (hung sync handlers: a supervisor should restart the worker), 130 on a second signal.
+
+A slot is free only once its handler has returned: a handler that does not return when its execution is
+cancelled (a sync handler's thread cannot be interrupted) keeps its slot, and a worker whose every slot holds a
+hung handler claims nothing and says so once (docs/operations.md, Hung handlers). A result is checked against
+the server's limits before it is sent (:mod:`awp.results`); one the server still refuses with a final 4xx is
+reported once as a ``permanent_failure`` ``result_rejected`` with the server's message, never sent in a loop.
 
 ``AWP_WORKER_ACK_LOG=PATH`` makes the worker append one JSON line per completion the gateway acknowledged
 (``{"dispatch_id", "run_id", "task_key", "attempt", "fencing_token", "kind", "applied"}``), written after the
@@ -31,19 +38,29 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from awp.client import ApiError, Client, ClientError, TransportError
-from awp.executors import HANDLER_THREAD_PREFIX, Executor, build_executors, check_result, failure
+from awp.client import ApiError, Client, ClientError, TlsVerifyError, TransportError, client_ssl_context
+from awp.executors import HANDLER_THREAD_PREFIX, Executor, build_executors
 from awp.handlers import Context
+from awp.parsing import BODY_LIMIT
+from awp.results import check_result, failure, refuses_result, rejected
 
 log = logging.getLogger("awp.worker")
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_SESSION = 3
+EXIT_HUNG = 4
 EXIT_SIGNAL = 130
 
 SESSION_INVALID = "worker_session_invalid"
 MAX_BATCH = 64  # results per completions request (the gateway takes up to 256)
+# Bytes of results per completions request: well under the gateway's body limit (a single result, at most
+# 64 KiB of jsonb text, is at most ~200 KiB of ASCII-escaped JSON, so one always fits).
+MAX_BATCH_BYTES = BODY_LIMIT // 2
+# Successful heartbeats that report a dropped lease (docs/protocol.md, Lease recovery).
+DROPPED_REPORTS = 3
+# How long a cancelled handler may take to return before its slot counts as held by a hung handler.
+HUNG_GRACE_S = 1.0
 
 
 class SessionInvalid(Exception):
@@ -71,6 +88,7 @@ class WorkerConfig:
     backoff_max_ms: int = 5000
     piggyback: bool = True  # ask for the next lease with each completion (one round trip per task)
     batch: bool = True  # with concurrency > 1: send the results that are ready together (one request for many)
+    ca_file: str | None = None  # PEM CA certificate(s) an https:// gateway's certificate must chain to
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -78,7 +96,8 @@ class WorkerConfig:
 
 
 class Backoff:
-    """Exponential backoff with full jitter: sleep uniform(0, min(max, min * 2**n))."""
+    """Exponential backoff with full jitter: sleep uniform(0, min(max, min * 2**n)); when the gateway said how long
+    to wait (a 503's Retry-After), at least about that long (0.5-1 times it, jittered, at most 5 s)."""
 
     def __init__(self, min_ms: int, max_ms: int) -> None:
         self.min_s = max(min_ms, 1) / 1000.0
@@ -88,10 +107,18 @@ class Backoff:
     def reset(self) -> None:
         self.failures = 0
 
-    def next_delay(self) -> float:
+    def next_delay(self, retry_after_s: float | None = None) -> float:
         cap = min(self.max_s, self.min_s * (2**self.failures))
         self.failures = min(self.failures + 1, 30)
-        return random.uniform(0, cap)
+        delay = random.uniform(0, cap)
+        if retry_after_s:
+            delay = max(delay, random.uniform(0.5, 1.0) * min(retry_after_s, 5.0))
+        return delay
+
+
+def retry_after_of(error: BaseException) -> float | None:
+    """The Retry-After (seconds) of a gateway's error answer, if it gave one."""
+    return error.retry_after_s if isinstance(error, ApiError) else None
 
 
 class Execution:
@@ -114,6 +141,7 @@ class Execution:
         self.abort_reason: str | None = None
         self.aborted = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.settled = False  # the server acknowledged its result (else, once it ends, it is reported dropped)
 
     def set_margin(self, margin_ms: int) -> None:
         """Apply the safety margin once, at claim time (the caller caps it at half the lease)."""
@@ -134,6 +162,25 @@ class Execution:
         return f"{self.run_id}/{self.task_key}#{self.attempt} (dispatch {self.dispatch_id})"
 
 
+def _batch_size(results: list[tuple[Execution, dict[str, Any], Any]]) -> int:
+    """How many of the first ``results`` go in one completions request: at most MAX_BATCH, and at most
+    MAX_BATCH_BYTES of JSON as the client encodes it (always at least one)."""
+    total = 0
+    for n, (ex, result, _) in enumerate(results[:MAX_BATCH]):
+        total += len(json.dumps(result, separators=(",", ":"))) + len(ex.dispatch_id) + len(ex.lease_token) + 64
+        if n and total > MAX_BATCH_BYTES:
+            return n
+    return min(len(results), MAX_BATCH)
+
+
+def _outage_error(error: ClientError) -> bool:
+    """Whether a request failed because the gateway or the database is unreachable (no answer, 502/503/504):
+    a result is kept and sent again after such a failure, never dropped for it (docs/protocol.md, Lease recovery)."""
+    if isinstance(error, TransportError):
+        return not isinstance(error, TlsVerifyError)  # a certificate that does not verify is no outage
+    return isinstance(error, ApiError) and error.status in (502, 503, 504)
+
+
 def _duration_s(start: Any, end: Any) -> float:
     """``end - start`` in seconds for two ISO timestamps from the server (0 when unknown)."""
     try:
@@ -150,7 +197,7 @@ class Worker:
         self.executors = (
             executors if executors is not None else build_executors(config.executors, config.handler_modules)
         )
-        self.client = Client(config.gateway, timeout_s=30.0)
+        self.client = Client(config.gateway, timeout_s=30.0, ca_file=config.ca_file)
         self.worker_id = ""
         self.session_token = ""
         self.heartbeat_interval_s = 5.0
@@ -169,6 +216,23 @@ class Worker:
         # Results waiting for the completer (batching): (execution, result, future of the leases for its slot).
         self._results: list[tuple[Execution, dict[str, Any], asyncio.Future[list[dict[str, Any]]]]] = []
         self._results_ready = asyncio.Event()
+        # Handlers that did not return when cancelled: dispatch id -> (description, action). Each keeps its slot.
+        self._hung: dict[str, tuple[str, str]] = {}
+        self._all_hung_warned = False
+        self._exiting = False
+        self._counts = {"acknowledged": 0, "rejected": 0, "hung": 0}
+        # Lease recovery (docs/protocol.md): every request that may claim is numbered (claim_seq); each heartbeat
+        # says which have ended (claimed_through, claims_pending), so the server releases at once a lease whose
+        # answer never arrived. Leases received but not started yet are held too (_in_hand), and leases given up
+        # without an acknowledged result are reported as dropped (so they are not taken for lost answers) in the
+        # next DROPPED_REPORTS successful heartbeats (the server marks them, skipping a row another transaction holds
+        # at that instant: a later report marks it then): dispatch id -> [lease ref, successful reports so far].
+        self._claim_seq = 0
+        self._claims_pending: set[int] = set()
+        self._in_hand: dict[str, dict[str, Any]] = {}
+        self._dropped: dict[str, list[Any]] = {}
+        self._heartbeats_ok = 0  # successful heartbeats so far (a held result waits for one after an outage)
+        self._heartbeat_ok = asyncio.Event()  # set (and replaced) at each successful heartbeat
 
     @property
     def batching(self) -> bool:
@@ -182,9 +246,28 @@ class Worker:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            return await self._run()
+            code = await self._run()
         finally:
+            self._exiting = True
             await self.client.close()
+        self._log_summary(code)
+        return code
+
+    def _log_summary(self, code: int) -> None:
+        """One line when the worker exits: its exit code, its results and its hung handlers."""
+        hung = ", ".join(f"{action} ({where})" for where, action in self._hung.values())
+        log.log(
+            logging.WARNING if code else logging.INFO,
+            "worker %s exiting with code %d: %d result(s) acknowledged, %d refused by the server and reported as"
+            " result_rejected, %d handler(s) hung (%d still running%s)",
+            self.worker_id or self.config.name,
+            code,
+            self._counts["acknowledged"],
+            self._counts["rejected"],
+            self._counts["hung"],
+            len(self._hung),
+            f": {hung}" if hung else "",
+        )
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self._signals += 1
@@ -224,6 +307,13 @@ class Worker:
         if self.fatal is not None:
             log.error("%s", self.fatal)
             return self.fatal.exit_code
+        if self._hung:
+            log.error(
+                "%d hung handler(s) still running at the end of the drain: exiting with code %d (restart this worker)",
+                len(self._hung),
+                EXIT_HUNG,
+            )
+            return EXIT_HUNG
         return EXIT_OK
 
     def _set_fatal(self, exc: BaseException) -> None:
@@ -250,6 +340,8 @@ class Worker:
                 answer = await self.client.register_worker(
                     cfg.bootstrap_token, cfg.name, list(self.executors), cfg.concurrency
                 )
+            except TlsVerifyError as e:  # a configuration error, not an outage: waiting would not fix it
+                raise Fatal(f"registration failed: {e}", EXIT_CONFIG) from e
             except TransportError as e:
                 delay = backoff.next_delay()
                 log.warning("gateway unreachable (%s); retrying registration in %.1fs", e, delay)
@@ -284,7 +376,7 @@ class Worker:
     # ---- claim loop --------------------------------------------------------------------------------------
 
     def _free_slots(self) -> int:
-        return self.config.concurrency - len(self.executions)
+        return self.config.concurrency - len(self.executions) - len(self._hung)
 
     async def _claim_loop(self) -> None:
         cfg = self.config
@@ -298,12 +390,16 @@ class Worker:
                         await self.slot_freed.wait()
                     continue
                 sent_at = time.monotonic()
+                seq = self._claim_begin()
                 try:
-                    leases = await self.client.claim(self.worker_id, self.session_token, free, cfg.wait_ms)
+                    leases = await self.client.claim(
+                        self.worker_id, self.session_token, free, cfg.wait_ms, claim_seq=seq
+                    )
                     # A long-poll may hold the request for seconds before the lease is issued, so durations are
                     # measured from the answer; the safety margin absorbs the answer's one-way latency.
                     received_at = time.monotonic()
                 except (TransportError, ApiError) as e:
+                    self._claim_end(seq)  # ended without an answer: a lease it granted is one we never got
                     if isinstance(e, ApiError) and e.code == SESSION_INVALID:
                         if not self.stopping.is_set():
                             raise SessionInvalid(e.message) from e
@@ -312,7 +408,7 @@ class Worker:
                         log.info("the gateway says this worker is draining (drained by an operator?): draining")
                         self.stopping.set()
                         return
-                    delay = backoff.next_delay()
+                    delay = backoff.next_delay(retry_after_of(e))
                     level = (
                         logging.DEBUG
                         if isinstance(e, ApiError) and e.code == "worker_capacity_exceeded"
@@ -321,6 +417,7 @@ class Worker:
                     log.log(level, "claim failed (%s); retrying in %.2fs", e, delay)
                     await self._sleep_unless_stopping(delay)
                     continue
+                self._claim_end(seq)  # its leases start right below, before anything else can run
                 if leases:
                     backoff.reset()
                     for lease in leases:
@@ -337,11 +434,23 @@ class Worker:
             log.exception("claim loop failed")
             self._set_fatal(e)
 
+    def _claim_begin(self) -> int:
+        """Number a request that may claim (docs/protocol.md, Lease recovery); it is pending until _claim_end."""
+        self._claim_seq += 1
+        self._claims_pending.add(self._claim_seq)
+        return self._claim_seq
+
+    def _claim_end(self, seq: int | None) -> None:
+        """The request ``seq`` got its answer (whose leases are started or in hand) or never will."""
+        if seq is not None:
+            self._claims_pending.discard(seq)
+
     async def _sleep_unless_stopping(self, delay: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), delay)
 
     def _start(self, lease: dict[str, Any], received_at: float) -> None:
+        self._in_hand.pop(str(lease.get("dispatch_id")), None)
         ex = Execution(lease, received_at)
         lease_s = max(0, int(lease["lease_remaining_ms"]))
         ex.set_margin(min(self.margin_ms, lease_s // 2))
@@ -377,6 +486,8 @@ class Worker:
             self._set_fatal(e)
         finally:
             self.executions.pop(ex.dispatch_id, None)
+            if not ex.settled:  # no result acknowledged: the next heartbeats report the lease dropped
+                self._dropped[ex.dispatch_id] = [{"dispatch_id": ex.dispatch_id, "lease_token": ex.lease_token}, 0]
             # Leases that rode on the completion take over this slot at once; otherwise the claim loop wakes.
             received_at = time.monotonic()
             for lease in leases:
@@ -418,8 +529,12 @@ class Worker:
             aborted.cancel()
             if not work.done():
                 work.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await work
+                await asyncio.wait({work}, timeout=HUNG_GRACE_S)
+                if work.done():
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await work
+                else:  # registered before _execute frees the lease's slot: the hung handler keeps it
+                    self._handler_hung(ex, work)
         if ex.abort_reason is not None:
             log.warning("lease %s: %s; execution cancelled, not completing", ex.describe(), ex.abort_reason)
             return None
@@ -432,6 +547,45 @@ class Worker:
             result = failure("temporary_failure", "executor_error", repr(e))
         return check_result(result)
 
+    def _handler_hung(self, ex: Execution, work: asyncio.Task[Any]) -> None:
+        """A cancelled handler that has not returned keeps its slot until it does (docs/operations.md)."""
+        action = str(ex.lease.get("action", ""))
+        self._hung[ex.dispatch_id] = (ex.describe(), action)
+        self._counts["hung"] += 1
+        since = time.monotonic()
+        log.warning(
+            "lease %s: handler %r has not returned %.1fs after it was cancelled (%s); its slot stays taken until it"
+            " does (%d of %d slot(s) hold hung handlers)",
+            ex.describe(),
+            action,
+            HUNG_GRACE_S,
+            ex.abort_reason,
+            len(self._hung),
+            self.config.concurrency,
+        )
+        if len(self._hung) >= self.config.concurrency and not self._all_hung_warned:
+            self._all_hung_warned = True
+            log.warning(
+                "every slot (%d of %d) holds a hung handler: this worker claims nothing until one returns; restart it"
+                " (on SIGTERM it exits with code %d at the end of its drain deadline)",
+                len(self._hung),
+                self.config.concurrency,
+                EXIT_HUNG,
+            )
+        work.add_done_callback(lambda _: self._hung_returned(ex, since))
+
+    def _hung_returned(self, ex: Execution, since: float) -> None:
+        if self._exiting:  # the event loop is closing: this is its cancellation, not the handler's return
+            return
+        self._hung.pop(ex.dispatch_id, None)
+        self._all_hung_warned = False
+        log.info(
+            "lease %s: the hung handler returned %.1fs later; its slot is free again",
+            ex.describe(),
+            time.monotonic() - since,
+        )
+        self.slot_freed.set()
+
     async def _complete(self, ex: Execution, result: dict[str, Any]) -> list[dict[str, Any]]:
         """Report the result; retried with the same lease and result until the gateway answers for good.
 
@@ -441,11 +595,15 @@ class Worker:
         """
         backoff = Backoff(100, 2000)
         other_errors = 0
+        replaced = False
         claim_slots = 0 if self.stopping.is_set() or not self.config.piggyback else 1
         while True:
             if ex.abort_reason is not None:
                 log.warning("lease %s: %s while completing; dropping the result", ex.describe(), ex.abort_reason)
                 return []
+            wait_s: float | None = None
+            outage = False
+            seq = self._claim_begin() if claim_slots else None
             try:
                 applied, leases = await self.client.complete(
                     self.worker_id,
@@ -454,21 +612,29 @@ class Worker:
                     ex.lease_token,
                     result,
                     claim_slots=claim_slots if claim_slots else None,
+                    claim_seq=seq,
                 )
             except TransportError as e:
-                reason = str(e)
+                reason, outage = str(e), True
             except ApiError as e:
                 if e.code == SESSION_INVALID:
                     raise SessionInvalid(e.message) from e
                 if e.code in ("lease_lost", "result_conflict"):
                     log.warning("lease %s: complete answered %s (%s); dropped", ex.describe(), e.code, e.message)
                     return []
+                if refuses_result(e.status, e.code):
+                    if replaced:  # never a loop: the replacement itself was refused
+                        log.error("lease %s: the server refused result_rejected too (%s); dropped", ex.describe(), e)
+                        return []
+                    replaced = True
+                    result = self._rejected(ex, e.status, e.code, e.message)
+                    continue  # at once: the refused request changed nothing (and claimed nothing)
                 if not e.retryable:
                     other_errors += 1
                     if other_errors >= 5:
                         log.error("lease %s: complete keeps failing (%s); giving up", ex.describe(), e)
                         return []
-                reason = str(e)
+                reason, wait_s, outage = str(e), e.retry_after_s, _outage_error(e)
             else:
                 log.info(
                     "completed %s: %s%s",
@@ -477,16 +643,24 @@ class Worker:
                     "" if applied else " (not applied)",
                 )
                 self._record_ack(ex, result, applied)
+                self._counts["acknowledged"] += 1
                 return leases
+            finally:  # before anything else runs: the leases of an answer start as soon as this returns
+                self._claim_end(seq)
             claim_slots = 0
             # The server's lease ends at most one margin after our local deadline: past that, a retry can only
-            # answer lease_lost (or repeat an applied answer), so stop holding the slot.
-            if time.monotonic() > ex.deadline + ex.margin_s + 1.0:
+            # answer lease_lost (or repeat an applied answer), so stop holding the slot. Not so while the gateway or
+            # the database is unreachable (an outage): lease time does not run while no coordinator can work, so the
+            # result is kept and sent again once they are back (docs/protocol.md, Lease recovery).
+            if time.monotonic() > ex.deadline + ex.margin_s + 1.0 and not outage:
                 log.warning("lease %s: complete failed (%s) and the lease has expired; dropped", ex.describe(), reason)
                 return []
-            delay = backoff.next_delay()
+            seen = self._heartbeats_ok
+            delay = backoff.next_delay(wait_s)
             log.warning("lease %s: complete failed (%s); retrying in %.2fs", ex.describe(), reason, delay)
             await asyncio.sleep(delay)
+            if outage:  # let a heartbeat renew the lease first (or revoke it: then the result is dropped above)
+                await self._heartbeat_after(seen)
 
     # ---- batched completions -----------------------------------------------------------------------------
 
@@ -499,7 +673,8 @@ class Worker:
                 await self._results_ready.wait()
                 self._results_ready.clear()
                 while self._results:
-                    batch, self._results = self._results[:MAX_BATCH], self._results[MAX_BATCH:]
+                    n = _batch_size(self._results)
+                    batch, self._results = self._results[:n], self._results[n:]
                     await self._complete_batch(batch)
         except SessionInvalid as e:
             self._set_fatal(e)
@@ -521,6 +696,7 @@ class Worker:
         backoff = Backoff(100, 2000)
         claim_slots = 0 if self.stopping.is_set() or not self.config.piggyback else len(batch)
         pending = list(batch)
+        replaced: set[str] = set()  # dispatch ids whose result was refused once and replaced by result_rejected
         try:
             while pending:
                 for item in [i for i in pending if i[0].abort_reason is not None]:
@@ -534,13 +710,28 @@ class Worker:
                 items = [
                     {"dispatch_id": ex.dispatch_id, "lease_token": ex.lease_token, "result": r} for ex, r, _ in pending
                 ]
+                seq = self._claim_begin() if claim_slots else None
                 try:
                     answers, leases = await self.client.complete_many(
-                        self.worker_id, self.session_token, items, claim_slots
+                        self.worker_id, self.session_token, items, claim_slots, claim_seq=seq
                     )
                 except (TransportError, ApiError) as e:
+                    self._claim_end(seq)
                     if isinstance(e, ApiError) and e.code == SESSION_INVALID:
                         raise SessionInvalid(e.message) from e
+                    if isinstance(e, ApiError) and refuses_result(e.status, e.code):
+                        if len(pending) > 1:  # which result? each on its own (a refused one is then replaced)
+                            log.warning(
+                                "%d result(s): completions refused (%s); sending them one by one", len(pending), e
+                            )
+                            for item in pending:
+                                await self._complete_batch([item])
+                            return
+                        ex, _, done = pending[0]
+                        if ex.dispatch_id not in replaced:
+                            replaced.add(ex.dispatch_id)
+                            pending[0] = (ex, self._rejected(ex, e.status, e.code, e.message), done)
+                            continue
                     if isinstance(e, ApiError) and not e.retryable:
                         for ex, _, done in pending:
                             log.error("lease %s: completions refused (%s); dropped", ex.describe(), e)
@@ -548,23 +739,38 @@ class Worker:
                         return
                     claim_slots = 0
                     now = time.monotonic()
-                    for item in [i for i in pending if now > i[0].deadline + i[0].margin_s + 1.0]:
+                    outage = _outage_error(e)  # results are kept through an outage, as in _complete
+                    for item in [i for i in pending if not outage and now > i[0].deadline + i[0].margin_s + 1.0]:
                         log.warning(
                             "lease %s: complete failed (%s) and the lease has expired; dropped", item[0].describe(), e
                         )
                         pending.remove(item)
                         item[2].set_result([])
-                    delay = backoff.next_delay()
+                    seen = self._heartbeats_ok
+                    delay = backoff.next_delay(retry_after_of(e))
                     log.warning("%d result(s): complete failed (%s); retrying in %.2fs", len(pending), e, delay)
                     await asyncio.sleep(delay)
+                    if outage:
+                        await self._heartbeat_after(seen)
                     continue
+                for lease in leases:  # held from now on (listed in heartbeats) until their slots start them
+                    self._in_hand[str(lease["dispatch_id"])] = lease
+                self._claim_end(seq)
                 by_id = {a.get("dispatch_id"): a for a in answers}
+                refused = []
                 for ex, result, done in pending:
                     answer = by_id.get(ex.dispatch_id) or {}
                     error = answer.get("error")
                     if error is None:
                         log.info("completed %s: %s", ex.describe(), result["kind"])
                         self._record_ack(ex, result, True)
+                        self._counts["acknowledged"] += 1
+                    elif error.get("code") == "invalid_request" and ex.dispatch_id not in replaced:
+                        replaced.add(ex.dispatch_id)  # sent again below, once, as result_rejected
+                        refused.append(
+                            (ex, self._rejected(ex, 400, "invalid_request", str(error.get("message"))), done)
+                        )
+                        continue
                     else:
                         log.warning(
                             "lease %s: complete answered %s (%s); dropped",
@@ -577,14 +783,30 @@ class Worker:
                     lease
                 ) in leases:  # more leases than results cannot happen (claim_slots <= results); never strand one
                     self._start(lease, time.monotonic())
-                return
+                if not refused:
+                    return
+                pending, claim_slots = refused, 0
+            return
         finally:
             for _, _, done in batch:
                 if not done.done():
                     done.set_result([])
 
+    def _rejected(self, ex: Execution, status: int, code: str, message: str) -> dict[str, Any]:
+        """The permanent failure sent (once) in place of a result the server refused for good."""
+        self._counts["rejected"] += 1
+        log.warning(
+            "lease %s: the server refused the result (%d %s: %s); reporting a permanent failure result_rejected",
+            ex.describe(),
+            status,
+            code,
+            message,
+        )
+        return rejected(status, code, message)
+
     def _record_ack(self, ex: Execution, result: dict[str, Any], applied: bool) -> None:
         """Append an acknowledged completion to ``AWP_WORKER_ACK_LOG`` (when set)."""
+        ex.settled = True
         if self._ack_log is None:
             return
         line = json.dumps(
@@ -624,8 +846,22 @@ class Worker:
     async def _heartbeat_once(self, sent_at: float, timeout_s: float) -> None:
         active = list(self.executions.values())
         leases = [{"dispatch_id": ex.dispatch_id, "lease_token": ex.lease_token} for ex in active]
+        # Lease recovery (docs/protocol.md): every lease held (running, its result being sent, or received and not
+        # started yet) is listed; claimed_through and claims_pending say which claim requests have ended, so the
+        # server releases a lease those gave us that we do not list (a lost answer). Composed in one go (no await):
+        # a request that ends after this is still pending here, so no lease of its answer can be released by it.
+        leases += [{"dispatch_id": x["dispatch_id"], "lease_token": x["lease_token"]} for x in self._in_hand.values()]
+        dropped = [ref for ref, _ in self._dropped.values()]
         try:
-            answers = await self.client.heartbeat(self.worker_id, self.session_token, leases, timeout_s=timeout_s)
+            answers = await self.client.heartbeat(
+                self.worker_id,
+                self.session_token,
+                leases,
+                timeout_s=timeout_s,
+                claimed_through=self._claim_seq,
+                claims_pending=sorted(self._claims_pending),
+                dropped=dropped,
+            )
         except ApiError as e:
             if e.code == SESSION_INVALID:
                 if self.stopping.is_set():  # our own drain may have just stopped it: the drain call decides
@@ -639,6 +875,15 @@ class Worker:
         if self._heartbeat_failures:
             log.info("heartbeat recovered after %d failure(s)", self._heartbeat_failures)
             self._heartbeat_failures = 0
+        for ref in dropped:  # marked by the server (or, rarely, at one of the next reports)
+            entry = self._dropped.get(ref["dispatch_id"])
+            if entry is not None:
+                entry[1] += 1
+                if entry[1] >= DROPPED_REPORTS:
+                    del self._dropped[ref["dispatch_id"]]
+        self._heartbeats_ok += 1
+        self._heartbeat_ok.set()
+        self._heartbeat_ok = asyncio.Event()
         by_id = {ex.dispatch_id: ex for ex in active}
         for answer in answers:
             ex = by_id.get(answer.get("dispatch_id", ""))
@@ -649,6 +894,17 @@ class Worker:
                 ex.renew(int(answer.get("lease_remaining_ms") or 0), sent_at)
             elif status in ("revoked", "unknown"):
                 ex.abort(f"heartbeat answered {status}")
+
+    async def _heartbeat_after(self, seen: int) -> None:
+        """Wait (at most a few heartbeat intervals) for a heartbeat to succeed after the ``seen``-th one: after an
+        outage a held result's lease is renewed (or revoked) by it before the result is sent again."""
+        end = time.monotonic() + max(2.0, 4 * self.heartbeat_interval_s)
+        while self._heartbeats_ok <= seen:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._heartbeat_ok.wait(), remaining)
 
     def _heartbeat_failed(self, error: Exception) -> None:
         """Log the first failure of a streak and then every 20th (the loop keeps trying every interval)."""
@@ -673,7 +929,7 @@ class Worker:
         if self._claim_task is not None and not self._claim_task.done():
             with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._claim_task), max(0.0, end - loop.time()))
-        while self.executions and loop.time() < end and not self.fatal_event.is_set():
+        while (self.executions or self._hung) and loop.time() < end and not self.fatal_event.is_set():
             self.slot_freed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.slot_freed.wait(), max(0.01, end - loop.time()))
@@ -729,7 +985,8 @@ def run_worker(config: WorkerConfig) -> int:
     """Run a worker until drained or failed; returns the process exit code."""
     try:
         worker_executors = build_executors(config.executors, config.handler_modules, config.concurrency)
-    except (ValueError, ImportError) as e:
+        client_ssl_context(config.ca_file)  # an unreadable --ca-file fails here, not in the event loop
+    except (ValueError, ImportError, OSError) as e:  # ssl.SSLError is an OSError
         log.error("bad configuration: %s", e)
         return EXIT_CONFIG
 

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import httpx
 import psycopg
+from psycopg.abc import QueryNoTemplate
 from psycopg.rows import dict_row
 from support import PROTOCOL, ServeProcess, bearer, wait_until
 
@@ -68,7 +69,7 @@ def ms(seconds: float) -> int:
 # ---- database side ---------------------------------------------------------------------------------------
 
 
-def query(dsn: str, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+def query(dsn: str, sql: QueryNoTemplate, params: Any = ()) -> list[dict[str, Any]]:
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
         cur = c.execute(sql, params)
         return cur.fetchall() if cur.description else []

@@ -36,3 +36,18 @@ def flaky(input: Any, ctx: Context) -> str:
 def sync_sleep(input: Any, ctx: Context) -> str:
     time.sleep(float(input.get("seconds", 60)))
     return "slept"
+
+
+@handler("test-hang")
+def hang(input: Any, ctx: Context) -> str:
+    time.sleep(3600)  # a sync handler that never returns (its thread cannot be interrupted)
+    return "woke up"
+
+
+@handler("test-sized-output")
+def sized_output(input: Any, ctx: Context) -> list[int]:
+    """A list whose jsonb text (``[1, 1, ..., 10]``) is exactly ``input["size"]`` bytes (at least 3); its compact
+    JSON is a third smaller, so only a measure the database's way sees that it is over a limit."""
+    size = int(input["size"])
+    count, rest = divmod(size, 3)  # each "1, " is 3 bytes; the brackets replace the last ", "
+    return [1] * (count - 1) + [10**rest]

@@ -19,11 +19,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
+import ssl
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from awp import procs
 from awp.localdb import free_port
 
 PROTOCOL = {"X-Worker-Protocol-Version": "1"}
@@ -38,9 +37,9 @@ PROTOCOL = {"X-Worker-Protocol-Version": "1"}
 
 @dataclass(frozen=True)
 class Tokens:
-    viewer: str = field(default_factory=lambda: "viewer-" + secrets.token_urlsafe(16))
-    operator: str = field(default_factory=lambda: "operator-" + secrets.token_urlsafe(16))
-    bootstrap: str = field(default_factory=lambda: "bootstrap-" + secrets.token_urlsafe(16))
+    viewer: str = field(default_factory=lambda: "viewer-" + secrets.token_urlsafe(32))
+    operator: str = field(default_factory=lambda: "operator-" + secrets.token_urlsafe(32))
+    bootstrap: str = field(default_factory=lambda: "bootstrap-" + secrets.token_urlsafe(32))
 
     def env(self) -> dict[str, str]:
         return {
@@ -56,14 +55,7 @@ def bearer(token: str) -> dict[str, str]:
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
     """Poll ``predicate`` until it returns something truthy (returned) or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(interval)
+    return procs.wait_for(predicate, timeout, what or str(predicate), interval)
 
 
 @dataclass
@@ -75,10 +67,15 @@ class ServeProcess:
     tokens: Tokens
     log_path: Path
     host: str = "127.0.0.1"
+    ca_file: str | None = None  # set when it serves HTTPS (--tls-cert): the CA its certificate chains to
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.ca_file else 'http'}://{self.host}:{self.port}"
+
+    def verify(self) -> ssl.SSLContext | bool:
+        """httpx's ``verify=`` for this gateway: a context trusting ``ca_file`` when it serves HTTPS."""
+        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else True
 
     def url(self, path: str) -> str:
         return self.base_url + path
@@ -97,16 +94,17 @@ class ServeProcess:
         return self.proc.poll() is None
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return procs.log_tail(self.log_path, lines)
 
     def health(self, path: str = "/health/ready", timeout: float = 2.0) -> httpx.Response | None:
         try:
-            return httpx.get(self.url(path), timeout=timeout)
+            return httpx.get(self.url(path), timeout=timeout, verify=self.verify())
         except httpx.HTTPError:
             return None
+
+    def live(self) -> bool:
+        """/health/live answers (with any status)."""
+        return self.health("/health/live") is not None
 
     def ready(self) -> dict[str, Any] | None:
         """The /health/ready JSON when it answers 200, else None."""
@@ -114,15 +112,7 @@ class ServeProcess:
         return r.json() if r is not None and r.status_code == 200 else None
 
     def wait_ready(self, timeout: float = 20.0) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            if not self.alive():
-                raise RuntimeError(f"awp serve exited with {self.proc.returncode}:\n{self.log_tail()}")
-            return self.ready()
-
-        try:
-            return wait_until(check, timeout, 0.05, "awp serve to be ready")
-        except TimeoutError as e:
-            raise TimeoutError(f"{e}\n{self.log_tail()}") from None
+        return procs.wait_ready(self.proc, self.ready, timeout=timeout, what="awp serve", log_path=self.log_path)
 
     def coordinator_active(self) -> bool:
         state = self.ready()
@@ -130,19 +120,11 @@ class ServeProcess:
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM and wait (kill -9 after ``timeout``); returns the exit code."""
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait()
+        return procs.stop(self.proc, timeout)
 
     def kill(self) -> int:
         """kill -9 and reap."""
-        if self.alive():
-            self.proc.kill()
-        return self.proc.wait()
+        return procs.kill(self.proc)
 
 
 def start_serve(
@@ -155,12 +137,16 @@ def start_serve(
     wait_ready: bool = True,
     timeout: float = 20.0,
     port: int | None = None,
+    ca_file: str | None = None,
 ) -> ServeProcess:
     """Start ``awp serve`` against ``dsn`` on ``port`` (default: a free one; give the old port to restart a
-    gateway its workers already know); extra CLI ``args`` and ``env`` are passed on."""
+    gateway its workers already know); extra CLI ``args`` and ``env`` are passed on. ``ca_file``: it serves
+    HTTPS (give ``--tls-cert``/``--tls-key`` in ``args``) with a certificate of that CA."""
     tokens = tokens or Tokens()
     port = port or free_port()
     log_fd, log_name = tempfile.mkstemp(prefix=f"awp-serve-{port}-", suffix=".log")
+    os.close(log_fd)
+    log_path = Path(log_name)
     full_env = {
         **os.environ,
         **tokens.env(),
@@ -169,38 +155,17 @@ def start_serve(
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
-    cmd = [
-        sys.executable,
-        "-c",
-        "from awp.cli import main; main()",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        *args,
-    ]
-    with os.fdopen(log_fd, "wb") as log_file:
-        proc = subprocess.Popen(cmd, env=full_env, stdout=log_file, stderr=subprocess.STDOUT)
-    gw = ServeProcess(proc=proc, port=port, tokens=tokens, log_path=Path(log_name))
+    proc = procs.start(["serve", "--host", "127.0.0.1", "--port", str(port), *args], env=full_env, log_path=log_path)
+    gw = ServeProcess(proc=proc, port=port, tokens=tokens, log_path=log_path, ca_file=ca_file)
     try:
         if wait_ready:
             gw.wait_ready(timeout)
         else:
-            wait_until(
-                lambda: (gw.alive() or _raise_exited(gw)) and gw.health("/health/live") is not None,
-                timeout,
-                0.05,
-                "awp serve to be live",
-            )
+            procs.wait_ready(proc, gw.live, timeout=timeout, what="awp serve (live)", log_path=log_path)
     except BaseException:
         gw.kill()
         raise
     return gw
-
-
-def _raise_exited(gw: ServeProcess) -> bool:
-    raise RuntimeError(f"awp serve exited with {gw.proc.returncode}:\n{gw.log_tail()}")
 
 
 @contextlib.contextmanager

@@ -48,6 +48,12 @@ class Call:
         return self.value
 
 
+def first_column(row: Any) -> Any:
+    """The first column of a fetched row, a tuple or (``dict_row``) a dict; a test failure when there is none."""
+    assert row is not None, "expected a row, got none"
+    return row[0] if isinstance(row, tuple) else next(iter(row.values()))
+
+
 def in_thread(fn: Callable[[], Any]) -> Call:
     return Call(fn)
 
@@ -62,8 +68,7 @@ def wait_blocked(
     """
     deadline = time.monotonic() + timeout
     while True:
-        row = observer.execute("SELECT pg_blocking_pids(%s)", [pid]).fetchone()
-        blockers = list(row[0] if isinstance(row, tuple) else next(iter(row.values())))
+        blockers = list(first_column(observer.execute("SELECT pg_blocking_pids(%s)", [pid]).fetchone()))
         if blockers:
             return blockers
         if call is not None and call.done():
@@ -77,8 +82,7 @@ def wait_db_time_past(observer: psycopg.Connection[Any], instant: datetime, time
     """Wait until the database's clock (``clock_timestamp()``, the one ``awp._now()`` reads) is past ``instant``."""
     deadline = time.monotonic() + timeout
     while True:
-        row = observer.execute("SELECT clock_timestamp() > %s", [instant]).fetchone()
-        if row[0] if isinstance(row, tuple) else next(iter(row.values())):
+        if first_column(observer.execute("SELECT clock_timestamp() > %s", [instant]).fetchone()):
             return
         assert time.monotonic() < deadline, f"the database clock did not pass {instant} within {timeout} s"
         time.sleep(0.01)

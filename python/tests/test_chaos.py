@@ -1,7 +1,8 @@
 """Fault scenario 12 (issue 6): a bounded chaos soak. Two gateways and several workers on a cluster of their
 own; for ``AWP_CHAOS_SECONDS`` (default 20; ``make chaos`` runs 60) workers and gateways are killed with
-kill -9 (or drained with SIGTERM) and restarted at random, and PostgreSQL is stopped (``-m immediate``) and
-started once, while runs with retries (``fail_attempts``) keep arriving. Then: every run succeeded, every
+kill -9 (or drained with SIGTERM) and restarted at random, PostgreSQL is stopped (``-m immediate``) for up to
+twice the lease and started once, and once every gateway is killed at once for twice the lease (lease recovery,
+docs/protocol.md), while runs with retries (``fail_attempts``) keep arriving. Then: every run succeeded, every
 task succeeded, ``awp.check_invariants()`` is empty, and so was every sample taken while the chaos ran.
 
 ``AWP_CHAOS_SEED`` replays a sequence of actions (the seed is printed).
@@ -17,7 +18,9 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from fault_support import (
+    LEASE_MS,
     InvariantSampler,
     configure,
     ms,
@@ -30,6 +33,8 @@ from support import ServeProcess, Tokens, start_serve, wait_until
 from worker_support import WorkerProcess, Workers
 
 from awp.testing import database_name, fresh_database
+
+pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 
 CHAOS_SECONDS = float(os.environ.get("AWP_CHAOS_SECONDS", "20"))
 GATEWAYS = 2
@@ -68,7 +73,9 @@ class Chaos:
         self.down_until: dict[int, float] = {}  # gateway index -> when to restart it
         self.pools: list[Workers] = []
         self.slots: list[tuple[int, WorkerProcess]] = []  # (gateway index, process)
-        self.counts = dict(worker_kills=0, worker_sigterms=0, worker_self_exits=0, gateway_kills=0, pg_restarts=0)
+        self.counts = dict(
+            worker_kills=0, worker_sigterms=0, worker_self_exits=0, gateway_kills=0, pg_restarts=0, all_gateways_down=0
+        )
         self.runs: dict[str, dict[str, Any]] = {}  # idempotency key -> definition, until started
         self.run_ids: list[str] = []
         self._n = 0
@@ -134,6 +141,14 @@ class Chaos:
         self.down_until[g] = time.monotonic() + self.rng.uniform(0.2, 1.5)
         self.counts["gateway_kills"] += 1
 
+    def kill_all_gateways(self) -> None:
+        """Every gateway killed at once for twice the lease (docs/protocol.md, Lease recovery)."""
+        for g in range(GATEWAYS):
+            if g not in self.down_until:
+                self.gateways[g].kill()
+            self.down_until[g] = time.monotonic() + 2 * LEASE_MS / 1000
+        self.counts["all_gateways_down"] += 1
+
     # -- runs --
 
     def submit(self) -> None:
@@ -178,6 +193,7 @@ def test_chaos_soak() -> None:
             for _ in range(4):
                 chaos.submit()
             pg_restart_at = time.monotonic() + CHAOS_SECONDS * rng.uniform(0.3, 0.6)
+            all_down_at = time.monotonic() + CHAOS_SECONDS * rng.uniform(0.65, 0.85)
             end = time.monotonic() + CHAOS_SECONDS
             next_run = time.monotonic() + 2.0
             with InvariantSampler(dsn, interval=0.1) as sampler:
@@ -187,10 +203,14 @@ def test_chaos_soak() -> None:
                     now = time.monotonic()
                     if pg_restart_at and now >= pg_restart_at:
                         cluster.stop(mode="immediate")
-                        time.sleep(rng.uniform(1.5, 3.0))
+                        time.sleep(rng.uniform(1.5, 2 * LEASE_MS / 1000))  # up to twice the lease
                         cluster.start(fsync=False)
                         chaos.counts["pg_restarts"] += 1
                         pg_restart_at = 0.0
+                        continue
+                    if all_down_at and now >= all_down_at:
+                        chaos.kill_all_gateways()
+                        all_down_at = 0.0
                         continue
                     action = rng.random()
                     if action < 0.45:
@@ -204,10 +224,21 @@ def test_chaos_soak() -> None:
                         next_run = now + 2.0
                 # The chaos is over: everything comes back and the runs must all finish.
                 calm = time.monotonic()
-                wait_until(lambda: (chaos.supervise(), not chaos.down_until)[1], 10, 0.1, "gateways back")
+
+                def gateways_back() -> bool:
+                    chaos.supervise()
+                    return not chaos.down_until
+
+                def submitted() -> bool:
+                    if not chaos.runs:
+                        return True
+                    chaos.submit()
+                    return not chaos.runs
+
+                wait_until(gateways_back, 10, 0.1, "gateways back")
                 for gw in chaos.gateways:
                     gw.wait_ready(30)
-                wait_until(lambda: (chaos.submit(), not chaos.runs)[1] if chaos.runs else True, 30, 0.5, "submitted")
+                wait_until(submitted, 30, 0.5, "submitted")
 
                 def all_terminal() -> bool:
                     chaos.supervise()
@@ -226,6 +257,7 @@ def test_chaos_soak() -> None:
         runs = query(dsn, "SELECT status, count(*) AS n FROM awp.runs GROUP BY 1")
         tasks = query(dsn, "SELECT status, count(*) AS n FROM awp.tasks GROUP BY 1")
         tries = {r["status"]: r["n"] for r in query(dsn, "SELECT status, count(*) AS n FROM awp.attempts GROUP BY 1")}
+        uncounted = query(dsn, "SELECT count(*) AS n FROM awp.attempts WHERE NOT counted")[0]["n"]  # lease recovery
         found = violations(dsn)
         total_runs = sum(r["n"] for r in runs)
         total_tasks = sum(t["n"] for t in tasks)
@@ -243,6 +275,7 @@ def test_chaos_soak() -> None:
             runs=total_runs,
             tasks=total_tasks,
             attempts=tries,
+            attempts_not_counted=uncounted,
             **chaos.counts,
             settle_after_chaos_ms=ms(settled),
             invariant_samples=sampler.samples,

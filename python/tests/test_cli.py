@@ -6,6 +6,7 @@ import json
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -46,7 +47,7 @@ def write_definition(tmp_path: Path, definition: dict, suffix: str = ".yaml") ->
 
 
 def test_workflow_apply_yaml_and_json_is_idempotent(awp: Callable[..., Result], tmp_path: Path) -> None:
-    definition = {"id": "cli-apply", "tasks": [mock_task("a")]}
+    definition: dict[str, Any] = {"id": "cli-apply", "tasks": [mock_task("a")]}
     first = awp("workflow", "apply", str(write_definition(tmp_path, definition)))
     assert "workflow cli-apply version 1" in first.output
     again = awp("workflow", "apply", "--json", str(write_definition(tmp_path, definition, ".json")))

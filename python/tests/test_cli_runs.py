@@ -19,9 +19,10 @@ from support import ServeProcess, serve
 from worker_support import Workers, api, get_run, mock_task, wait_run
 
 from awp.cli import main
-from awp.cli_user import EXIT_WAIT_TIMEOUT, cancel_message, run_duration_s
+from awp.cli_user import EXIT_WAIT_TIMEOUT
 from awp.demo import FAST, NORMAL, _prepare_definition, examples_dir
 from awp.errors import join_message
+from awp.terminal import cancel_message, run_duration_s
 
 WIDTH = 80
 
@@ -278,7 +279,9 @@ def test_watch_of_a_finished_run_prints_its_real_duration(
     expected = (datetime.fromisoformat(run["finished_at"]) - datetime.fromisoformat(run["started_at"])).total_seconds()
     assert expected >= 0.7
     watched = awp("run", "watch", run_id).output
-    shown = float(re.search(r"1 tasks: succeeded 1; (\d+\.\d)s\s*$", watched).group(1))
+    duration = re.search(r"1 tasks: succeeded 1; (\d+\.\d)s\s*$", watched)
+    assert duration is not None, watched
+    shown = float(duration.group(1))
     assert shown == pytest.approx(expected, abs=0.051)
 
     # Canceled before it started: the duration runs from created_at.

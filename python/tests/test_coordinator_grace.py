@@ -7,12 +7,13 @@ import asyncio
 import psycopg
 
 from awp.coordinator import Coordinator
+from awp.testing import one
 
 
 def _worker_after_passes(dsn: str, serving: bool) -> str:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT awp.configure(heartbeat_interval_ms => 50, lease_duration_ms => 500)")
-        worker_id = c.execute("SELECT worker_id FROM awp.register_worker('quiet', ARRAY['mock'], 1)").fetchone()[0]
+        worker_id = one(c, "SELECT worker_id FROM awp.register_worker('quiet', ARRAY['mock'], 1)")[0]
         c.execute(
             "UPDATE awp.workers SET last_heartbeat_at = now() - interval '1 hour' WHERE worker_id = %s", [worker_id]
         )
@@ -28,7 +29,7 @@ def _worker_after_passes(dsn: str, serving: bool) -> str:
                 await coordinator.stop()
 
         asyncio.run(passes())
-        return c.execute("SELECT status FROM awp.workers WHERE worker_id = %s", [worker_id]).fetchone()[0]
+        return one(c, "SELECT status FROM awp.workers WHERE worker_id = %s", [worker_id])[0]
 
 
 def test_silent_worker_goes_offline_while_the_gateway_serves(db_dsn):

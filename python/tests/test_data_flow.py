@@ -104,6 +104,7 @@ def test_no_input_empty_body_and_empty_object_all_start_a_run_with_input_object(
     no_body = httpx.post(url, headers=headers, timeout=10)
     assert no_body.status_code == 202, no_body.text
     # The same key with {} and with {"input": {}} is the same request: the same run.
+    body: object
     for body in ({}, {"input": {}}, {"input": None}):
         again = start(gw, wf, body, key="df-empty-body")
         assert again.status_code == 202 and again.json()["run_id"] == no_body.json()["run_id"], body

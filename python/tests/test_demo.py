@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import psycopg
 from worker_support import REPO
 
+from awp.procs import awp_command
+from awp.testing import one
+
 
 def test_demo_runs_to_the_end_with_a_takeover(db_dsn: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")}
-    awp = [sys.executable, "-c", "import sys; from awp.cli import main; sys.exit(main())"]
     proc = subprocess.run(
-        [*awp, "demo", "--database-url", db_dsn, "--fast"],
+        awp_command("demo", "--database-url", db_dsn, "--fast"),
         env={**env, "COLUMNS": "200"},
         cwd=REPO,
         capture_output=True,
@@ -34,7 +35,9 @@ def test_demo_runs_to_the_end_with_a_takeover(db_dsn: str) -> None:
     assert "summarize (python) read ctx.run_input batch='demo-1' and ctx.upstream from validate-a, validate-b" in out
     assert 'run output (the tasks no other task depends on): {"report": {"report": "ok"}}' in out
     with psycopg.connect(db_dsn) as conn:
-        workers = dict(conn.execute("SELECT status, count(*) FROM awp.list_workers() GROUP BY status").fetchall())
-        settings = conn.execute("SELECT awp.get_settings()").fetchone()[0]
+        workers: dict[str, int] = dict(
+            conn.execute("SELECT status, count(*) FROM awp.list_workers() GROUP BY status").fetchall()
+        )
+        settings = one(conn, "SELECT awp.get_settings()")[0]
     assert workers == {"stopped": 2, "offline": 1}, "two drained workers, one killed"
     assert settings["lease_duration_ms"] == 15000, "the demo restores the settings it changed"

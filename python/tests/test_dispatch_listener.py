@@ -8,6 +8,7 @@ import json
 import psycopg
 
 from awp.db import DispatchListener
+from awp.testing import one
 
 EMPTY = "TRUNCATE awp.events, awp.attempts, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE"
 
@@ -52,9 +53,7 @@ def test_each_dispatch_left_pending_sends_its_own_notification(db_dsn):
 def test_a_dispatch_leased_in_its_own_transaction_wakes_nobody(db_dsn):
     with psycopg.connect(db_dsn, autocommit=True) as listen, psycopg.connect(db_dsn, autocommit=True) as c:
         c.execute(EMPTY)
-        worker = c.execute(
-            "SELECT worker_id, session_token FROM awp.register_worker('solo', ARRAY['mock'], 1)"
-        ).fetchone()
+        worker = one(c, "SELECT worker_id, session_token FROM awp.register_worker('solo', ARRAY['mock'], 1)")
         c.execute(
             "SELECT awp.create_workflow_version(%s)",
             [
@@ -71,9 +70,7 @@ def test_a_dispatch_leased_in_its_own_transaction_wakes_nobody(db_dsn):
         )
         c.execute("SELECT awp.start_run('chain')")
         c.execute("SELECT awp.coordinator_tick()")
-        dispatch_id, lease_token = c.execute(
-            "SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 1)", worker
-        ).fetchone()
+        dispatch_id, lease_token = one(c, "SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 1)", worker)
         listen.execute("LISTEN awp_dispatch")
         leases = c.execute(
             'SELECT task_key FROM awp.complete_and_claim(%s, %s, %s, %s, \'{"kind": "success"}\', 1)',

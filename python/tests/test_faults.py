@@ -15,6 +15,7 @@ import socket
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -42,6 +43,8 @@ from worker_support import Workers, api, apply, mock_task, start_run
 from awp.coordinator import LOCK_KEY
 from awp.localdb import Server
 from awp.testing import database_name, fresh_database
+
+pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 
 
 @pytest.fixture
@@ -194,7 +197,7 @@ def test_lost_response_replay_is_applied_once_and_a_different_result_conflicts(d
     lease = worker.claim_one()
     worker.start_heartbeats([lease])
     assert lease["task_key"] == "a"
-    result = {"kind": "success", "output": {"n": 1}}
+    result: dict[str, Any] = {"kind": "success", "output": {"n": 1}}
     complete_and_drop_the_answer(gw, worker, lease, result, dsn)
     revision = run_row(dsn, run_id)["revision"]
     events = len(query(dsn, "SELECT * FROM awp.run_events(%s)", (run_id,)))

@@ -31,6 +31,8 @@ from worker_support import Workers, apply, mock_task, start_run
 from awp.localdb import Cluster
 from awp.testing import database_name, fresh_database
 
+pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 import secrets
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +20,8 @@ from support import PROTOCOL, ServeProcess, Tokens, bearer, serve, wait_until
 
 from awp.app import create_app
 from awp.appstate import DB, GatewayConfig
+from awp.procs import awp_command
+from awp.testing import one
 
 API = "/api/v1"
 
@@ -380,6 +381,7 @@ def test_a_run_goes_through_claim_heartbeat_complete(http, gw):
 def test_register_errors(http, gw):
     boot = gw.auth("bootstrap")
     url = f"{API}/workers/register"
+    body: dict[str, Any]
     for body in (
         {"executor_kinds": []},
         {"executor_kinds": ["shell"]},
@@ -533,7 +535,7 @@ def test_long_poll_returns_promptly_when_work_appears(http, gw, db_dsn):
         # Make the request's first (empty) claim visible: a claim records liveness when the last heartbeat is
         # more than half an interval (1 s here) old.
         c.execute("UPDATE awp.workers SET last_heartbeat_at = now() - interval '1.5 s' WHERE worker_id = %s", [w.id])
-        before = c.execute("SELECT last_heartbeat_at FROM awp.workers WHERE worker_id = %s", [w.id]).fetchone()[0]
+        before = one(c, "SELECT last_heartbeat_at FROM awp.workers WHERE worker_id = %s", [w.id])[0]
 
         def poll() -> None:
             # Client timeout 15 s < wait_ms 20 s: an answer at all means the work woke the request up.
@@ -544,10 +546,7 @@ def test_long_poll_returns_promptly_when_work_appears(http, gw, db_dsn):
         thread = threading.Thread(target=poll)
         thread.start()
         wait_until(
-            lambda: (
-                c.execute("SELECT last_heartbeat_at FROM awp.workers WHERE worker_id = %s", [w.id]).fetchone()[0]
-                > before
-            ),
+            lambda: one(c, "SELECT last_heartbeat_at FROM awp.workers WHERE worker_id = %s", [w.id])[0] > before,
             10,
             0.01,
             "the request's first claim (it found nothing and is now waiting)",
@@ -564,9 +563,7 @@ def test_idle_long_polls_do_not_query_per_millisecond(http, gw, db_dsn):
     with psycopg.connect(db_dsn, autocommit=True) as c:
 
         def commits() -> int:
-            return c.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()[
-                0
-            ]
+            return one(c, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")[0]
 
         c.execute("SELECT pg_stat_clear_snapshot()")
         before = commits()
@@ -700,18 +697,24 @@ def role_headers(http: httpx.Client, gw: ServeProcess, role: str) -> dict[str, s
     return {}
 
 
-def test_the_gateway_refuses_to_start_with_equal_or_empty_secrets(db_dsn):
-    for tokens in (Tokens(viewer="same", operator="same"), Tokens(bootstrap="")):
+def test_the_gateway_refuses_to_start_with_equal_empty_or_short_secrets(db_dsn):
+    same = secrets.token_urlsafe(32)
+    cases = {
+        "must all differ": Tokens(viewer=same, operator=same),
+        "bootstrap token is empty": Tokens(bootstrap=""),
+        "viewer token has 31 characters, fewer than 32": Tokens(viewer="v" * 31),
+    }
+    for message, tokens in cases.items():
         env = {"AWP_DATABASE_URL": db_dsn, **tokens.env(), "PATH": "/usr/bin:/bin"}
         proc = subprocess.run(
-            [sys.executable, "-c", "from awp.cli import main; main()", "serve", "--port", "1"],
+            awp_command("serve", "--port", "1"),
             env=env,
             capture_output=True,
             text=True,
             timeout=30,
         )
         assert proc.returncode != 0
-        assert "token" in proc.stderr
+        assert message in proc.stderr, proc.stderr
 
 
 # -- health, metrics, request ids --------------------------------------------------------------------------
@@ -751,10 +754,12 @@ def test_metrics(http, gw):
 
 
 def test_metrics_token_when_configured(db_dsn):
-    with serve(db_dsn, env={"AWP_METRICS_TOKEN": "m-secret"}, args=["--no-coordinator"]) as other:
+    metrics_token = "metrics-" + secrets.token_urlsafe(32)
+    with serve(db_dsn, env={"AWP_METRICS_TOKEN": metrics_token}, args=["--no-coordinator"]) as other:
         assert httpx.get(other.url("/metrics")).status_code == 401
-        assert httpx.get(other.url("/metrics"), headers=bearer("m-secret")).status_code == 200
-        assert other.ready()["coordinator"] == "disabled"
+        assert httpx.get(other.url("/metrics"), headers=bearer(metrics_token)).status_code == 200
+        state = other.ready()
+        assert state is not None and state["coordinator"] == "disabled"
 
 
 # -- the OpenAPI contract ----------------------------------------------------------------------------------
@@ -768,11 +773,16 @@ def openapi(http: httpx.Client) -> dict[str, Any]:
 
 
 async def test_every_route_of_the_app_is_in_the_openapi_file_and_vice_versa(openapi):
-    app = create_app(GatewayConfig("postgresql:///unused", "v", "o", "b"))
-    routes = [r for r in app.router.routes() if r.method not in ("HEAD", "*")]
+    viewer, operator, bootstrap = (f"{r}-{secrets.token_urlsafe(32)}" for r in "vob")
+    app = create_app(GatewayConfig("postgresql:///unused", viewer, operator, bootstrap))
+    routes: list[tuple[str, str]] = []
+    for r in app.router.routes():
+        assert r.resource is not None, r
+        if r.method not in ("HEAD", "*"):
+            routes.append((r.method.lower(), r.resource.canonical))
     # The dashboard's HTML pages (/ui, awp.ui) are not part of the HTTP API: not in the OpenAPI file.
-    in_app = {(r.method.lower(), r.resource.canonical) for r in routes if not r.resource.canonical.startswith("/ui")}
-    assert any(r.resource.canonical.startswith("/ui/") for r in routes)
+    in_app = {(method, path) for method, path in routes if not path.startswith("/ui")}
+    assert any(path.startswith("/ui/") for _, path in routes)
     in_file = {(method, path) for path, ops in openapi["paths"].items() for method in ops if method != "parameters"}
     assert in_app == in_file
     await app[DB].close()
@@ -801,7 +811,8 @@ def test_openapi_status_enums_equal_the_database_checks(openapi, conn, schema):
 
 def test_openapi_heartbeat_statuses_are_the_ones_the_database_answers(openapi, conn):
     source = conn.execute(
-        "SELECT prosrc FROM pg_proc WHERE oid = 'awp.heartbeat(text, text, jsonb)'::regprocedure"
+        "SELECT prosrc FROM pg_proc"
+        " WHERE oid = 'awp.heartbeat(text, text, jsonb, bigint, bigint[], jsonb)'::regprocedure"
     ).fetchone()[0]
     answered = set(re.findall(r"(?:THEN|ELSE) '([a-z_]+)'", source))
     assert (

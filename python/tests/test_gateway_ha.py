@@ -15,6 +15,8 @@ from support import PROTOCOL, ServeProcess, Tokens, bearer, serve, start_serve, 
 
 from awp.testing import database_name, fresh_database, local_cluster
 
+pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
+
 API = "/api/v1"
 
 

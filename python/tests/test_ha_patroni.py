@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from fault_support import InvariantSampler, configure, query, record
 from ha_support import PatroniCluster, WriteProbe, patroni_cluster
 from psycopg.rows import dict_row
@@ -106,7 +107,7 @@ ADVISORY_LOCKS = (
 
 
 def read_acks(paths: list[Path]) -> list[dict[str, Any]]:
-    acks = []
+    acks: list[dict[str, Any]] = []
     for path in paths:
         if path.exists():
             acks.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
@@ -165,6 +166,7 @@ def test_ack_log_records_each_acknowledged_completion(db_dsn: str, tmp_path: Pat
     assert lost_acks(db_dsn, [{**acks[0], "kind": "permanent_failure"}]) != [], "and another outcome"
 
 
+@pytest.mark.slow
 def test_patroni_failover_and_switchover_lose_nothing(tmp_path: Path) -> None:
     keep = bool(os.environ.get("AWP_HA_KEEP"))  # keep the cluster's directory (Patroni and etcd logs)
     with ExitStack() as stack:

@@ -18,6 +18,8 @@ import pytest
 from psycopg.rows import dict_row
 from sync_support import in_thread, wait_blocked
 
+from awp.testing import DictConnection, one
+
 
 def connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
     return psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
@@ -33,14 +35,14 @@ def db(db_dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         yield c
 
 
-def start(c: psycopg.Connection, wid: str, n: int = 1) -> str:
+def start(c: DictConnection, wid: str, n: int = 1) -> str:
     tasks = [{"key": f"t{i}", "executor": "mock"} for i in range(n)]
     c.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps({"id": wid, "tasks": tasks})])
-    return c.execute("SELECT awp.start_run(%s) AS id", [wid]).fetchone()["id"]
+    return one(c, "SELECT awp.start_run(%s) AS id", [wid])["id"]
 
 
-def register(c: psycopg.Connection, name: str, slots: int = 1) -> tuple[str, str]:
-    row = c.execute("SELECT * FROM awp.register_worker(%s, ARRAY['mock'], %s)", [name, slots]).fetchone()
+def register(c: DictConnection, name: str, slots: int = 1) -> tuple[str, str]:
+    row = one(c, "SELECT * FROM awp.register_worker(%s, ARRAY['mock'], %s)", [name, slots])
     return row["worker_id"], row["session_token"]
 
 
@@ -54,10 +56,11 @@ def test_complete_queues_on_the_run_lock_holding_its_advisory_lock_but_not_the_d
         with holder.transaction():
             holder.execute("SELECT 1 FROM awp.runs WHERE run_id = %s FOR UPDATE", [run_id])
             call = in_thread(
-                lambda: completer.execute(
+                lambda: one(
+                    completer,
                     "SELECT awp.complete_task(%s, %s, %s, %s, %s) AS ok",
                     [*worker, lease["dispatch_id"], lease["lease_token"], result],
-                ).fetchone()["ok"]
+                )["ok"]
             )
             pid = completer.info.backend_pid
             assert wait_blocked(db, pid, call) == [holder.info.backend_pid], "complete waits for the run row"

@@ -10,6 +10,8 @@ import random
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from awp import mutate
 from awp.localdb import Server
 from awp.migrate import default_sql_dir
@@ -22,6 +24,7 @@ def test_every_mutation_applies_to_the_code_as_it_is():
     assert mutate.problems(mutations, default_sql_dir()) == []
 
 
+@pytest.mark.slow
 def test_a_sample_of_mutants_is_killed_by_pgtap(pg_cluster: Server):
     seed = int(os.environ.get("AWP_MUTATE_SEED") or random.randrange(1 << 30))
     size = int(os.environ.get("AWP_MUTATE_SAMPLE") or 3)

@@ -19,6 +19,8 @@ import pytest
 from psycopg.rows import dict_row
 from sync_support import in_thread, wait_blocked, wait_db_time_past
 
+from awp.testing import DictConnection, one
+
 
 def connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
     return psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
@@ -36,49 +38,50 @@ def db(db_dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
         yield c
 
 
-def make_run(c: psycopg.Connection, n: int, concurrency: int, wid: str = "races", **task: Any) -> str:
+def make_run(c: DictConnection, n: int, concurrency: int, wid: str = "races", **task: Any) -> str:
     tasks = [{"key": f"t{i}", "executor": "mock", **task} for i in range(n)]
     c.execute(
         "SELECT * FROM awp.create_workflow_version(%s)",
         [json.dumps({"id": wid, "concurrency": concurrency, "tasks": tasks})],
     )
-    return c.execute("SELECT awp.start_run(%s) AS id", [wid]).fetchone()["id"]
+    return one(c, "SELECT awp.start_run(%s) AS id", [wid])["id"]
 
 
-def register(c: psycopg.Connection, name: str, max_concurrency: int) -> tuple[str, str]:
-    row = c.execute(
-        "SELECT worker_id, session_token FROM awp.register_worker(%s, ARRAY['mock'], %s)", [name, max_concurrency]
-    ).fetchone()
+def register(c: DictConnection, name: str, max_concurrency: int) -> tuple[str, str]:
+    row = one(
+        c, "SELECT worker_id, session_token FROM awp.register_worker(%s, ARRAY['mock'], %s)", [name, max_concurrency]
+    )
     return row["worker_id"], row["session_token"]
 
 
-def claim(c: psycopg.Connection, worker: tuple[str, str], slots: int) -> list[dict[str, Any]]:
+def claim(c: DictConnection, worker: tuple[str, str], slots: int) -> list[dict[str, Any]]:
     return c.execute("SELECT * FROM awp.claim_tasks(%s, %s, %s)", [*worker, slots]).fetchall()
 
 
-def complete(c: psycopg.Connection, worker: tuple[str, str], lease: dict[str, Any], kind: str = "success") -> bool:
-    row = c.execute(
+def complete(c: DictConnection, worker: tuple[str, str], lease: dict[str, Any], kind: str = "success") -> bool:
+    row = one(
+        c,
         "SELECT awp.complete_task(%s, %s, %s, %s, %s) AS applied",
         [*worker, lease["dispatch_id"], lease["lease_token"], json.dumps({"kind": kind})],
-    ).fetchone()
+    )
     return row["applied"]
 
 
-def heartbeat(c: psycopg.Connection, worker: tuple[str, str], leases: list[dict[str, Any]]) -> dict[str, str]:
+def heartbeat(c: DictConnection, worker: tuple[str, str], leases: list[dict[str, Any]]) -> dict[str, str]:
     body = json.dumps([{"dispatch_id": x["dispatch_id"], "lease_token": x["lease_token"]} for x in leases])
     rows = c.execute("SELECT * FROM awp.heartbeat(%s, %s, %s)", [*worker, body]).fetchall()
     return {r["dispatch_id"]: r["status"] for r in rows}
 
 
-def tick(c: psycopg.Connection) -> dict[str, int]:
-    return c.execute("SELECT awp.coordinator_tick() AS t").fetchone()["t"]
+def tick(c: DictConnection) -> dict[str, int]:
+    return one(c, "SELECT awp.coordinator_tick() AS t")["t"]
 
 
-def run_status(c: psycopg.Connection, run_id: str) -> str:
-    return c.execute("SELECT status FROM awp.get_run(%s)", [run_id]).fetchone()["status"]
+def run_status(c: DictConnection, run_id: str) -> str:
+    return one(c, "SELECT status FROM awp.get_run(%s)", [run_id])["status"]
 
 
-def assert_invariants(c: psycopg.Connection) -> None:
+def assert_invariants(c: DictConnection) -> None:
     """awp.check_invariants() finds nothing: events contiguous and matching statuses, limits held, …"""
     assert c.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
 
@@ -131,28 +134,30 @@ def test_concurrent_claims_never_hand_out_one_dispatch_twice(db, db_dsn):
     assert_invariants(db)
 
 
-def set_lease_end(c: psycopg.Connection, lease: dict[str, Any], after: str) -> Any:
+def set_lease_end(c: DictConnection, lease: dict[str, Any], after: str) -> Any:
     """Move a lease's expiry to ``clock_timestamp() + after`` (a superuser shortcut for "time passes"); returns
     the new expiry. Waiting for the database clock to pass it (sync_support.wait_db_time_past) then takes
     milliseconds, not a lease."""
-    return c.execute(
+    return one(
+        c,
         "UPDATE awp.dispatches SET lease_expires_at = clock_timestamp() + %s::interval WHERE dispatch_id = %s"
         " RETURNING lease_expires_at",
         [after, lease["dispatch_id"]],
-    ).fetchone()["lease_expires_at"]
+    )["lease_expires_at"]
 
 
-def committed_expired(c: psycopg.Connection, lease: dict[str, Any]) -> bool:
+def committed_expired(c: DictConnection, lease: dict[str, Any]) -> bool:
     """What the reaper's candidate query sees now: the committed lease is leased and past its expiry."""
-    return c.execute(
+    return one(
+        c,
         "SELECT status = 'leased' AND lease_expires_at <= clock_timestamp() AS x FROM awp.dispatches"
         " WHERE dispatch_id = %s",
         [lease["dispatch_id"]],
-    ).fetchone()["x"]
+    )["x"]
 
 
-def reap(c: psycopg.Connection) -> int:
-    return c.execute("SELECT awp.reap_expired_leases() AS n").fetchone()["n"]
+def reap(c: DictConnection) -> int:
+    return one(c, "SELECT awp.reap_expired_leases() AS n")["n"]
 
 
 def test_lease_renewed_after_the_reapers_candidate_read_is_not_expired(db, db_dsn):
@@ -200,7 +205,7 @@ def test_complete_and_reaper_never_both_win(db, db_dsn, first):
     tick(db)
     [lease] = claim(db, worker, 1)
 
-    def do_complete(c: psycopg.Connection) -> Any:
+    def do_complete(c: DictConnection) -> Any:
         try:
             return complete(c, worker, lease)
         except psycopg.Error as exc:
@@ -251,7 +256,7 @@ def race_cancel_against_complete(dsn: str, run_id: str, worker: tuple[str, str],
     return result["complete"]
 
 
-def cancel_and_converge(c: psycopg.Connection, run_id: str) -> None:
+def cancel_and_converge(c: DictConnection, run_id: str) -> None:
     c.execute("SELECT * FROM awp.request_cancel(%s)", [run_id])
     c.execute("SELECT awp.converge_cancellations()")
 
@@ -263,7 +268,7 @@ def test_cancel_and_complete_the_one_that_locks_the_run_first_wins(db, db_dsn, f
     tick(db)
     [lease] = claim(db, worker, 1)
 
-    def do_complete(c: psycopg.Connection) -> Any:
+    def do_complete(c: DictConnection) -> Any:
         try:
             return complete(c, worker, lease)
         except psycopg.Error as exc:
@@ -311,10 +316,10 @@ def test_cancel_and_complete_exactly_one_wins(db, db_dsn):
     assert_invariants(db)
 
 
-def sample_limits(c: psycopg.Connection, dispatch_limit: int) -> list[str]:
+def sample_limits(c: DictConnection, dispatch_limit: int) -> list[str]:
     """Every limit of docs/protocol.md, rule 8 that is exceeded right now (an empty list when all hold)."""
     bad = []
-    row = c.execute("SELECT count(*) AS n FROM awp.dispatches WHERE status IN ('pending', 'leased')").fetchone()
+    row = one(c, "SELECT count(*) AS n FROM awp.dispatches WHERE status IN ('pending', 'leased')")
     if row["n"] > dispatch_limit:
         bad.append(f"global {row['n']} > {dispatch_limit}")
     for r in c.execute(
@@ -332,6 +337,7 @@ def sample_limits(c: psycopg.Connection, dispatch_limit: int) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
     db.execute("SELECT awp.configure(dispatch_limit => 7)")
     runs = [make_run(db, 40, concurrency=3, wid=f"limits-{i}") for i in range(3)]
@@ -382,6 +388,7 @@ def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
     assert_invariants(db)
 
 
+@pytest.mark.slow
 def test_mixed_concurrent_load_never_deadlocks(db, db_dsn):
     # Leases of 400 ms keep the reaper busy; a worker goes offline only after 500 ms of silence (10 x 50 ms):
     # this test looks for deadlocks, and on 2 busy cores one thread can be descheduled for 150 ms (the default

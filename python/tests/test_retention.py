@@ -15,7 +15,6 @@ import json
 import secrets
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +25,8 @@ import pytest
 from support import PROTOCOL, ServeProcess, bearer, serve, wait_until
 
 from awp.cli_retention import parse_duration
+from awp.procs import awp_command
+from awp.testing import one
 
 API = "/api/v1"
 
@@ -93,7 +94,7 @@ def sql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
 
 def awp_cli(dsn: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from awp.cli import main; main()", *args],
+        awp_command(*args),
         env={"AWP_DATABASE_URL": dsn, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
@@ -233,7 +234,7 @@ def test_pages_are_stable_while_rows_are_added(http, gw):
 def test_the_cli_follows_cursors(http, gw, db_dsn):
     sql(db_dsn, "SELECT awp.register_worker('bulk', '{mock}', 1) FROM generate_series(1, 130)")
     out = subprocess.run(
-        [sys.executable, "-c", "from awp.cli import main; main()", "workers", "--json"],
+        awp_command("workers", "--json"),
         env={"AWP_GATEWAY_URL": gw.base_url, "AWP_OPERATOR_TOKEN": gw.tokens.operator, "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
@@ -328,7 +329,7 @@ def test_prune_skips_a_run_another_transaction_holds_and_does_not_wait(http, gw,
         with psycopg.connect(db_dsn, autocommit=True) as c:
             c.execute("SET statement_timeout = '5s'")
             started = time.monotonic()
-            answer = c.execute("SELECT awp.prune('0')").fetchone()[0]
+            answer = one(c, "SELECT awp.prune('0')")[0]
             assert time.monotonic() - started < 3
             assert c.execute("SELECT run_id FROM awp.runs WHERE run_id IN (%s, %s)", (held, free)).fetchall() == [
                 (held,)

@@ -22,7 +22,7 @@ from worker_support import Workers, mock_task, wait_run
 
 from awp.cli import main
 from awp.localdb import Server
-from awp.testing import database_name, fresh_database
+from awp.testing import database_name, fresh_database, one
 
 API = "/api/v1"
 
@@ -264,7 +264,7 @@ def test_two_concurrent_coordinator_passes_start_exactly_one_run_per_fire_time(q
             with psycopg.connect(quiet_dsn, autocommit=True) as c:
                 barrier.wait()
                 while time.monotonic() < stop:
-                    value = c.execute(call).fetchone()[0]
+                    value = one(c, call)[0]
                     total += value if isinstance(value, int) else value["schedules_fired"]
         except BaseException as e:  # reported by the main thread
             errors.append(e)
@@ -280,9 +280,9 @@ def test_two_concurrent_coordinator_passes_start_exactly_one_run_per_fire_time(q
         t.join(30)
     assert not errors, errors
 
-    with psycopg.connect(quiet_dsn, autocommit=True, row_factory=dict_row) as c:
-        runs = c.execute("SELECT schedule_id, idempotency_key, input FROM awp.runs").fetchall()
-        rows = {s["schedule_id"]: s for s in c.execute("SELECT * FROM awp.list_schedules()").fetchall()}
+    with psycopg.connect(quiet_dsn, autocommit=True, row_factory=dict_row) as reader:
+        runs = reader.execute("SELECT schedule_id, idempotency_key, input FROM awp.runs").fetchall()
+        rows = {s["schedule_id"]: s for s in reader.execute("SELECT * FROM awp.list_schedules()").fetchall()}
     # Every run started was counted by exactly one pass: a fire time started twice (or started by one
     # pass and only found by the other) would make the counts and the runs disagree.
     assert sum(started) == len(runs)

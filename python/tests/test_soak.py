@@ -21,10 +21,14 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
+from psycopg.types.json import Jsonb
 from support import serve, wait_until
 from worker_support import Workers, mock_task
 
-from awp.testing import fresh_database, local_cluster
+from awp.testing import fresh_database, local_cluster, one
+
+pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 
 SOAK_SECONDS = float(os.environ.get("AWP_SOAK_SECONDS", "35"))
 LONG = SOAK_SECONDS >= 120
@@ -62,8 +66,8 @@ class Soak:
     def sample(self, conn: psycopg.Connection[Any], t: float) -> Sample:
         rows, kb = {}, {}
         for table in self.tables:
-            rows[table] = conn.execute(f"SELECT count(*) FROM awp.{table}").fetchone()[0]
-            kb[table] = conn.execute("SELECT pg_total_relation_size(%s) / 1024", (f"awp.{table}",)).fetchone()[0]
+            rows[table] = one(conn, f"SELECT count(*) FROM awp.{table}")[0]
+            kb[table] = one(conn, "SELECT pg_total_relation_size(%s) / 1024", (f"awp.{table}",))[0]
         s = Sample(t, rows, kb, self.started)
         self.samples.append(s)
         return s
@@ -114,10 +118,8 @@ def _full_batch_cost(dsn: str, n_runs: int = 200) -> str:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("SELECT awp.configure(retention_ms => 0)")  # the background leaves them to us
         wid = "soak-batch"
-        c.execute("SELECT awp.create_workflow_version(%s)", (psycopg.types.json.Jsonb({"id": wid, "tasks": TASKS}),))
-        worker, token = c.execute(
-            "SELECT worker_id, session_token FROM awp.register_worker('sql', '{mock}', 100)"
-        ).fetchone()
+        c.execute("SELECT awp.create_workflow_version(%s)", (Jsonb({"id": wid, "tasks": TASKS}),))
+        worker, token = one(c, "SELECT worker_id, session_token FROM awp.register_worker('sql', '{mock}', 100)")
         for _ in range(n_runs):
             c.execute("SELECT awp.start_run(%s)", (wid,))
         done = 0
@@ -131,19 +133,18 @@ def _full_batch_cost(dsn: str, n_runs: int = 200) -> str:
                     'SELECT awp.complete_task(%s, %s, %s, %s, \'{"kind": "success", "output": {"ok": 1}}\')',
                     (worker, token, dispatch_id, lease),
                 )
-            done = c.execute(
-                "SELECT count(*) FROM awp.runs WHERE workflow_id = %s AND status = 'succeeded'", (wid,)
-            ).fetchone()[0]
+            done = one(c, "SELECT count(*) FROM awp.runs WHERE workflow_id = %s AND status = 'succeeded'", (wid,))[0]
             if not leases and done < n_runs:
                 time.sleep(0.05)
         c.execute("SELECT status FROM awp.drain_worker(%s, %s)", (worker, token))
-        rows = c.execute(
+        rows = one(
+            c,
             "SELECT (SELECT count(*) FROM awp.tasks t JOIN awp.runs r USING (run_id) WHERE r.workflow_id = %s),"
             " (SELECT count(*) FROM awp.events e JOIN awp.runs r USING (run_id) WHERE r.workflow_id = %s)",
             (wid, wid),
-        ).fetchone()
+        )
         started = time.perf_counter()
-        batch = c.execute("SELECT awp._prune_batch(clock_timestamp())").fetchone()[0]
+        batch = one(c, "SELECT awp._prune_batch(clock_timestamp())")[0]
         ms = (time.perf_counter() - started) * 1000
     return (
         f"one prune batch: {batch['runs']} runs, {batch['tasks']} tasks, {batch['dispatches']} dispatches, "
@@ -206,17 +207,14 @@ def test_soak_row_counts_and_table_sizes_stay_flat_under_retention() -> None:
                 stop.set()
                 submitter.join(10)
                 wait_until(
-                    lambda: (
-                        c.execute("SELECT count(*) FROM awp.runs WHERE status IN ('pending', 'running')").fetchone()[0]
-                        == 0
-                    ),
+                    lambda: one(c, "SELECT count(*) FROM awp.runs WHERE status IN ('pending', 'running')")[0] == 0,
                     30,
                     0.2,
                     "the last runs to finish",
                 )
                 soak.sample(c, time.monotonic() - begin)
                 soak.violations += c.execute("SELECT * FROM awp.check_invariants()").fetchall()
-                finished = c.execute("SELECT count(*) FROM awp.runs WHERE status = 'succeeded'").fetchone()[0]
+                finished = one(c, "SELECT count(*) FROM awp.runs WHERE status = 'succeeded'")[0]
                 metrics = httpx.get(gw.url("/metrics")).text
             batches = {
                 line.split()[0]: float(line.split()[-1])

@@ -9,6 +9,7 @@ to any other origin than the gateway's, a console error or an uncaught exception
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -112,7 +113,12 @@ def open_ui(gw: ServeProcess, browser: Any) -> Iterator[Callable[..., Any]]:
         context.on("request", lambda r: watch.requests.append(r.url))
         context.add_init_script(LONGEST_TASK)
         page = context.new_page()
-        page.on("console", lambda m: m.type == "error" and watch.errors.append(f"{page.url}: {m.text}"))
+
+        def console_error(m: Any) -> None:
+            if m.type == "error":
+                watch.errors.append(f"{page.url}: {m.text}")
+
+        page.on("console", console_error)
         page.on("pageerror", lambda e: watch.errors.append(f"{page.url}: uncaught {e}"))
         page.set_default_timeout(15_000)
         opened.append((context, watch))
@@ -415,7 +421,7 @@ def test_the_workers_page_marks_each_worker_and_follows_a_drain(
     spare = workers.start("ui-spare", concurrency=3)
     workers.start("ui-idle", concurrency=3)
     ids = {
-        name: wait_until(lambda name=name: _worker(gw, name), 10, 0.05, name)["worker_id"]
+        name: wait_until(functools.partial(_worker, gw, name), 10, 0.05, name)["worker_id"]
         for name in ("ui-busy", "ui-spare", "ui-idle")
     }
     page = open_ui("viewer")

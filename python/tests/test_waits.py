@@ -21,6 +21,7 @@ from support import ServeProcess, serve, wait_until
 from worker_support import Workers, api, apply, get_run, start_run, tasks, wait_run
 
 from awp.cli import main
+from awp.testing import one
 
 WORKERS, CONCURRENCY = 2, 60  # 120 slots: more than the old default dispatch_limit (100)
 TASKS, SLEEP_MS = 240, 1000
@@ -33,20 +34,21 @@ def gw(db_dsn: str) -> Iterator[ServeProcess]:
 
 
 def active_workers(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT count(*) FROM awp.workers WHERE status = 'active'").fetchone()[0]
+    return one(conn, "SELECT count(*) FROM awp.workers WHERE status = 'active'")[0]
 
 
 def peak_concurrency(conn: psycopg.Connection, run_id: str) -> int:
     """The most attempts of the run that ran at the same time (database timestamps; an end before a start at
     the same instant)."""
-    return conn.execute(
+    return one(
+        conn,
         """SELECT max(s) FROM (
              SELECT sum(d) OVER (ORDER BY ts, d ROWS UNBOUNDED PRECEDING) AS s FROM (
                SELECT started_at AS ts, 1 AS d FROM awp.attempts WHERE run_id = %(r)s
                UNION ALL
                SELECT finished_at, -1 FROM awp.attempts WHERE run_id = %(r)s AND finished_at IS NOT NULL) e) x""",
         {"r": run_id},
-    ).fetchone()[0]
+    )[0]
 
 
 def metrics(gw: ServeProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -59,7 +61,7 @@ def metrics(gw: ServeProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 
 def test_an_io_bound_run_uses_every_worker_slot_with_the_default_settings(gw: ServeProcess, conn: psycopg.Connection):
-    assert conn.execute("SELECT awp.get_settings()->>'dispatch_limit'").fetchone()[0] == "10000"
+    assert one(conn, "SELECT awp.get_settings()->>'dispatch_limit'")[0] == "10000"
     with Workers(gw) as workers:
         for i in range(WORKERS):
             workers.start(f"io{i}", concurrency=CONCURRENCY)
@@ -81,7 +83,7 @@ def test_an_io_bound_run_uses_every_worker_slot_with_the_default_settings(gw: Se
         assert wait_run(gw, run_id, timeout=60)["status"] == "succeeded"
     slots = WORKERS * CONCURRENCY
     assert peak_concurrency(conn, run_id) == slots, "every worker slot busy at once (the old default held 100)"
-    assert conn.execute("SELECT count(*) FROM awp.attempts WHERE run_id = %s", [run_id]).fetchone()[0] == TASKS
+    assert one(conn, "SELECT count(*) FROM awp.attempts WHERE run_id = %s", [run_id])[0] == TASKS
     assert "dispatch_limit" not in seen and "fairness" not in seen, seen
     assert "workers_full" in seen, f"with {TASKS} tasks on {slots} slots some waited for the workers: {seen}"
     m = metrics(gw)

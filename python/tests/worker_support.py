@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 from support import ServeProcess, wait_until
 
+from awp import procs
+
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = ("succeeded", "failed", "canceled")
 
@@ -62,9 +64,7 @@ class WorkerProcess:
             self.proc.send_signal(sig)
 
     def kill(self) -> None:
-        if self.alive():
-            self.proc.kill()
-        self.proc.wait()
+        procs.kill(self.proc)
 
 
 class Workers:
@@ -100,6 +100,7 @@ class Workers:
         env: dict[str, str] | None = None,
     ) -> WorkerProcess:
         fd, log_name = tempfile.mkstemp(prefix=f"awp-worker-{name}-", suffix=".log")
+        os.close(fd)
         full_env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("AWP_")},
             "AWP_GATEWAY_URL": self.gateway_url,
@@ -107,10 +108,7 @@ class Workers:
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
-        cmd = [
-            sys.executable,
-            "-c",
-            "import sys; from awp.cli import main; sys.exit(main())",
+        args = [
             "worker",
             "--name",
             name,
@@ -126,8 +124,7 @@ class Workers:
             str(shutdown_timeout),
             *(extra or []),
         ]
-        with os.fdopen(fd, "wb") as out:
-            proc = subprocess.Popen(cmd, env=full_env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        proc = procs.start(args, env=full_env, cwd=REPO, log_path=Path(log_name))
         w = WorkerProcess(name, proc, Path(log_name))
         self.procs.append(w)
         return w
@@ -361,7 +358,7 @@ class RecordingProxy:
 
     def leases(self) -> list[dict[str, Any]]:
         """Every lease the gateway handed out through this proxy (claims and completions that claimed)."""
-        found = []
+        found: list[dict[str, Any]] = []
         with self._lock:
             for x in self.exchanges:
                 path = x["path"].split("?")[0]

@@ -35,7 +35,9 @@ import jinja2
 import psycopg
 import psycopg_pool
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from markupsafe import Markup
+from multidict import MultiDictProxy
 
 from awp.appstate import CONFIG, DB, GatewayConfig
 from awp.auth import Role, role_of
@@ -130,7 +132,7 @@ def new_session(config: GatewayConfig, role: Role, now: float | None = None) -> 
 
 def read_session(config: GatewayConfig, value: str | None, now: float | None = None) -> Session | None:
     """The session of a cookie value, or None when it is missing, forged, expired or of another role."""
-    if not value or len(value) > 512:
+    if not value or len(value) > 512 or not value.isascii():  # a cookie we set is ASCII (bytes not UTF-8: surrogates)
         return None
     parts = value.split(".")
     if len(parts) != 4:
@@ -159,8 +161,9 @@ def cross_site(request: web.Request) -> bool:
 
 
 def safe_next(value: str | None) -> str:
-    """Where to go after signing in: a path under /ui/ only (never another host)."""
-    if value and value.startswith("/ui/") and not value.startswith("//") and "\\" not in value:
+    """Where to go after signing in: a path under /ui/ only (never another host), printable ASCII (a CR or LF
+    would break the Location header)."""
+    if value and value.startswith("/ui/") and "\\" not in value and value.isascii() and value.isprintable():
         return value
     return "/ui/runs"
 
@@ -372,11 +375,27 @@ async def sign_in_form(request: web.Request, session: Session | None) -> web.Str
     return render(request, "login.html", session=None, next_url=next_url, message=message, nav="")
 
 
+FORM_LIMIT = 64 * 1024  # a sign-in or a cancel form is a few hundred bytes
+
+
+async def read_form(request: web.Request) -> MultiDictProxy[str | bytes | bytearray | web.FileField]:
+    """The posted form (at most 64 KiB, else 413); 400 when it cannot be read (bytes that are not UTF-8, a broken
+    multipart body)."""
+    if request.content_length is not None and request.content_length > FORM_LIMIT:
+        raise ApiError.of(413, f"the form exceeds {FORM_LIMIT} bytes")
+    try:
+        return await request.post()
+    except (ValueError, HttpProcessingError, web.RequestPayloadError) as e:  # UnicodeDecodeError is a ValueError
+        raise ApiError.of(400, f"the form cannot be read: {type(e).__name__}") from None
+    except ConnectionResetError:  # the client hung up mid-body: nobody reads this answer
+        raise ApiError.of(400, "the form is incomplete: the connection closed") from None
+
+
 @ui_route("POST", "/ui/login", kind="public")
 async def sign_in(request: web.Request, session: Session | None) -> web.StreamResponse:
     if cross_site(request):
         raise ApiError.of(403, "a sign-in from another site is refused")
-    form = await request.post()
+    form = await read_form(request)
     token = str(form.get("token", "")).strip()
     next_url = safe_next(str(form.get("next", "")))
     config = request.app[CONFIG]
@@ -399,10 +418,12 @@ async def sign_in(request: web.Request, session: Session | None) -> web.StreamRe
     return response
 
 
-async def _check_csrf(request: web.Request, session: Session) -> web.MultiDictProxy[Any]:
+async def _check_csrf(
+    request: web.Request, session: Session
+) -> MultiDictProxy[str | bytes | bytearray | web.FileField]:
     if cross_site(request):
         raise ApiError.of(403, "a request from another site is refused")
-    form = await request.post()
+    form = await read_form(request)
     token = str(form.get("csrf_token", ""))
     if not hmac.compare_digest(token.encode(), session.csrf.encode()):
         raise ApiError.of(403, "missing or wrong CSRF token: reload the page and try again")
@@ -453,8 +474,9 @@ def _query(request: web.Request, name: str, max_len: int = 256) -> str | None:
 
 def _fragment_response(request: web.Request, response: web.Response) -> web.Response:
     """A fragment with an ETag; 304 when the page already has it."""
-    assert response.body is not None
-    etag = '"' + hashlib.sha256(bytes(response.body)).hexdigest()[:16] + '"'
+    body = response.body
+    assert isinstance(body, bytes | bytearray), "a rendered fragment (text), not a payload"
+    etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
     if request.headers.get("If-None-Match") == etag:
         return web.Response(status=304, headers={"ETag": etag})
     response.headers["ETag"] = etag
@@ -475,7 +497,7 @@ async def runs_page(request: web.Request, session: Session | None) -> web.Stream
     filters = {k: v for k, v in (("status", status), ("workflow", workflow)) if v}
     older = "/ui/runs?" + urlencode({**filters, "after": rows[-1]["run_id"]}) if more else None
     newest = "/ui/runs?" + urlencode(filters) if after else None
-    context = {
+    context: dict[str, Any] = {
         "session": session,
         "runs": rows,
         "older": older,
@@ -678,7 +700,7 @@ async def workers_page(request: web.Request, session: Session | None) -> web.Str
     rows = await request.app[DB].list_workers()
     rows.sort(key=lambda w: (WORKER_ORDER.get(w["status"], 9), -w["registered_at"].timestamp(), w["worker_id"]))
     counts = {s: sum(1 for w in rows if w["status"] == s) for s in WORKER_ORDER}
-    context = {"session": session, "workers": rows, "counts": counts, "now": _now(), "nav": "workers"}
+    context: dict[str, Any] = {"session": session, "workers": rows, "counts": counts, "now": _now(), "nav": "workers"}
     if request.query.get("fragment"):
         return _fragment_response(request, render(request, "_workers_table.html", **context))
     return render(request, "workers.html", **context)
