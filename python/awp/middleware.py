@@ -43,6 +43,27 @@ def _route_label(request: web.Request) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
+def database_error(request: web.Request, e: psycopg.Error | psycopg_pool.PoolTimeout) -> ApiError:
+    """The answer to a database error (through the table in :mod:`awp.errors`), logged once: a timeout or a
+    saturated pool is a busy database (503, nothing else to do); a lost connection also has the pools
+    checked; anything else is a bug (500, with its traceback in the log)."""
+    request_id = request.get("request_id", "-")
+    error = from_database_error(e)
+    if error is None:
+        log.error("request %s %s failed: %s", request_id, request.path, e, exc_info=e)
+        return ApiError.of(500, "internal error; see the gateway log for request id " + request_id)
+    if error.status == 503:
+        if is_timeout_error(e):  # the database is up; a row or lock was held elsewhere for too long
+            log.warning("request %s %s: %s", request_id, request.path, e)
+        elif isinstance(e, PoolSaturated):  # every connection busy: the database may be fine
+            log.warning("request %s %s: no free database connection (pool saturated)", request_id, request.path)
+            error = ApiError.of(503, "every database connection of this gateway is busy; retry later")
+        else:
+            log.warning("request %s: database unavailable: %s", request_id, e)
+            request.app[DB].connection_lost()
+    return error
+
+
 @web.middleware
 async def api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     incoming = request.headers.get("X-Request-Id", "")
@@ -58,21 +79,7 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
         extra = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
         response = error_response(ApiError.of(status, e.reason), request_id, extra)
     except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
-        error = from_database_error(e)
-        if error is None:
-            log.error("request %s %s failed: %s", request_id, request.path, e, exc_info=e)
-            error = ApiError.of(500, "internal error; see the gateway log for request id " + request_id)
-        elif error.status == 503:
-            db = request.app[DB]
-            if is_timeout_error(e):  # the database is up; a row or lock was held elsewhere for too long
-                log.warning("request %s %s: %s", request_id, request.path, e)
-            elif isinstance(e, PoolSaturated):  # every connection busy: the database may be fine
-                log.warning("request %s %s: no free database connection (pool saturated)", request_id, request.path)
-                error = ApiError.of(503, "every database connection of this gateway is busy; retry later")
-            else:
-                log.warning("request %s: database unavailable: %s", request_id, e)
-                db.connection_lost()
-        response = error_response(error, request_id)
+        response = error_response(database_error(request, e), request_id)
     except (asyncio.CancelledError, KeyboardInterrupt):
         raise
     except Exception as e:

@@ -95,10 +95,10 @@ class Watch:
     requests: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
-    def check(self) -> None:
+    def check(self, gateway_log: str = "") -> None:
         foreign = [url for url in self.requests if not url.startswith(self.origin + "/")]
         assert not foreign, f"requests to another host: {foreign}"
-        assert not self.errors, f"console errors: {self.errors}"
+        assert not self.errors, f"console errors: {self.errors}\ngateway log:\n{gateway_log}"
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def open_ui(gw: ServeProcess, browser: Any) -> Iterator[Callable[..., Any]]:
     for context, _ in opened:
         context.close()
     for _, watch in opened:
-        watch.check()
+        watch.check(gw.log_tail(60) if watch.errors else "")
 
 
 def sign_in(page: Any, token: str) -> None:

@@ -41,8 +41,9 @@ from multidict import MultiDictProxy
 
 from awp.appstate import CONFIG, DB, GatewayConfig
 from awp.auth import Role, role_of
-from awp.errors import ApiError, from_database_error
+from awp.errors import ApiError
 from awp.jsonio import dumps
+from awp.middleware import database_error
 from awp.ui import dag
 
 log = logging.getLogger(__name__)
@@ -328,11 +329,7 @@ def ui_route(method: str, path: str, kind: str = "page") -> Callable[[UiHandler]
             except (ApiError, psycopg.Error, psycopg_pool.PoolTimeout) as e:
                 if kind == "part":
                     raise  # the gateway's middleware answers JSON
-                error = e if isinstance(e, ApiError) else from_database_error(e)
-                if error is None:
-                    raise
-                if error.status == 503:
-                    request.app[DB].connection_lost()
+                error = e if isinstance(e, ApiError) else database_error(request, e)
                 response = render(request, "error.html", status=error.status, session=session, error=error, nav="")
             _secure_headers(response)
             return response
