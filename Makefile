@@ -53,7 +53,7 @@ ha-deps:  ## install Debian's patroni and etcd-server (the HA test runs them) wi
 test: test-db test-py  ## every test: pgTAP, then pytest
 
 test-db: setup  ## pgTAP tests (db/tests) with pg_prove on a throwaway cluster and a fresh migrated database
-	$(BIN)/python -m awp.testing pgprove db/tests
+	$(BIN)/python -m awp_testing pgprove db/tests
 
 test-py: setup  ## pytest against a throwaway cluster (or AWP_TEST_DSN)
 	$(BIN)/pytest python/tests
@@ -86,16 +86,16 @@ fuzz: setup  ## hostile-input fuzzing (a few minutes): schemathesis, 200 example
 	AWP_FUZZ_EXAMPLES=$${AWP_FUZZ_EXAMPLES:-200} $(BIN)/pytest -q -s -p no:cacheprovider python/tests/test_gateway_fuzz.py python/tests/test_raw_fuzz.py
 
 mutate: setup  ## mutation testing (a few minutes): every mutant of db/mutations/mutations.yaml must fail pgTAP (or its race tests)
-	$(BIN)/python -m awp.mutate $(MUTATE_ARGS)
+	$(BIN)/python -m awp_testing.mutate $(MUTATE_ARGS)
 
-docs: setup  ## regenerate docs/sql-api.md from a migrated database's catalog (python -m awp.sqldoc)
-	$(BIN)/python -m awp.sqldoc > docs/sql-api.md.tmp && mv docs/sql-api.md.tmp docs/sql-api.md
+docs: setup  ## regenerate docs/sql-api.md from a migrated database's catalog (python -m awp_testing.sqldoc)
+	$(BIN)/python -m awp_testing.sqldoc > docs/sql-api.md.tmp && mv docs/sql-api.md.tmp docs/sql-api.md
 
 lint: setup  ## ruff
 	$(BIN)/ruff check python $(wildcard benchmarks)
 	$(BIN)/ruff format --check python $(wildcard benchmarks)
 
-typecheck: setup $(BENCH_STAMP)  ## mypy on python/awp, python/tests and benchmarks ([tool.mypy] in pyproject.toml)
+typecheck: setup $(BENCH_STAMP)  ## mypy on python/awp, python/awp_testing, python/tests and benchmarks ([tool.mypy] in pyproject.toml)
 	$(BIN)/mypy
 
 clean:  ## remove the venv and caches (the local cluster in .awp/ is kept: awp db down --purge)

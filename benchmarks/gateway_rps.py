@@ -27,12 +27,10 @@ from typing import Any
 import aiohttp
 import psycopg
 
+from awp_testing.cluster import fresh_database, throwaway_cluster
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "python" / "tests"))
-
-from support import PROTOCOL, ServeProcess, bearer, serve  # noqa: E402
-
-from awp.testing import fresh_database, throwaway_cluster  # noqa: E402
 
 log = logging.getLogger("gateway_rps")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 
 from awp.pgbin import pg_bin
-from awp.testing import libpq_env, one
+from awp_testing.cluster import libpq_env, one
 
 SCHEMA = """
 DROP SCHEMA IF EXISTS bench_ref CASCADE;

@@ -22,7 +22,7 @@ import httpx
 import psycopg
 from psycopg.types.json import Jsonb
 
-from awp.testing import one
+from awp_testing.cluster import one
 
 TASKS = [
     {"key": "a", "executor": "mock"},

@@ -53,20 +53,19 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+# this folder's modules (peer_procrastinate, procs, ...): a script's own folder is first on sys.path
+import peer_procrastinate
+import procs
 import psycopg
+import reference
+import report
+import retention
+from procs import Gateway, Reaper, WorkerPool
+
+from awp import procs as awp_procs
+from awp_testing.cluster import database_name, fresh_database, one, throwaway_cluster
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import peer_procrastinate  # noqa: E402
-import procs  # noqa: E402
-import reference  # noqa: E402
-import report  # noqa: E402
-import retention  # noqa: E402
-from procs import Gateway, Reaper, WorkerPool  # noqa: E402
-
-from awp import procs as awp_procs  # noqa: E402
-from awp.testing import database_name, fresh_database, one, throwaway_cluster  # noqa: E402
 
 log = logging.getLogger("bench")
 RESULTS = HERE / "results"

@@ -20,7 +20,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
-from awp.testing import database_name, fresh_database, one, throwaway_cluster
+from awp_testing.cluster import database_name, fresh_database, one, throwaway_cluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

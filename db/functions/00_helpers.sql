@@ -1,4 +1,4 @@
--- Private helpers shared by the public functions: time, ids, tokens, hashing, sessions, events.
+-- Private helpers shared by the public functions: time, ids, tokens, hashing, sessions, events, errors.
 -- None of them is granted to awp_gateway; they run inside the SECURITY DEFINER callers.
 -- The one-line SQL helpers _ms, _new_id, _token and _hash have no SET search_path on purpose: they
 -- name only pg_catalog objects (and public.gen_random_bytes, schema-qualified), so the planner can
@@ -83,12 +83,10 @@ BEGIN
     SELECT * INTO w FROM awp.workers WHERE worker_id = p_worker_id;
   END IF;
   IF NOT FOUND OR p_session_token IS NULL OR w.session_token_hash <> awp._hash(p_session_token) THEN
-    RAISE EXCEPTION 'worker session is invalid' USING ERRCODE = 'AWSES',
-      DETAIL = 'unknown worker or wrong session token';
+    PERFORM awp._raise_session_invalid('unknown worker or wrong session token');
   END IF;
   IF w.status NOT IN ('active', 'draining') THEN
-    RAISE EXCEPTION 'worker session is invalid' USING ERRCODE = 'AWSES',
-      DETAIL = format('worker %s is %s; register a new session', w.worker_id, w.status);
+    PERFORM awp._raise_session_invalid(format('worker %s is %s; register a new session', w.worker_id, w.status));
   END IF;
   RETURN w;
 END $$;
@@ -96,7 +94,7 @@ COMMENT ON FUNCTION awp._session(text, text, boolean) IS 'Checks a worker sessio
 
 -- The per-call state of the runs a call changed (transaction-local setting awp.log_state): for each
 -- run ";run_id,revision,last_sequence,unfinished_delta" -- the revision of this transaction, the last
--- event sequence used and the change to runs.unfinished_tasks not yet written. awp._logn and
+-- event sequence used and the change to runs.unfinished_tasks not yet written. awp._append_events and
 -- awp._unfinished_add keep it; awp._log_flush() writes it to the run rows (one UPDATE per run), and
 -- every public function that changes a run calls it before it returns (the deferred trigger
 -- events_flush_log_state does at commit, as a safety net). Updating a hot run row once per call,
@@ -143,12 +141,16 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._run_state_put(text, bigint, bigint, integer) IS 'Stores a run''s entry of awp.log_state.';
 
--- awp._logn(run, entity_types, keys, froms, tos, reasons): appends one event per array element
+-- Appending events (the run's history, awp.events): awp._append_events (any events, parallel arrays),
+-- awp._append_events_alike (many entities of one type moving to one status for one reason) and
+-- awp._append_event (one event). Every state change of a run goes through one of them.
+
+-- awp._append_events(run, entity_types, keys, froms, tos, reasons): appends one event per array element
 -- (parallel arrays) with contiguous per-run sequence numbers, all with the run's revision of this
 -- transaction. The caller holds the run's row lock (lock order: Run first), so no other writer
 -- interleaves; the run row itself is written by awp._log_flush().
-CREATE OR REPLACE FUNCTION awp._logn(p_run_id text, p_types text[], p_keys text[], p_from text[],
-                                     p_to text[], p_reasons text[])
+CREATE OR REPLACE FUNCTION awp._append_events(p_run_id text, p_types text[], p_keys text[], p_from text[],
+                                              p_to text[], p_reasons text[])
 RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
@@ -165,7 +167,7 @@ BEGIN
   SELECT p_run_id, st.last_sequence + u.o, st.revision, u.t, u.k, u.f, u.s, u.r, awp._now()
     FROM unnest(p_types, p_keys, coalesce(p_from, '{}'::text[]), p_to, p_reasons) WITH ORDINALITY AS u(t, k, f, s, r, o);
 END $$;
-COMMENT ON FUNCTION awp._logn(text, text[], text[], text[], text[], text[]) IS 'Appends events for a run (parallel arrays) with the revision of this transaction; the run row is updated by awp._log_flush().';
+COMMENT ON FUNCTION awp._append_events(text, text[], text[], text[], text[], text[]) IS 'Appends events for a run (parallel arrays) with the revision of this transaction; the run row is updated by awp._log_flush().';
 
 -- awp._unfinished_add(run, delta): changes the run's unfinished_tasks by delta, in the state (see
 -- above); awp._unfinished_tasks(run) reads the value as it is now. The caller holds the run's lock.
@@ -183,7 +185,7 @@ COMMENT ON FUNCTION awp._unfinished_add(text, integer) IS 'Changes a run''s unfi
 
 -- awp._log_flush(): writes each run's entry of awp.log_state to its row (revision, last sequence,
 -- unfinished tasks; one UPDATE per run) and clears the state. Cheap when nothing was logged.
--- Locks: the run rows, which every caller of _logn and _unfinished_add already holds.
+-- Locks: the run rows, which every caller of _append_events and _unfinished_add already holds.
 CREATE OR REPLACE FUNCTION awp._log_flush() RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
@@ -216,32 +218,120 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._log_flush_at_commit() IS 'Deferred trigger: flushes awp.log_state at commit when a function did not.';
 
--- awp._log(run, entity_type, keys, froms, to, reason): events of one entity type and target status.
+-- awp._append_events_alike(run, entity_type, keys, froms, to, reason): appends one event per key, all of one
+-- entity type, target status and reason (each key with its from status).
 -- (PL/pgSQL rather than SQL, here and in the other small helpers called per task: PL/pgSQL caches
 -- its plans, while a SQL function called from PL/pgSQL is planned again on every call.)
-CREATE OR REPLACE FUNCTION awp._log(p_run_id text, p_entity_type text, p_keys text[], p_from text[],
-                                    p_to text, p_reason text)
+CREATE OR REPLACE FUNCTION awp._append_events_alike(p_run_id text, p_entity_type text, p_keys text[], p_from text[],
+                                                    p_to text, p_reason text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_n integer := coalesce(cardinality(p_keys), 0);
 BEGIN
   IF v_n > 0 THEN
-    PERFORM awp._logn(p_run_id, array_fill(p_entity_type, ARRAY[v_n]), p_keys, p_from,
-                      array_fill(p_to, ARRAY[v_n]), array_fill(p_reason, ARRAY[v_n]));
+    PERFORM awp._append_events(p_run_id, array_fill(p_entity_type, ARRAY[v_n]), p_keys, p_from,
+                               array_fill(p_to, ARRAY[v_n]), array_fill(p_reason, ARRAY[v_n]));
   END IF;
 END $$;
-COMMENT ON FUNCTION awp._log(text, text, text[], text[], text, text) IS 'Appends events of one entity type and target status for a run.';
+COMMENT ON FUNCTION awp._append_events_alike(text, text, text[], text[], text, text) IS 'Appends events of one entity type and target status for a run.';
 
--- awp._log1: one event.
-CREATE OR REPLACE FUNCTION awp._log1(p_run_id text, p_entity_type text, p_key text, p_from text,
-                                     p_to text, p_reason text)
+-- awp._append_event(run, entity_type, key, from, to, reason): appends one event.
+CREATE OR REPLACE FUNCTION awp._append_event(p_run_id text, p_entity_type text, p_key text, p_from text,
+                                             p_to text, p_reason text)
 RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
 BEGIN
-  PERFORM awp._logn(p_run_id, ARRAY[p_entity_type], ARRAY[p_key], ARRAY[p_from], ARRAY[p_to], ARRAY[p_reason]);
+  PERFORM awp._append_events(p_run_id, ARRAY[p_entity_type], ARRAY[p_key], ARRAY[p_from], ARRAY[p_to], ARRAY[p_reason]);
 END $$;
-COMMENT ON FUNCTION awp._log1(text, text, text, text, text, text) IS 'Appends one event for a run.';
+COMMENT ON FUNCTION awp._append_event(text, text, text, text, text, text) IS 'Appends one event for a run.';
+
+-- Raising the project's errors: one helper per SQLSTATE (python/awp/errors.py maps each to its HTTP status and
+-- error code; README.md's SQL API lists them), so each code is written once, here. The message is the short
+-- MESSAGE_TEXT (clients branch on the SQLSTATE, never on the text), the detail says exactly what is wrong
+-- (PG_EXCEPTION_DETAIL; the gateway passes it on). PL/pgSQL: a RAISE cannot be inlined anyway, and the helpers
+-- run only on the way out. Locks: none; none of them returns.
+
+-- awp._raise_invalid_request(message, detail): AWREQ (400 invalid_request): malformed or out-of-range input.
+CREATE OR REPLACE FUNCTION awp._raise_invalid_request(p_message text, p_detail text DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWREQ', DETAIL = coalesce(p_detail, p_message);
+END $$;
+COMMENT ON FUNCTION awp._raise_invalid_request(text, text) IS 'Raises invalid_request (AWREQ).';
+
+-- awp._raise_not_found(message, detail): AWNTF (404 not_found): an unknown run, task, workflow, worker, schedule.
+CREATE OR REPLACE FUNCTION awp._raise_not_found(p_message text, p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWNTF', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_not_found(text, text) IS 'Raises not_found (AWNTF).';
+
+-- awp._raise_session_invalid(detail): AWSES (401 worker_session_invalid): the worker must register anew.
+CREATE OR REPLACE FUNCTION awp._raise_session_invalid(p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION 'worker session is invalid' USING ERRCODE = 'AWSES', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_session_invalid(text) IS 'Raises worker_session_invalid (AWSES).';
+
+-- awp._raise_protocol_unsupported(message, detail): AWPRO (400 worker_protocol_unsupported).
+CREATE OR REPLACE FUNCTION awp._raise_protocol_unsupported(p_message text, p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWPRO', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_protocol_unsupported(text, text) IS 'Raises worker_protocol_unsupported (AWPRO).';
+
+-- awp._raise_worker_draining(detail): AWDRN (409 worker_draining): a draining worker claims nothing new.
+CREATE OR REPLACE FUNCTION awp._raise_worker_draining(p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION 'worker is draining' USING ERRCODE = 'AWDRN', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_worker_draining(text) IS 'Raises worker_draining (AWDRN).';
+
+-- awp._raise_capacity_exceeded(detail): AWCAP (409 worker_capacity_exceeded): more slots asked than are free.
+CREATE OR REPLACE FUNCTION awp._raise_capacity_exceeded(p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION 'worker capacity exceeded' USING ERRCODE = 'AWCAP', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_capacity_exceeded(text) IS 'Raises worker_capacity_exceeded (AWCAP).';
+
+-- awp._raise_lease_lost(detail): AWLST (409 lease_lost): the lease is not (or no longer) this worker's to complete.
+CREATE OR REPLACE FUNCTION awp._raise_lease_lost(p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_lease_lost(text) IS 'Raises lease_lost (AWLST).';
+
+-- awp._raise_result_conflict(detail): AWCNF (409 result_conflict): a completed lease reported with another result.
+CREATE OR REPLACE FUNCTION awp._raise_result_conflict(p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION 'result conflict' USING ERRCODE = 'AWCNF', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_result_conflict(text) IS 'Raises result_conflict (AWCNF).';
+
+-- awp._raise_idempotency_conflict(message, detail): AWIDM (409 idempotency_conflict): a key reused for another request.
+CREATE OR REPLACE FUNCTION awp._raise_idempotency_conflict(p_message text, p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWIDM', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_idempotency_conflict(text, text) IS 'Raises idempotency_conflict (AWIDM).';
+
+-- awp._raise_leadership_lost(message, detail): AWLDR, internal (never a client's answer): a fenced coordinator
+-- pass, heartbeat or retention batch whose term is over (db/functions/leadership.sql).
+CREATE OR REPLACE FUNCTION awp._raise_leadership_lost(p_message text, p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWLDR', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_leadership_lost(text, text) IS 'Raises leadership lost (AWLDR, internal).';
 
 -- awp._wake(channel, payload): a NOTIFY hint (delivered at commit). Tables stay the truth.
 -- Channels: awp_dispatch (sent by awp._notify_pending: one per dispatch left pending),

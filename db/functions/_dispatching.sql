@@ -1,6 +1,27 @@
--- Private helpers that turn ready tasks into pending dispatches: the budget and the one-dispatch
--- step used by awp._create_dispatches (coordinator passes, run starts), the completion fast path
--- awp._replace_dispatch, and awp._notify_pending (the wake-up hint for waiting claims).
+-- Private helpers that turn ready tasks into pending dispatches: the fairness order, the budget and the
+-- one-dispatch step used by awp._create_dispatches (coordinator passes, run starts), the refill of the slot a
+-- completion frees (awp._refill_slot, awp._refill_slots; docs/protocol.md, Refill and claim on complete), and
+-- awp._notify_pending (the wake-up hint for waiting claims).
+
+-- awp._fairness_order(kinds): the runs that may get a dispatch now, in the fairness order of docs/protocol.md
+-- (rule 9): runs never dispatched first, then the run whose latest dispatch is oldest (last_dispatch_seq),
+-- then the oldest run. A run is listed while it is pending or running, its cancellation was not requested and
+-- it has a ready task of one of `kinds` (NULL: of any kind). The one definition of that order, for
+-- awp._create_dispatches, awp._refill_slot and awp._refill_slots; the rows come in it (read them as they
+-- come: a FOR loop, ARRAY(...), LIMIT; do not join or re-sort). LANGUAGE sql STABLE without SET search_path
+-- (every name is schema-qualified), so the planner inlines it into the caller's query and plans the scan as
+-- if it were written there: a function called per run would lose the hot path its plans (AWP issue 11).
+-- Locks: none (callers lock each run with SKIP LOCKED).
+CREATE OR REPLACE FUNCTION awp._fairness_order(p_kinds text[]) RETURNS TABLE (run_id text)
+LANGUAGE sql STABLE AS $$
+  SELECT x.run_id FROM awp.runs x
+   WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
+     AND (SELECT y.ordinal FROM awp.tasks y
+           WHERE y.run_id = x.run_id AND y.status = 'ready' AND (p_kinds IS NULL OR y.executor = ANY (p_kinds))
+           ORDER BY y.ordinal LIMIT 1) IS NOT NULL
+   ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id
+$$;
+COMMENT ON FUNCTION awp._fairness_order(text[]) IS 'The runs that may get a dispatch now (a ready task of one of kinds), in fairness order.';
 
 -- awp._dispatch_budget(): how many dispatches may be created right now:
 --   global_free  dispatch_limit - (pending + leased)
@@ -77,11 +98,11 @@ BEGIN
                         status = 'running', started_at = coalesce(x.started_at, v_now)
    WHERE x.run_id = p_run_id;
   IF r.status = 'pending' THEN
-    PERFORM awp._logn(p_run_id, '{run,task,dispatch}', ARRAY[p_run_id, t.task_key, v_id], '{pending,ready,NULL}',
-                      '{running,queued,pending}', '{"first dispatch","dispatch created","dispatch created"}');
+    PERFORM awp._append_events(p_run_id, '{run,task,dispatch}', ARRAY[p_run_id, t.task_key, v_id], '{pending,ready,NULL}',
+                               '{running,queued,pending}', '{"first dispatch","dispatch created","dispatch created"}');
   ELSE
-    PERFORM awp._logn(p_run_id, '{task,dispatch}', ARRAY[t.task_key, v_id], '{ready,NULL}',
-                      '{queued,pending}', '{"dispatch created","dispatch created"}');
+    PERFORM awp._append_events(p_run_id, '{task,dispatch}', ARRAY[t.task_key, v_id], '{ready,NULL}',
+                               '{queued,pending}', '{"dispatch created","dispatch created"}');
   END IF;
   RETURN t.executor;
 END $$;
@@ -112,14 +133,14 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._notify_pending() IS 'Sends one NOTIFY awp_dispatch per dispatch created and still pending in this transaction.';
 
--- awp._replace_dispatch(worker): the completion fast path (docs/protocol.md, The fast path). A completion frees one
--- lease of an active worker; in its place, one dispatch is created for the first run in fairness
--- order (never dispatched first, then oldest latest dispatch) that has a ready task of a kind that
--- worker runs and room under its concurrency. Pending + leased and the worker's capacity are thus
+-- awp._refill_slot(worker): the refill (docs/protocol.md, Refill and claim on complete). A completion frees
+-- one slot of an active worker; it is refilled at once with one dispatch for the first run in fairness
+-- order (awp._fairness_order) that has a ready task of a kind that worker runs and room under its
+-- concurrency. Pending + leased and the worker's capacity are thus
 -- unchanged, so no global budget (nor the advisory lock of awp._create_dispatches) is needed, and
 -- run concurrency is checked under the run's lock. Runs busy elsewhere are skipped (SKIP LOCKED).
 -- Returns true when a dispatch was created.
-CREATE OR REPLACE FUNCTION awp._replace_dispatch(p_worker awp.workers) RETURNS boolean
+CREATE OR REPLACE FUNCTION awp._refill_slot(p_worker awp.workers) RETURNS boolean
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_kinds jsonb;
@@ -129,14 +150,7 @@ BEGIN
     RETURN false;
   END IF;
   SELECT jsonb_object_agg(k, 1) INTO v_kinds FROM unnest(p_worker.executor_kinds) k;
-  FOR v_run IN
-    SELECT x.run_id FROM awp.runs x
-     WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
-       AND (SELECT y.ordinal FROM awp.tasks y
-             WHERE y.run_id = x.run_id AND y.status = 'ready' AND y.executor = ANY (p_worker.executor_kinds)
-             ORDER BY y.ordinal LIMIT 1) IS NOT NULL
-     ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id
-  LOOP
+  FOR v_run IN SELECT f.run_id FROM awp._fairness_order(p_worker.executor_kinds) f LOOP
     PERFORM 1 FROM awp.runs x WHERE x.run_id = v_run FOR UPDATE SKIP LOCKED;
     CONTINUE WHEN NOT FOUND;
     IF awp._dispatch_one(v_run, v_kinds) IS NOT NULL THEN
@@ -145,11 +159,11 @@ BEGIN
   END LOOP;
   RETURN false;
 END $$;
-COMMENT ON FUNCTION awp._replace_dispatch(awp.workers) IS 'Creates one dispatch in place of the lease a completion freed (fairness order, that worker''s kinds).';
+COMMENT ON FUNCTION awp._refill_slot(awp.workers) IS 'Refills the slot a completion freed with one dispatch (fairness order, that worker''s kinds).';
 
 -- awp._dispatch_many(run, kinds, n): awp._dispatch_one for up to n tasks at once (the run's first ready
 -- tasks in definition order whose executor is in `kinds`), within the run's concurrency: one INSERT,
--- one UPDATE of the tasks, one of the run row (its place in the fairness order) and one _logn,
+-- one UPDATE of the tasks, one of the run row (its place in the fairness order) and one _append_events,
 -- instead of n of each. The caller holds the run's row lock. Returns the number created.
 CREATE OR REPLACE FUNCTION awp._dispatch_many(p_run_id text, p_kinds text[], p_n integer) RETURNS integer
 LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$   -- see awp._dispatch_one
@@ -193,7 +207,7 @@ BEGIN
                         status = 'running', started_at = coalesce(x.started_at, v_now)
    WHERE x.run_id = p_run_id;
   -- The events of _dispatch_one, in the same order: (task queued, dispatch pending) per task.
-  PERFORM awp._logn(p_run_id,
+  PERFORM awp._append_events(p_run_id,
     CASE WHEN r.status = 'pending' THEN '{run}'::text[] ELSE '{}' END || array_agg(e.t ORDER BY e.i, e.j),
     CASE WHEN r.status = 'pending' THEN ARRAY[p_run_id] ELSE '{}' END || array_agg(e.k ORDER BY e.i, e.j),
     CASE WHEN r.status = 'pending' THEN '{pending}'::text[] ELSE '{}' END || array_agg(e.f ORDER BY e.i, e.j),
@@ -208,11 +222,11 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._dispatch_many(text, text[], integer) IS 'Creates up to n pending dispatches for a run at once (caller holds the run lock) within its concurrency; returns the count.';
 
--- awp._replace_dispatches(worker, n): awp._replace_dispatch for the n leases a batch of completions
+-- awp._refill_slots(worker, n): awp._refill_slot for the n slots a batch of completions
 -- freed: the n slots go round-robin to the runs in fairness order that have a ready task of a kind
--- that worker runs (as n single replacements would), and each run gets its share in one
+-- that worker runs (as n single refills would), and each run gets its share in one
 -- awp._dispatch_many call. Runs busy elsewhere are skipped (SKIP LOCKED). Returns the number created.
-CREATE OR REPLACE FUNCTION awp._replace_dispatches(p_worker awp.workers, p_n integer) RETURNS integer
+CREATE OR REPLACE FUNCTION awp._refill_slots(p_worker awp.workers, p_n integer) RETURNS integer
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_runs  text[];
@@ -223,16 +237,8 @@ BEGIN
   IF p_worker.status <> 'active' OR p_n < 1 THEN
     RETURN 0;
   END IF;
-  SELECT array_agg(q.run_id ORDER BY q.o) INTO v_runs FROM (
-    SELECT x.run_id, row_number() OVER (ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id) AS o
-      FROM awp.runs x
-     WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
-       AND (SELECT y.ordinal FROM awp.tasks y
-             WHERE y.run_id = x.run_id AND y.status = 'ready' AND y.executor = ANY (p_worker.executor_kinds)
-             ORDER BY y.ordinal LIMIT 1) IS NOT NULL
-     ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id
-     LIMIT p_n) q;
-  FOR v_i IN 1 .. coalesce(cardinality(v_runs), 0) LOOP
+  v_runs := ARRAY(SELECT f.run_id FROM awp._fairness_order(p_worker.executor_kinds) f LIMIT p_n);
+  FOR v_i IN 1 .. cardinality(v_runs) LOOP
     -- Round-robin share of run i among k runs: one each, the first (n mod k) runs one more.
     v_share := p_n / cardinality(v_runs) + CASE WHEN v_i <= p_n % cardinality(v_runs) THEN 1 ELSE 0 END;
     PERFORM 1 FROM awp.runs x WHERE x.run_id = v_runs[v_i] FOR UPDATE SKIP LOCKED;
@@ -241,4 +247,4 @@ BEGIN
   END LOOP;
   RETURN v_done;
 END $$;
-COMMENT ON FUNCTION awp._replace_dispatches(awp.workers, integer) IS 'Creates up to n dispatches in place of the leases a batch of completions freed (round-robin over runs in fairness order).';
+COMMENT ON FUNCTION awp._refill_slots(awp.workers, integer) IS 'Refills up to n slots a batch of completions freed (round-robin over runs in fairness order).';

@@ -24,8 +24,8 @@ BEGIN
   IF v_final = 'succeeded' THEN
     PERFORM awp._set_run_output(p_run_id);
   END IF;
-  PERFORM awp._log1(p_run_id, 'run', p_run_id, v_status, v_final,
-                    CASE v_final WHEN 'succeeded' THEN 'all tasks succeeded' ELSE 'a task failed' END);
+  PERFORM awp._append_event(p_run_id, 'run', p_run_id, v_status, v_final,
+                            CASE v_final WHEN 'succeeded' THEN 'all tasks succeeded' ELSE 'a task failed' END);
   PERFORM awp._wake('awp_coordinator', 'run_finished');
   RETURN v_final;
 END $$;
@@ -48,8 +48,8 @@ LANGUAGE sql SET search_path = '' AS $$
   )
   UPDATE awp.runs r
      SET output = x.output, output_truncated = x.truncated
-    FROM (SELECT coalesce(jsonb_object_agg(l.task_key, CASE WHEN l.upto <= 1048576 THEN l.output END), '{}') AS output,
-                 coalesce(bool_or(l.upto > 1048576), false) AS truncated
+    FROM (SELECT coalesce(jsonb_object_agg(l.task_key, CASE WHEN l.upto <= awp._limit_run_output_bytes() THEN l.output END), '{}') AS output,
+                 coalesce(bool_or(l.upto > awp._limit_run_output_bytes()), false) AS truncated
             FROM leaves l) x
    WHERE r.run_id = p_run_id
 $$;
@@ -74,8 +74,8 @@ BEGIN
   )
   SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_keys FROM u;
   PERFORM awp._unfinished_add(p_run_id, -coalesce(cardinality(v_keys), 0));
-  PERFORM awp._log(p_run_id, 'task', v_keys, array_fill('waiting_dependencies'::text, ARRAY[coalesce(cardinality(v_keys), 0)]),
-                   'skipped', format('dependency %s failed', p_task_key));
+  PERFORM awp._append_events_alike(p_run_id, 'task', v_keys, array_fill('waiting_dependencies'::text, ARRAY[coalesce(cardinality(v_keys), 0)]),
+                                   'skipped', format('dependency %s failed', p_task_key));
 END $$;
 COMMENT ON FUNCTION awp._skip_descendants(text, text) IS 'Skips every waiting descendant of a failed task.';
 
@@ -127,8 +127,8 @@ BEGIN
   IF v_to IN ('succeeded', 'failed') THEN
     PERFORM awp._unfinished_add(p_run_id, -1);
   END IF;
-  PERFORM awp._logn(p_run_id, '{attempt,task}', ARRAY[p_task_key || '#' || p_attempt, p_task_key],
-                    ARRAY['running', t.status], ARRAY[p_attempt_status, v_to], ARRAY[p_reason, p_reason]);
+  PERFORM awp._append_events(p_run_id, '{attempt,task}', ARRAY[p_task_key || '#' || p_attempt, p_task_key],
+                             ARRAY['running', t.status], ARRAY[p_attempt_status, v_to], ARRAY[p_reason, p_reason]);
 
   IF v_to = 'succeeded' AND cardinality(t.dependants) > 0 THEN
     WITH u AS (
@@ -140,9 +140,9 @@ BEGIN
       RETURNING x.task_key, x.status, x.ordinal
     )
     SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_ready FROM u WHERE u.status = 'ready';
-    PERFORM awp._log(p_run_id, 'task', v_ready,
-                     array_fill('waiting_dependencies'::text, ARRAY[coalesce(cardinality(v_ready), 0)]),
-                     'ready', 'dependencies succeeded');
+    PERFORM awp._append_events_alike(p_run_id, 'task', v_ready,
+                                     array_fill('waiting_dependencies'::text, ARRAY[coalesce(cardinality(v_ready), 0)]),
+                                     'ready', 'dependencies succeeded');
   ELSIF v_to = 'failed' THEN
     PERFORM awp._skip_descendants(p_run_id, p_task_key);
   END IF;
@@ -178,7 +178,7 @@ BEGIN
   )
   SELECT array_agg(u.dispatch_id ORDER BY u.dispatch_id), array_agg(u.from_status ORDER BY u.dispatch_id)
     INTO v_keys, v_from FROM u;
-  PERFORM awp._log(p_run_id, 'dispatch', v_keys, v_from, 'canceled', 'run canceled');
+  PERFORM awp._append_events_alike(p_run_id, 'dispatch', v_keys, v_from, 'canceled', 'run canceled');
 
   WITH u AS (
     UPDATE awp.attempts a SET status = 'canceled', finished_at = v_now
@@ -186,8 +186,8 @@ BEGIN
     RETURNING a.task_key || '#' || a.attempt AS k
   )
   SELECT array_agg(u.k ORDER BY u.k) INTO v_keys FROM u;
-  PERFORM awp._log(p_run_id, 'attempt', v_keys,
-                   array_fill('running'::text, ARRAY[coalesce(cardinality(v_keys), 0)]), 'canceled', 'run canceled');
+  PERFORM awp._append_events_alike(p_run_id, 'attempt', v_keys,
+                                   array_fill('running'::text, ARRAY[coalesce(cardinality(v_keys), 0)]), 'canceled', 'run canceled');
 
   WITH l AS (
     SELECT t.task_key, t.status, t.ordinal FROM awp.tasks t
@@ -201,11 +201,11 @@ BEGIN
   )
   SELECT array_agg(u.task_key ORDER BY u.ordinal), array_agg(u.from_status ORDER BY u.ordinal)
     INTO v_keys, v_from FROM u;
-  PERFORM awp._log(p_run_id, 'task', v_keys, v_from, 'canceled', 'run canceled');
+  PERFORM awp._append_events_alike(p_run_id, 'task', v_keys, v_from, 'canceled', 'run canceled');
 
   PERFORM awp._log_flush();   -- pending counter changes first: the count is set to 0 here
   UPDATE awp.runs r SET status = 'canceled', finished_at = v_now, unfinished_tasks = 0 WHERE r.run_id = p_run_id;
-  PERFORM awp._log1(p_run_id, 'run', p_run_id, v_status, 'canceled', 'cancellation converged');
+  PERFORM awp._append_event(p_run_id, 'run', p_run_id, v_status, 'canceled', 'cancellation converged');
   PERFORM awp._wake('awp_coordinator', 'run_canceled');
   RETURN true;
 END $$;

@@ -1,5 +1,35 @@
+-- awp.lease: one lease as the worker protocol hands it out: the rows of awp.claim_tasks and
+-- awp.complete_and_claim, the objects of complete_tasks' "leases" (README.md, SQL API). One definition of
+-- its columns; awp._claim builds every row. Re-created on every migrate, after the functions that return it
+-- were dropped (python/awp/migrate.py), so a change here needs no migration.
+DROP TYPE IF EXISTS awp.lease;
+CREATE TYPE awp.lease AS (
+  dispatch_id text, lease_token text, workflow_id text, workflow_version integer, run_id text, task_key text,
+  executor_kind text, action text, input jsonb, attempt integer, attempt_deadline timestamptz,
+  lease_expires_at timestamptz, lease_remaining_ms bigint, fencing_token bigint, run_input jsonb, upstream jsonb);
+ALTER TYPE awp.lease OWNER TO awp_owner;
+COMMENT ON TYPE awp.lease IS 'One lease handed to a worker (claim_tasks, complete_and_claim, complete_tasks).';
+
+-- awp._claim_candidates: the pending dispatches a claim may lease: those of runs that are pending or running
+-- and whose cancellation was not requested. The one definition of that rule; awp._claim adds the worker's
+-- executor kinds, the claim order (oldest first: created_at, dispatch_id) and its row locks (FOR UPDATE OF
+-- the view locks both of its rows). A plain view: the planner merges it into each query, so the plans are
+-- those of the query written out. Re-created on every migrate (nothing depends on it).
+-- The run comes first in FROM on purpose: FOR UPDATE OF a view locks its tables in that order, and the lock
+-- order is Run, then Dispatch. The other way round, a claim that skips a candidate because its run is busy
+-- (SKIP LOCKED) would keep the dispatch row it had locked first, hiding it from every other claim until it
+-- commits (python/tests/test_protocol_races.py saw claims answer empty with work left).
+DROP VIEW IF EXISTS awp._claim_candidates;
+CREATE VIEW awp._claim_candidates AS
+  SELECT d.dispatch_id, d.created_at, d.executor_kind, d.run_id
+    FROM awp.runs r JOIN awp.dispatches d ON d.run_id = r.run_id
+   WHERE d.status = 'pending'
+     AND r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL;
+ALTER VIEW awp._claim_candidates OWNER TO awp_owner;
+COMMENT ON VIEW awp._claim_candidates IS 'The pending dispatches a claim may lease (runs live, no cancel requested).';
+
 -- awp.claim_tasks(worker_id, session_token, slots, claim_seq): hands up to `slots` pending dispatches to a
--- worker, oldest first. claim_seq (optional): the worker's number of this claim request, stored on each
+-- worker, oldest first, as rows of awp.lease. claim_seq (optional): the worker's number of this claim request, stored on each
 -- lease (dispatches.claim_seq) for the heartbeat's release rule (docs/protocol.md, Lease recovery). For each: attempt N+1 is created (`running`), the task becomes `running`,
 -- the dispatch `leased` with a new random lease token (only its SHA-256 stored),
 -- attempt_deadline = now + timeout, lease_expires_at = least(now + lease, deadline) and a strictly
@@ -11,35 +41,30 @@
 -- `lease_payload_too_large` (permanent; dependants skipped), see docs/data-flow.md.
 -- Raises AWSES (session, checked first), AWDRN (worker draining), AWREQ (slots < 1),
 -- AWCAP (slots above the worker's free capacity, computed here from its leases).
--- Locks: the worker row, then Run and Dispatch together with
--- `FOR UPDATE OF r, d SKIP LOCKED`. When every candidate is locked by someone else it waits for
+-- Locks: the worker row, then Run and Dispatch together (`FOR UPDATE OF` the view awp._claim_candidates,
+-- `SKIP LOCKED`). When every candidate is locked by someone else it waits for
 -- the oldest candidate's run row (and only that row) instead of answering empty: a busy run is a
 -- hot row, not an idle queue. That wait lasts at most 500 ms (or the session's lower lock_timeout):
 -- a run held longer is stuck, not busy, and the claim answers empty rather than hold the worker's
 -- row (and so its heartbeats) behind it.
 CREATE OR REPLACE FUNCTION awp.claim_tasks(p_worker_id text, p_session_token text, p_slots integer,
                                            p_claim_seq bigint DEFAULT NULL)
-RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
-               run_id text, task_key text, executor_kind text, action text, input jsonb,
-               attempt integer, attempt_deadline timestamptz, lease_expires_at timestamptz,
-               lease_remaining_ms bigint, fencing_token bigint, run_input jsonb, upstream jsonb)
+RETURNS SETOF awp.lease
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
   w      awp.workers := awp._session(p_worker_id, p_session_token, true);
   v_free integer;
 BEGIN
   IF w.status = 'draining' THEN
-    RAISE EXCEPTION 'worker is draining' USING ERRCODE = 'AWDRN',
-      DETAIL = 'a draining worker completes its leases but claims nothing new';
+    PERFORM awp._raise_worker_draining('a draining worker completes its leases but claims nothing new');
   END IF;
   IF p_slots IS NULL OR p_slots < 1 THEN
-    PERFORM awp._bad_request('invalid slots', 'slots must be at least 1');
+    PERFORM awp._raise_invalid_request('invalid slots', 'slots must be at least 1');
   END IF;
   PERFORM awp._check_claim_seq(p_claim_seq);
   v_free := awp._free_slots(w);
   IF p_slots > v_free THEN
-    RAISE EXCEPTION 'worker capacity exceeded' USING ERRCODE = 'AWCAP',
-      DETAIL = format('asked for %s slots, %s of %s free', p_slots, v_free, w.max_concurrency);
+    PERFORM awp._raise_capacity_exceeded(format('asked for %s slots, %s of %s free', p_slots, v_free, w.max_concurrency));
   END IF;
   RETURN QUERY SELECT * FROM awp._claim(w, p_slots, true, p_claim_seq);
   PERFORM awp._log_flush();
@@ -51,7 +76,7 @@ CREATE OR REPLACE FUNCTION awp._check_claim_seq(p_claim_seq bigint) RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
 BEGIN
   IF p_claim_seq < 1 THEN
-    PERFORM awp._bad_request('invalid claim_seq', 'claim_seq must be at least 1');
+    PERFORM awp._raise_invalid_request('invalid claim_seq', 'claim_seq must be at least 1');
   END IF;
 END $$;
 COMMENT ON FUNCTION awp._check_claim_seq(bigint) IS 'Validates a claim request number (AWREQ unless null or >= 1).';
@@ -67,15 +92,11 @@ COMMENT ON FUNCTION awp._free_slots(awp.workers) IS 'Free slots of a worker: max
 -- awp._claim(worker, slots, may_wait, claim_seq): the leasing part of awp.claim_tasks for a worker whose
 -- session, status and free capacity the caller has checked (holding the worker row's lock). With
 -- may_wait false (a completion that claims: it holds a run already) it never waits for a busy run.
--- claim_seq is stored on every lease it grants (NULL: none given).
+-- claim_seq is stored on every lease it grants (NULL: none given). Builds every awp.lease row there is.
 CREATE OR REPLACE FUNCTION awp._claim(w awp.workers, p_slots integer, p_may_wait boolean,
                                       p_claim_seq bigint DEFAULT NULL)
-RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
-               run_id text, task_key text, executor_kind text, action text, input jsonb,
-               attempt integer, attempt_deadline timestamptz, lease_expires_at timestamptz,
-               lease_remaining_ms bigint, fencing_token bigint, run_input jsonb, upstream jsonb)
+RETURNS SETOF awp.lease
 LANGUAGE plpgsql SET search_path = '' AS $$
-#variable_conflict use_column
 DECLARE
   s       awp.settings := awp._settings();
   v_worker_id text := w.worker_id;
@@ -97,24 +118,22 @@ BEGIN
     UPDATE awp.workers x SET last_heartbeat_at = v_now WHERE x.worker_id = v_worker_id;
   END IF;
 
+  -- The candidates (awp._claim_candidates) of the worker's kinds, oldest first; FOR UPDATE OF the view locks
+  -- Run and Dispatch together.
   SELECT array_agg(q.dispatch_id ORDER BY q.created_at, q.dispatch_id) INTO v_ids FROM (
-    SELECT d.dispatch_id, d.created_at
-      FROM awp.dispatches d JOIN awp.runs r ON r.run_id = d.run_id
-     WHERE d.status = 'pending' AND d.executor_kind = ANY (w.executor_kinds)
-       AND r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL
-     ORDER BY d.created_at, d.dispatch_id
+    SELECT k.dispatch_id, k.created_at FROM awp._claim_candidates k
+     WHERE k.executor_kind = ANY (w.executor_kinds)
+     ORDER BY k.created_at, k.dispatch_id
      LIMIT p_slots
-     FOR UPDATE OF r, d SKIP LOCKED) q;
+     FOR UPDATE OF k SKIP LOCKED) q;
   IF v_ids IS NULL THEN
     -- Every candidate was locked: the oldest one's run is busy (a claim or complete holds it for
     -- a moment). Wait for that run's lock alone (Run first, as everywhere), then take from it.
     -- Waiting on the run row only keeps the lock order; a blocking multi-row lock would keep
     -- locks on rows that failed their re-check and could deadlock with a complete.
-    SELECT d.run_id INTO v_busy
-      FROM awp.dispatches d JOIN awp.runs r ON r.run_id = d.run_id
-     WHERE d.status = 'pending' AND d.executor_kind = ANY (w.executor_kinds)
-       AND r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL
-     ORDER BY d.created_at, d.dispatch_id
+    SELECT k.run_id INTO v_busy FROM awp._claim_candidates k
+     WHERE k.executor_kind = ANY (w.executor_kinds)
+     ORDER BY k.created_at, k.dispatch_id
      LIMIT 1;
     IF v_busy IS NOT NULL AND p_may_wait THEN
       -- On the row itself, not behind the run's queue of completions (their advisory lock, see
@@ -133,13 +152,11 @@ BEGIN
         RETURN;
       END;
       SELECT array_agg(q.dispatch_id ORDER BY q.created_at, q.dispatch_id) INTO v_ids FROM (
-        SELECT d.dispatch_id, d.created_at
-          FROM awp.dispatches d JOIN awp.runs r ON r.run_id = d.run_id
-         WHERE r.run_id = v_busy AND d.status = 'pending' AND d.executor_kind = ANY (w.executor_kinds)
-           AND r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL
-         ORDER BY d.created_at, d.dispatch_id
+        SELECT k.dispatch_id, k.created_at FROM awp._claim_candidates k
+         WHERE k.run_id = v_busy AND k.executor_kind = ANY (w.executor_kinds)
+         ORDER BY k.created_at, k.dispatch_id
          LIMIT p_slots
-         FOR UPDATE OF r, d SKIP LOCKED) q;
+         FOR UPDATE OF k SKIP LOCKED) q;
     END IF;
   END IF;
   IF v_ids IS NULL THEN
@@ -170,12 +187,12 @@ BEGIN
     VALUES (c.run_id, c.task_key, v_att, c.dispatch_id, v_worker_id, v_fence, v_now, v_dl);
     UPDATE awp.tasks t SET status = 'running', attempts = v_att, updated_at = v_now
      WHERE t.run_id = c.run_id AND t.task_key = c.task_key;
-    PERFORM awp._logn(c.run_id, '{dispatch,task,attempt}', ARRAY[c.dispatch_id, c.task_key, c.task_key || '#' || v_att],
-                      ARRAY['pending', 'queued', NULL], '{leased,running,running}',
-                      ARRAY['claimed by ' || v_worker_id, 'attempt ' || v_att || ' started', 'claimed by ' || v_worker_id]);
+    PERFORM awp._append_events(c.run_id, '{dispatch,task,attempt}', ARRAY[c.dispatch_id, c.task_key, c.task_key || '#' || v_att],
+                               ARRAY['pending', 'queued', NULL], '{leased,running,running}',
+                               ARRAY['claimed by ' || v_worker_id, 'attempt ' || v_att || ' started', 'claimed by ' || v_worker_id]);
     v_up := CASE WHEN cardinality(c.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(c.run_id, c.depends_on) END;
     -- Each output is at most 64 KiB, so only a task with many dependencies can pass the limit.
-    IF cardinality(c.depends_on) > 8 AND octet_length(v_up::text) > 1048576 THEN
+    IF cardinality(c.depends_on) > 8 AND octet_length(v_up::text) > awp._limit_lease_payload_bytes() THEN
       PERFORM awp._fail_oversize_lease(c.run_id, c.task_key, c.dispatch_id, v_att, octet_length(v_up::text));
       CONTINUE;
     END IF;
@@ -208,8 +225,8 @@ CREATE OR REPLACE FUNCTION awp._fail_oversize_lease(p_run_id text, p_task_key te
                                                     p_attempt integer, p_bytes integer) RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
-  v_msg text := format('the outputs of this task''s dependencies are %s bytes, over the 1048576-byte lease payload limit',
-                       p_bytes);
+  v_msg text := format('the outputs of this task''s dependencies are %s bytes, over the %s-byte lease payload limit',
+                       p_bytes, awp._limit_lease_payload_bytes());
 BEGIN
   UPDATE awp.dispatches d
      SET status = 'completed', finished_at = awp._now(),
@@ -217,7 +234,7 @@ BEGIN
            'kind', 'permanent_failure', 'output', NULL, 'error_code', 'lease_payload_too_large',
            'error_message', v_msg)::text, 'UTF8'))
    WHERE d.dispatch_id = p_dispatch_id;
-  PERFORM awp._log1(p_run_id, 'dispatch', p_dispatch_id, 'leased', 'completed', 'upstream over the lease payload limit');
+  PERFORM awp._append_event(p_run_id, 'dispatch', p_dispatch_id, 'leased', 'completed', 'upstream over the lease payload limit');
   PERFORM awp._end_attempt(p_run_id, p_task_key, p_attempt, 'failed', false, NULL,
                            'lease_payload_too_large', v_msg, 'upstream over the lease payload limit');
   PERFORM awp._wake('awp_coordinator', 'completed');

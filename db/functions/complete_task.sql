@@ -5,8 +5,9 @@
 --   3. already completed: same result hash -> true again (no state change); different -> AWCNF
 --   4. not leased, lease expired, attempt deadline passed, run canceled/cancel requested or
 --      not running, attempt mismatch                                        -> AWLST
--- Then settles dispatch (completed + result hash), attempt, task, dependants and run, and creates a
--- dispatch in place of the freed lease (awp._replace_dispatch: limits and fairness rule hold).
+-- Then settles dispatch (completed + result hash), attempt, task, dependants and run, and refills the
+-- slot the lease frees (awp._refill_slot: limits and fairness rule hold; docs/protocol.md, Refill and claim
+-- on complete).
 -- Result: {"kind": success|temporary_failure|permanent_failure, "output": any,
 --          "error_code": text <= 128, "error_message": text <= 8 KiB}, output <= 64 KiB.
 -- Check 2 runs twice: first on a plain read of the dispatch, before any lock (an early reject: a wrong
@@ -14,7 +15,7 @@
 -- Locks: the run's transaction advisory lock (hashtextextended(run_id, 0): completions of one run
 -- queue there), then Run, then Dispatch, then the task rows of that run.
 CREATE OR REPLACE FUNCTION awp._complete_task(w awp.workers, p_dispatch_id text, p_lease_token text,
-                                              p_result jsonb, p_replace boolean DEFAULT true)
+                                              p_result jsonb, p_refill boolean DEFAULT true)
 RETURNS boolean
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
@@ -26,7 +27,6 @@ DECLARE
   r        awp.runs;
   d        awp.dispatches;
   v_now    timestamptz;
-  v_task   text;
 BEGIN
   PERFORM awp._check_result(p_result);
   v_kind := p_result->>'kind';
@@ -37,14 +37,13 @@ BEGIN
   SELECT x.run_id, awp._holds_lease(x, p_worker_id, p_lease_token) INTO v_run_id, v_holds
     FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = format('no dispatch %s', p_dispatch_id);
+    PERFORM awp._raise_lease_lost(format('no dispatch %s', p_dispatch_id));
   END IF;
   -- Early reject, without waiting for the run: a dispatch's worker and lease token hash are written once,
   -- when it is leased (a dispatch is never leased twice), and the caller's token comes from that committed
   -- claim, so a mismatch here is final. The same test under the locks below stays the authoritative one.
   IF NOT v_holds THEN
-    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST',
-      DETAIL = 'the dispatch is not leased to this worker with this lease token';
+    PERFORM awp._raise_lease_lost('the dispatch is not leased to this worker with this lease token');
   END IF;
   -- Completions of one run queue on a transaction advisory lock before the run row: the lock
   -- manager wakes one waiter per release, where waiters on the row itself all wake on each commit
@@ -55,48 +54,46 @@ BEGIN
   v_now := awp._now();
 
   IF NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN
-    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST',
-      DETAIL = 'the dispatch is not leased to this worker with this lease token';
+    PERFORM awp._raise_lease_lost('the dispatch is not leased to this worker with this lease token');
   END IF;
   IF d.status = 'completed' THEN
     IF d.result_hash = v_hash THEN
       RETURN true;
     END IF;
-    RAISE EXCEPTION 'result conflict' USING ERRCODE = 'AWCNF',
-      DETAIL = 'this lease was already completed with a different result';
+    PERFORM awp._raise_result_conflict('this lease was already completed with a different result');
   END IF;
   IF d.status <> 'leased' THEN
-    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = format('the dispatch is %s', d.status);
+    PERFORM awp._raise_lease_lost(format('the dispatch is %s', d.status));
   ELSIF v_now >= d.attempt_deadline THEN
-    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = 'the attempt deadline has passed';
+    PERFORM awp._raise_lease_lost('the attempt deadline has passed');
   ELSIF v_now >= d.lease_expires_at THEN
-    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = 'the lease has expired';
+    PERFORM awp._raise_lease_lost('the lease has expired');
   ELSIF r.cancel_requested_at IS NOT NULL OR r.status <> 'running' THEN
-    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST',
-      DETAIL = format('the run is %s%s', r.status, CASE WHEN r.cancel_requested_at IS NOT NULL THEN ' (cancel requested)' ELSE '' END);
+    PERFORM awp._raise_lease_lost(format('the run is %s%s', r.status,
+                                         CASE WHEN r.cancel_requested_at IS NOT NULL THEN ' (cancel requested)' ELSE '' END));
   ELSIF NOT EXISTS (SELECT 1 FROM awp.attempts a JOIN awp.tasks t USING (run_id, task_key)
                      WHERE a.dispatch_id = d.dispatch_id AND a.status = 'running'
                        AND a.attempt = d.attempt AND t.attempts = d.attempt AND t.status = 'running') THEN
-    RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = 'the attempt is no longer current';
+    PERFORM awp._raise_lease_lost('the attempt is no longer current');
   END IF;
 
   UPDATE awp.dispatches x SET status = 'completed', result_hash = v_hash, finished_at = v_now
    WHERE x.dispatch_id = p_dispatch_id;
-  PERFORM awp._log1(r.run_id, 'dispatch', d.dispatch_id, 'leased', 'completed', 'completed by ' || p_worker_id);
+  PERFORM awp._append_event(r.run_id, 'dispatch', d.dispatch_id, 'leased', 'completed', 'completed by ' || p_worker_id);
   PERFORM awp._end_attempt(r.run_id, d.task_key, d.attempt,
                            CASE v_kind WHEN 'success' THEN 'succeeded' ELSE 'failed' END,
                            v_kind = 'temporary_failure',
                            p_result->'output', p_result->>'error_code', p_result->>'error_message',
                            v_kind);
-  -- Fast path: the lease this completion frees is replaced at once by a dispatch for the next run in
-  -- fairness order (awp._replace_dispatch). The coordinator is woken when that was not possible, or
+  -- Refill: the slot this completion frees gets a dispatch at once, for the next run in fairness order
+  -- (awp._refill_slot). The coordinator is woken when that was not possible, or
   -- when a success unlocked dependants while some worker still has room (a fan-out: more new work
-  -- than the one replaced slot): not on every completion of a busy run, where a pass finds nothing
+  -- than the one refilled slot): not on every completion of a busy run, where a pass finds nothing
   -- to do. (Other new work, such as a retry falling due, waits for the coordinator's next pass.)
-  IF NOT p_replace THEN
-    RETURN true;   -- the caller replaces the freed leases itself (awp.complete_tasks)
+  IF NOT p_refill THEN
+    RETURN true;   -- the caller refills the freed slots itself (awp.complete_tasks)
   END IF;
-  IF NOT awp._replace_dispatch(w)
+  IF NOT awp._refill_slot(w)
      OR (v_kind = 'success'
          AND (SELECT cardinality(t.dependants) FROM awp.tasks t WHERE t.run_id = r.run_id AND t.task_key = d.task_key) > 0
          AND (SELECT t.ordinal FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready' ORDER BY t.ordinal LIMIT 1) IS NOT NULL
@@ -105,7 +102,7 @@ BEGIN
   END IF;
   RETURN true;
 END $$;
-COMMENT ON FUNCTION awp._complete_task(awp.workers, text, text, jsonb, boolean) IS 'awp.complete_task for a checked worker session, without the final NOTIFY; p_replace false leaves the freed lease unreplaced.';
+COMMENT ON FUNCTION awp._complete_task(awp.workers, text, text, jsonb, boolean) IS 'awp.complete_task for a checked worker session, without the final NOTIFY; p_refill false leaves the freed slot to the caller.';
 
 CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
                                              p_lease_token text, p_result jsonb)
@@ -171,47 +168,47 @@ DECLARE
   v_bad text;
 BEGIN
   IF p IS NULL OR jsonb_typeof(p) <> 'object' THEN
-    PERFORM awp._bad_request('invalid result', 'result must be a JSON object');
+    PERFORM awp._raise_invalid_request('invalid result', 'result must be a JSON object');
   END IF;
   SELECT string_agg(k, ', ' ORDER BY k) INTO v_bad FROM jsonb_object_keys(p) k
    WHERE k NOT IN ('kind', 'output', 'error_code', 'error_message');
   IF v_bad IS NOT NULL THEN
-    PERFORM awp._bad_request('invalid result', 'result has unknown fields: ' || v_bad);
+    PERFORM awp._raise_invalid_request('invalid result', 'result has unknown fields: ' || v_bad);
   END IF;
   IF jsonb_typeof(p->'kind') IS DISTINCT FROM 'string'
      OR p->>'kind' NOT IN ('success', 'temporary_failure', 'permanent_failure') THEN
-    PERFORM awp._bad_request('invalid result',
+    PERFORM awp._raise_invalid_request('invalid result',
       'result.kind must be one of success, temporary_failure, permanent_failure');
   END IF;
-  IF p ? 'output' AND octet_length((p->'output')::text) > 65536 THEN
-    PERFORM awp._bad_request('result output too large',
-      format('output is %s bytes, over the 65536-byte limit', octet_length((p->'output')::text)));
+  IF p ? 'output' AND octet_length((p->'output')::text) > awp._limit_output_bytes() THEN
+    PERFORM awp._raise_invalid_request('result output too large',
+      format('output is %s bytes, over the %s-byte limit', octet_length((p->'output')::text), awp._limit_output_bytes()));
   END IF;
   IF p ? 'error_code' AND jsonb_typeof(p->'error_code') <> 'null'
-     AND (jsonb_typeof(p->'error_code') <> 'string' OR length(p->>'error_code') > 128) THEN
-    PERFORM awp._bad_request('invalid result', 'error_code must be a string of at most 128 characters');
+     AND (jsonb_typeof(p->'error_code') <> 'string' OR length(p->>'error_code') > awp._limit_error_code_chars()) THEN
+    PERFORM awp._raise_invalid_request('invalid result',
+      format('error_code must be a string of at most %s characters', awp._limit_error_code_chars()));
   END IF;
   IF p ? 'error_message' AND jsonb_typeof(p->'error_message') <> 'null'
-     AND (jsonb_typeof(p->'error_message') <> 'string' OR octet_length(p->>'error_message') > 8192) THEN
-    PERFORM awp._bad_request('invalid result', 'error_message must be a string of at most 8192 bytes');
+     AND (jsonb_typeof(p->'error_message') <> 'string' OR octet_length(p->>'error_message') > awp._limit_error_message_bytes()) THEN
+    PERFORM awp._raise_invalid_request('invalid result',
+      format('error_message must be a string of at most %s bytes', awp._limit_error_message_bytes()));
   END IF;
 END $$;
 COMMENT ON FUNCTION awp._check_result(jsonb) IS 'Validates a result object (AWREQ).';
 
 -- awp.complete_and_claim(worker_id, session_token, dispatch_id, lease_token, result, slots, claim_seq):
--- complete_task, then claim_tasks for up to `slots` leases (claim_seq as there), in one transaction (docs/protocol.md, The fast path:
--- a busy worker needs one round trip per task). The claim part asks only for what is free and
+-- claim on complete (docs/protocol.md, Refill and claim on complete: a busy worker needs one round trip per
+-- task): complete_task, then claim_tasks for up to `slots` leases (claim_seq as there), in one transaction.
+-- The claim part asks only for what is free and
 -- claims nothing for a draining worker; errors of the complete part are raised as by complete_task.
--- Returns the new leases (columns of awp.claim_tasks). Locks: the run's advisory lock (queued for
+-- Returns the new leases (rows of awp.lease, as awp.claim_tasks). Locks: the run's advisory lock (queued for
 -- before the worker row: awp._queue_for_runs), then the worker row (so the free slots it computes
 -- cannot be taken by a concurrent claim), then as complete_task, then as claim_tasks.
 CREATE OR REPLACE FUNCTION awp.complete_and_claim(p_worker_id text, p_session_token text, p_dispatch_id text,
                                                   p_lease_token text, p_result jsonb, p_slots integer,
                                                   p_claim_seq bigint DEFAULT NULL)
-RETURNS TABLE (dispatch_id text, lease_token text, workflow_id text, workflow_version integer,
-               run_id text, task_key text, executor_kind text, action text, input jsonb,
-               attempt integer, attempt_deadline timestamptz, lease_expires_at timestamptz,
-               lease_remaining_ms bigint, fencing_token bigint, run_input jsonb, upstream jsonb)
+RETURNS SETOF awp.lease
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
   w      awp.workers;
@@ -242,7 +239,7 @@ COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, intege
 -- error without affecting the others. Then, as awp.complete_and_claim, up to `slots` new leases
 -- (never more than are free; none while draining). Returns
 --   {"results": [{"dispatch_id", "applied": true} | {"dispatch_id", "error": {"sqlstate", "message", "detail"}}],
---    "leases": [lease objects: the columns of awp.claim_tasks]}
+--    "leases": [lease objects: the columns of awp.lease]}
 -- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array).
 -- Locks: the advisory locks of the items' runs in run_id order (awp._queue_for_runs, before the worker
 -- row), then the worker row, then the runs of the items in run_id order (each as complete_task: Run,
@@ -263,15 +260,16 @@ DECLARE
   v_leases jsonb := '[]';
   v_freed  integer := 0;
 BEGIN
-  IF jsonb_typeof(p_results) IS DISTINCT FROM 'array' OR jsonb_array_length(p_results) NOT BETWEEN 1 AND 256
+  IF jsonb_typeof(p_results) IS DISTINCT FROM 'array' OR jsonb_array_length(p_results) NOT BETWEEN 1 AND awp._limit_batch_results()
      OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_results) e
                  WHERE jsonb_typeof(e) <> 'object'
                     OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
                     OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
                     OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN ('dispatch_id', 'lease_token', 'result')))
      OR (SELECT count(DISTINCT e->>'dispatch_id') FROM jsonb_array_elements(p_results) e) <> jsonb_array_length(p_results) THEN
-    PERFORM awp._bad_request('invalid results',
-      'results must be an array of 1-256 {"dispatch_id": string, "lease_token": string, "result": object} with distinct dispatch ids');
+    PERFORM awp._raise_invalid_request('invalid results',
+      format('results must be an array of 1-%s {"dispatch_id": string, "lease_token": string, "result": object} with distinct dispatch ids',
+             awp._limit_batch_results()));
   END IF;
   PERFORM awp._check_claim_seq(p_claim_seq);
   PERFORM awp._queue_for_runs(p_worker_id,
@@ -294,9 +292,9 @@ BEGIN
                  'error', jsonb_build_object('sqlstate', v_state, 'message', v_msg, 'detail', nullif(v_detail, ''))));
     END;
   END LOOP;
-  -- The freed leases are replaced together (one dispatch per freed slot, as complete_task would);
+  -- The freed slots are refilled together (one dispatch per freed slot, as complete_task would);
   -- the coordinator is woken when not all of them could be.
-  IF v_freed > 0 AND awp._replace_dispatches(w, v_freed) < v_freed THEN
+  IF v_freed > 0 AND awp._refill_slots(w, v_freed) < v_freed THEN
     PERFORM awp._wake('awp_coordinator', 'completed');
   END IF;
   IF p_slots IS NOT NULL AND p_slots >= 1 AND w.status = 'active' THEN

@@ -5,7 +5,8 @@
 -- the active coordinator prunes them (awp.apply_retention; 0 = keep forever; default 7 days).
 -- leader_lease_ms: how long the active coordinator may be silent (no pass, no heartbeat; database clock)
 -- before a standby ends its session and takes over (awp.take_leadership; 500 to 3,600,000; default 10 s).
--- Raises AWREQ when a value is out of range or the lease does not exceed the heartbeat interval.
+-- Raises AWREQ when a value is out of its range (awp._setting_ranges(), db/functions/00_limits.sql) or the
+-- lease does not exceed the heartbeat interval.
 -- Locks: the settings row.
 CREATE OR REPLACE FUNCTION awp.configure(lease_duration_ms integer DEFAULT NULL,
                                          heartbeat_interval_ms integer DEFAULT NULL,
@@ -17,6 +18,7 @@ RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
   s awp.settings;
+  v record;
 BEGIN
   SELECT * INTO s FROM awp.settings FOR UPDATE;
   s.lease_duration_ms := coalesce(configure.lease_duration_ms, s.lease_duration_ms);
@@ -25,21 +27,17 @@ BEGIN
   s.dispatch_limit := coalesce(configure.dispatch_limit, s.dispatch_limit);
   s.retention_ms := coalesce(configure.retention_ms, s.retention_ms);
   s.leader_lease_ms := coalesce(configure.leader_lease_ms, s.leader_lease_ms);
-  IF s.lease_duration_ms NOT BETWEEN 100 AND 86400000 THEN
-    PERFORM awp._bad_request('invalid lease_duration_ms', 'lease_duration_ms must be from 100 to 86400000');
-  ELSIF s.heartbeat_interval_ms NOT BETWEEN 10 AND 3600000 THEN
-    PERFORM awp._bad_request('invalid heartbeat_interval_ms', 'heartbeat_interval_ms must be from 10 to 3600000');
-  ELSIF s.offline_after_heartbeats NOT BETWEEN 1 AND 1000 THEN
-    PERFORM awp._bad_request('invalid offline_after_heartbeats', 'offline_after_heartbeats must be from 1 to 1000');
-  ELSIF s.dispatch_limit NOT BETWEEN 1 AND 1000000 THEN
-    PERFORM awp._bad_request('invalid dispatch_limit', 'dispatch_limit must be from 1 to 1000000');
-  ELSIF s.retention_ms NOT BETWEEN 0 AND 3153600000000 THEN
-    PERFORM awp._bad_request('invalid retention_ms',
-      'retention_ms must be from 0 (keep forever) to 3153600000000 (100 years)');
-  ELSIF s.leader_lease_ms NOT BETWEEN 500 AND 3600000 THEN
-    PERFORM awp._bad_request('invalid leader_lease_ms', 'leader_lease_ms must be from 500 to 3600000');
-  ELSIF s.lease_duration_ms <= s.heartbeat_interval_ms THEN
-    PERFORM awp._bad_request('lease must exceed heartbeat interval',
+  -- Each setting within its range (awp._setting_ranges(), the same ranges as the CHECKs of awp.settings).
+  FOR v IN SELECT r.setting, r.lo, r.hi, r.note, (to_jsonb(s)->>r.setting)::bigint AS value
+             FROM awp._setting_ranges() r
+  LOOP
+    IF v.value NOT BETWEEN v.lo AND v.hi THEN
+      PERFORM awp._raise_invalid_request('invalid ' || v.setting,
+        format('%s must be from %s to %s%s', v.setting, v.lo, v.hi, v.note));
+    END IF;
+  END LOOP;
+  IF s.lease_duration_ms <= s.heartbeat_interval_ms THEN
+    PERFORM awp._raise_invalid_request('lease must exceed heartbeat interval',
       format('lease_duration_ms (%s) must exceed heartbeat_interval_ms (%s)',
              s.lease_duration_ms, s.heartbeat_interval_ms));
   END IF;

@@ -100,11 +100,11 @@ BEGIN
       v_to := 'not_received';
     END IF;
     UPDATE awp.dispatches x SET status = 'expired', finished_at = v_now WHERE x.dispatch_id = d.dispatch_id;
-    PERFORM awp._log1(d.run_id, 'dispatch', d.dispatch_id, 'leased', 'expired',
-                      CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
-                                WHEN 'not_received' THEN 'not received by its worker'
-                                ELSE CASE WHEN v_dead THEN 'worker offline' ELSE 'lease expired' END END
-                      || CASE WHEN d.uncounted = 'outage' THEN ' after an outage' ELSE '' END);
+    PERFORM awp._append_event(d.run_id, 'dispatch', d.dispatch_id, 'leased', 'expired',
+                              CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
+                                        WHEN 'not_received' THEN 'not received by its worker'
+                                        ELSE CASE WHEN v_dead THEN 'worker offline' ELSE 'lease expired' END END
+                              || CASE WHEN d.uncounted = 'outage' THEN ' after an outage' ELSE '' END);
     PERFORM awp._end_attempt(d.run_id, d.task_key, d.attempt, v_to, true, NULL,
                              CASE v_to WHEN 'timed_out' THEN 'attempt_timeout' WHEN 'not_received' THEN 'not_received'
                                        ELSE 'lease_expired' END,
@@ -178,9 +178,9 @@ BEGIN
       RETURNING t.task_key, t.ordinal
     )
     SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_keys FROM u;
-    PERFORM awp._log(v_run, 'task', v_keys,
-                     array_fill('waiting_retry'::text, ARRAY[coalesce(cardinality(v_keys), 0)]),
-                     'ready', 'retry interval elapsed');
+    PERFORM awp._append_events_alike(v_run, 'task', v_keys,
+                                     array_fill('waiting_retry'::text, ARRAY[coalesce(cardinality(v_keys), 0)]),
+                                     'ready', 'retry interval elapsed');
     v_n := v_n + coalesce(cardinality(v_keys), 0);
   END LOOP;
   PERFORM awp._log_flush();
@@ -210,8 +210,8 @@ BEGIN
     UPDATE awp.dispatches d SET status = 'canceled', finished_at = v_now WHERE d.dispatch_id = c.dispatch_id;
     UPDATE awp.tasks t SET status = 'ready', updated_at = v_now
      WHERE t.run_id = c.run_id AND t.task_key = c.task_key AND t.status = 'queued';
-    PERFORM awp._log1(c.run_id, 'dispatch', c.dispatch_id, 'pending', 'canceled', 'no compatible active worker');
-    PERFORM awp._log1(c.run_id, 'task', c.task_key, 'queued', 'ready', 'no compatible active worker');
+    PERFORM awp._append_event(c.run_id, 'dispatch', c.dispatch_id, 'pending', 'canceled', 'no compatible active worker');
+    PERFORM awp._append_event(c.run_id, 'task', c.task_key, 'queued', 'ready', 'no compatible active worker');
     v_n := v_n + 1;
   END LOOP;
   PERFORM awp._log_flush();
@@ -223,7 +223,8 @@ COMMENT ON FUNCTION awp.withdraw_orphan_dispatches() IS 'Withdraws pending dispa
 -- docs/protocol.md, rule 8 (run concurrency over queued + running; free capacity of compatible active
 -- workers, less the dispatches already pending for them; the global dispatch_limit over
 -- pending + leased) and the fairness rule 9: runs that never got a dispatch first, then the run
--- whose latest dispatch is oldest; one task per run per round; rounds repeat while they progress.
+-- whose latest dispatch is oldest (awp._fairness_order); one task per run per round; rounds repeat while
+-- they progress.
 -- Returns the number of dispatches created. awp._create_dispatches() does the work without the
 -- NOTIFY, for callers that notify once at their end (awp._notify_pending).
 -- Locks: a transaction-level advisory lock serialises every transaction that adds to pending +
@@ -246,13 +247,7 @@ BEGIN
   v_left := least(b.global_free, b.worker_free);
   LOOP
     v_round := 0;
-    FOR v_run IN
-      SELECT x.run_id FROM awp.runs x
-       WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
-         AND (SELECT y.ordinal FROM awp.tasks y WHERE y.run_id = x.run_id AND y.status = 'ready'
-               ORDER BY y.ordinal LIMIT 1) IS NOT NULL
-       ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id
-    LOOP
+    FOR v_run IN SELECT f.run_id FROM awp._fairness_order(NULL) f LOOP
       EXIT WHEN v_left <= 0;
       PERFORM 1 FROM awp.runs x WHERE x.run_id = v_run FOR UPDATE SKIP LOCKED;
       CONTINUE WHEN NOT FOUND;

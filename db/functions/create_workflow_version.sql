@@ -1,4 +1,4 @@
--- Workflow definitions: validation (awp._normalize_definition), awp.apply_workflow and
+-- Workflow definitions: validation (awp._validate_definition), awp.apply_workflow and
 -- awp.create_workflow_version. A definition is validated completely before anything is written;
 -- every violation raises AWREQ with a DETAIL naming what is wrong (limits, duplicate keys,
 -- unknown dependency, cycle with its path, unknown executor, oversize input).
@@ -16,22 +16,14 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 COMMENT ON FUNCTION awp._int_ok(jsonb, bigint, bigint) IS 'True when a JSON value is an integer in a range.';
 
--- awp._bad_request(message, detail): raise AWREQ.
-CREATE OR REPLACE FUNCTION awp._bad_request(p_message text, p_detail text DEFAULT NULL) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
-BEGIN
-  RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWREQ', DETAIL = coalesce(p_detail, p_message);
-END $$;
-COMMENT ON FUNCTION awp._bad_request(text, text) IS 'Raises invalid_request (AWREQ).';
-
--- awp._normalize_definition(definition): the definition, validated (defaults are applied by
--- awp.start_run; the stored definition is the one given, so its hash is that of the given JSON).
-CREATE OR REPLACE FUNCTION awp._normalize_definition(p jsonb) RETURNS jsonb
+-- awp._validate_definition(definition): AWREQ (with a DETAIL naming the problem) unless the definition is
+-- valid. It only checks: defaults are applied by awp.start_run, and the stored definition is the one given,
+-- so its hash is that of the given JSON. Locks: none.
+CREATE OR REPLACE FUNCTION awp._validate_definition(p jsonb) RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_err    text;
   v_n      integer;
-  v_tasks  jsonb;
   v_keys   text[];
   v_index  jsonb;
   -- graph (1-based node numbers in definition order)
@@ -51,26 +43,26 @@ DECLARE
   v_kinds  text[] := awp._executor_kinds();
 BEGIN
   IF p IS NULL OR jsonb_typeof(p) <> 'object' THEN
-    PERFORM awp._bad_request('definition must be a JSON object');
+    PERFORM awp._raise_invalid_request('definition must be a JSON object');
   END IF;
   SELECT string_agg(k, ', ' ORDER BY k) INTO v_err
     FROM jsonb_object_keys(p) k WHERE k NOT IN ('id', 'concurrency', 'tasks');
   IF v_err IS NOT NULL THEN
-    PERFORM awp._bad_request('definition has unknown fields', 'unknown fields: ' || v_err);
+    PERFORM awp._raise_invalid_request('definition has unknown fields', 'unknown fields: ' || v_err);
   END IF;
   IF jsonb_typeof(p->'id') IS DISTINCT FROM 'string' OR (p->>'id') !~ '^[A-Za-z0-9._-]{1,128}$' THEN
-    PERFORM awp._bad_request('invalid workflow id',
+    PERFORM awp._raise_invalid_request('invalid workflow id',
       'id must be a string of 1-128 characters from [A-Za-z0-9._-]');
   END IF;
   IF p ? 'concurrency' AND NOT awp._int_ok(p->'concurrency', 1, 10000) THEN
-    PERFORM awp._bad_request('invalid concurrency', 'concurrency must be an integer from 1 to 10000');
+    PERFORM awp._raise_invalid_request('invalid concurrency', 'concurrency must be an integer from 1 to 10000');
   END IF;
   IF jsonb_typeof(p->'tasks') IS DISTINCT FROM 'array' THEN
-    PERFORM awp._bad_request('invalid tasks', 'tasks must be an array of 1-10000 task objects');
+    PERFORM awp._raise_invalid_request('invalid tasks', 'tasks must be an array of 1-10000 task objects');
   END IF;
   v_n := jsonb_array_length(p->'tasks');
   IF v_n < 1 OR v_n > 10000 THEN
-    PERFORM awp._bad_request('invalid tasks',
+    PERFORM awp._raise_invalid_request('invalid tasks',
       format('tasks must hold 1-10000 tasks, got %s', v_n));
   END IF;
 
@@ -96,8 +88,9 @@ BEGIN
               WHEN t ? 'action' AND (jsonb_typeof(t->'action') IS DISTINCT FROM 'string'
                                      OR length(t->>'action') NOT BETWEEN 1 AND 256)
                 THEN 'action must be a string of 1-256 characters'
-              WHEN t ? 'input' AND octet_length((t->'input')::text) > 65536
-                THEN format('input is %s bytes, over the 65536-byte limit', octet_length((t->'input')::text))
+              WHEN t ? 'input' AND octet_length((t->'input')::text) > awp._limit_input_bytes()
+                THEN format('input is %s bytes, over the %s-byte limit', octet_length((t->'input')::text),
+                            awp._limit_input_bytes())
               WHEN t ? 'depends_on' AND jsonb_typeof(t->'depends_on') IS DISTINCT FROM 'array'
                 THEN 'depends_on must be an array of task keys'
               WHEN t ? 'depends_on' AND EXISTS (SELECT 1 FROM jsonb_array_elements(t->'depends_on') d
@@ -120,7 +113,7 @@ BEGIN
    ORDER BY e.o
    LIMIT 1;
   IF v_err IS NOT NULL THEN
-    PERFORM awp._bad_request('invalid task', v_err);
+    PERFORM awp._raise_invalid_request('invalid task', v_err);
   END IF;
 
   SELECT format('tasks[%s] (key %s): depends_on names %s twice', x.o - 1, x.t->>'key', d) INTO v_err
@@ -129,7 +122,7 @@ BEGIN
    GROUP BY x.o, x.t->>'key', d HAVING count(*) > 1
    ORDER BY x.o LIMIT 1;
   IF v_err IS NOT NULL THEN
-    PERFORM awp._bad_request('invalid task', v_err);
+    PERFORM awp._raise_invalid_request('invalid task', v_err);
   END IF;
 
   SELECT array_agg(t->>'key' ORDER BY o) INTO v_keys
@@ -137,7 +130,7 @@ BEGIN
   SELECT string_agg(k, ', ' ORDER BY k) INTO v_err
     FROM (SELECT k FROM unnest(v_keys) k GROUP BY k HAVING count(*) > 1) d;
   IF v_err IS NOT NULL THEN
-    PERFORM awp._bad_request('duplicate task keys', 'duplicate task keys: ' || v_err);
+    PERFORM awp._raise_invalid_request('duplicate task keys', 'duplicate task keys: ' || v_err);
   END IF;
   SELECT jsonb_object_agg(k, o) INTO v_index FROM unnest(v_keys) WITH ORDINALITY AS u(k, o);
 
@@ -148,7 +141,7 @@ BEGIN
    ORDER BY o
    LIMIT 1;
   IF v_err IS NOT NULL THEN
-    PERFORM awp._bad_request('unknown dependency', v_err);
+    PERFORM awp._raise_invalid_request('unknown dependency', v_err);
   END IF;
 
   -- Cycle check: Kahn's algorithm over compact arrays, O(tasks + edges).
@@ -213,24 +206,23 @@ BEGIN
     END LOOP;
     SELECT string_agg(v_keys[n], ' -> ' ORDER BY i) INTO v_err
       FROM unnest(v_path[v_seen[v_u]:v_step] || v_u) WITH ORDINALITY AS c(n, i);
-    PERFORM awp._bad_request('dependency cycle', 'dependency cycle: ' || v_err);
+    PERFORM awp._raise_invalid_request('dependency cycle', 'dependency cycle: ' || v_err);
   END IF;
-
-  RETURN p;
 END $$;
-COMMENT ON FUNCTION awp._normalize_definition(jsonb) IS 'Validates a workflow definition (AWREQ with details) and returns it.';
+COMMENT ON FUNCTION awp._validate_definition(jsonb) IS 'Checks a workflow definition: AWREQ with details unless it is valid.';
 
 -- awp.apply_workflow(definition): like create_workflow_version, plus whether a version was created.
 CREATE OR REPLACE FUNCTION awp.apply_workflow(p_definition jsonb)
 RETURNS TABLE (workflow_id text, version integer, created boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 DECLARE
-  v_def    jsonb := awp._normalize_definition(p_definition);
+  v_def    jsonb := p_definition;   -- stored as given
   v_id     text := v_def->>'id';
   v_hash   text := encode(sha256(convert_to(v_def::text, 'UTF8')), 'hex');
   v_latest record;
   v_now    timestamptz := awp._now();
 BEGIN
+  PERFORM awp._validate_definition(v_def);   -- before anything is written
   INSERT INTO awp.workflows AS w (workflow_id, created_at) VALUES (v_id, v_now) ON CONFLICT DO NOTHING;
   PERFORM 1 FROM awp.workflows w WHERE w.workflow_id = v_id FOR UPDATE;
   SELECT wv.version, wv.definition_hash INTO v_latest

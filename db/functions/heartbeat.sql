@@ -25,6 +25,24 @@
 -- Locks: the worker row, then the renewable, dropped and released dispatches with SKIP LOCKED: a dispatch that
 -- another transaction is settling right now is answered from its committed state without a change (the
 -- next heartbeat renews, marks or releases it), so a heartbeat never waits behind the reaper or a cancellation.
+-- awp._check_lease_refs(refs, name): AWREQ (naming the heartbeat argument `name`) unless refs is an array of at
+-- most awp._limit_heartbeat_list() {"dispatch_id": string, "lease_token": string} objects. Locks: none.
+CREATE OR REPLACE FUNCTION awp._check_lease_refs(p_refs jsonb, p_name text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  IF jsonb_typeof(p_refs) <> 'array' OR jsonb_array_length(p_refs) > awp._limit_heartbeat_list() OR EXISTS (
+       SELECT 1 FROM jsonb_array_elements(p_refs) e
+        WHERE jsonb_typeof(e) <> 'object'
+           OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
+           OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN ('dispatch_id', 'lease_token'))) THEN
+    PERFORM awp._raise_invalid_request('invalid ' || p_name,
+      format('%s must be an array of at most %s {"dispatch_id": string, "lease_token": string} objects',
+             p_name, awp._limit_heartbeat_list()));
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._check_lease_refs(jsonb, text) IS 'Validates a heartbeat''s list of {dispatch_id, lease_token} (AWREQ).';
+
 CREATE OR REPLACE FUNCTION awp.heartbeat(p_worker_id text, p_session_token text, p_leases jsonb,
                                          p_claimed_through bigint DEFAULT NULL,
                                          p_claims_pending bigint[] DEFAULT NULL,
@@ -46,28 +64,13 @@ DECLARE
 BEGIN
   p_leases := coalesce(p_leases, '[]'::jsonb);
   p_dropped := coalesce(p_dropped, '[]'::jsonb);
-  IF jsonb_typeof(p_leases) <> 'array' OR jsonb_array_length(p_leases) > 1024 OR EXISTS (
-       SELECT 1 FROM jsonb_array_elements(p_leases) e
-        WHERE jsonb_typeof(e) <> 'object'
-           OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
-           OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
-           OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN ('dispatch_id', 'lease_token'))) THEN
-    PERFORM awp._bad_request('invalid leases',
-      'leases must be an array of at most 1024 {"dispatch_id": string, "lease_token": string} objects');
-  END IF;
-  IF jsonb_typeof(p_dropped) <> 'array' OR jsonb_array_length(p_dropped) > 1024 OR EXISTS (
-       SELECT 1 FROM jsonb_array_elements(p_dropped) e
-        WHERE jsonb_typeof(e) <> 'object'
-           OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
-           OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
-           OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN ('dispatch_id', 'lease_token'))) THEN
-    PERFORM awp._bad_request('invalid dropped',
-      'dropped must be an array of at most 1024 {"dispatch_id": string, "lease_token": string} objects');
-  END IF;
-  IF p_claimed_through < 0 OR cardinality(p_claims_pending) > 1024
+  PERFORM awp._check_lease_refs(p_leases, 'leases');
+  PERFORM awp._check_lease_refs(p_dropped, 'dropped');
+  IF p_claimed_through < 0 OR cardinality(p_claims_pending) > awp._limit_heartbeat_list()
      OR array_position(p_claims_pending, NULL) IS NOT NULL THEN
-    PERFORM awp._bad_request('invalid claims',
-      'claimed_through must be at least 0 and claims_pending an array of at most 1024 claim numbers');
+    PERFORM awp._raise_invalid_request('invalid claims',
+      format('claimed_through must be at least 0 and claims_pending an array of at most %s claim numbers',
+             awp._limit_heartbeat_list()));
   END IF;
   UPDATE awp.workers x SET last_heartbeat_at = v_now WHERE x.worker_id = p_worker_id;
 

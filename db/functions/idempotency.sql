@@ -15,7 +15,7 @@ DECLARE
   k awp.idempotency_keys;
 BEGIN
   IF p_key IS NULL OR length(p_key) NOT BETWEEN 1 AND 255 THEN
-    PERFORM awp._bad_request('invalid idempotency key', 'Idempotency-Key must have 1-255 characters');
+    PERFORM awp._raise_invalid_request('invalid idempotency key', 'Idempotency-Key must have 1-255 characters');
   END IF;
   INSERT INTO awp.idempotency_keys (scope, idempotency_key, request_hash, created_at)
   VALUES (p_scope, p_key, p_request_hash, awp._now())
@@ -25,8 +25,8 @@ BEGIN
   END IF;
   SELECT * INTO k FROM awp.idempotency_keys x WHERE x.scope = p_scope AND x.idempotency_key = p_key;
   IF k.request_hash <> p_request_hash THEN
-    RAISE EXCEPTION 'idempotency key reused with a different request' USING ERRCODE = 'AWIDM',
-      DETAIL = format('Idempotency-Key %s was first used with another request', p_key);
+    PERFORM awp._raise_idempotency_conflict('idempotency key reused with a different request',
+                                            format('Idempotency-Key %s was first used with another request', p_key));
   END IF;
   RETURN k.response;
 END $$;

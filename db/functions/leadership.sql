@@ -68,7 +68,7 @@ DECLARE
   l         awp.coordinator_leader;
 BEGIN
   IF p_holder IS NULL OR length(p_holder) NOT BETWEEN 1 AND 200 THEN
-    PERFORM awp._bad_request('invalid holder', 'holder must be 1 to 200 characters (e.g. host:pid)');
+    PERFORM awp._raise_invalid_request('invalid holder', 'holder must be 1 to 200 characters (e.g. host:pid)');
   END IF;
   IF v_holder IS NULL AND pg_catalog.pg_try_advisory_lock(v_key) THEN
     v_holder := v_me;
@@ -129,10 +129,9 @@ BEGIN
     SELECT * INTO l FROM awp.coordinator_leader x FOR KEY SHARE;
   END IF;
   IF l.term IS DISTINCT FROM p_term OR (p_session AND l.backend_pid IS DISTINCT FROM pg_catalog.pg_backend_pid()) THEN
-    RAISE EXCEPTION 'leadership lost: term % is over', p_term USING ERRCODE = 'AWLDR',
-      DETAIL = format('the caller (session %s) carries term %s; the leader is term %s, holder %s, session %s',
-                      pg_catalog.pg_backend_pid(), p_term, l.term, coalesce(l.holder, 'none'),
-                      coalesce(l.backend_pid::text, 'none'));
+    PERFORM awp._raise_leadership_lost(format('leadership lost: term %s is over', p_term),
+      format('the caller (session %s) carries term %s; the leader is term %s, holder %s, session %s',
+             pg_catalog.pg_backend_pid(), p_term, l.term, coalesce(l.holder, 'none'), coalesce(l.backend_pid::text, 'none')));
   END IF;
 END $$;
 COMMENT ON FUNCTION awp._check_leader(bigint, boolean) IS 'Raises AWLDR unless coordinator_leader names this term (and session); locks the row.';

@@ -142,7 +142,7 @@ DECLARE
   v_more    boolean := false;
 BEGIN
   IF prune.older_than IS NULL OR prune.older_than < interval '0' THEN
-    PERFORM awp._bad_request('invalid older_than', 'older_than must be an interval of 0 or more (e.g. ''7 days'')');
+    PERFORM awp._raise_invalid_request('invalid older_than', 'older_than must be an interval of 0 or more (e.g. ''7 days'')');
   END IF;
   v_cutoff := awp._now() - prune.older_than;
   SELECT jsonb_object_agg(k, 0) INTO v_total FROM unnest(v_keys) k;

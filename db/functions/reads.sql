@@ -11,8 +11,8 @@
 CREATE OR REPLACE FUNCTION awp._check_page(p_limit integer) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = '' AS $$
 BEGIN
-  IF p_limit IS NOT NULL AND p_limit NOT BETWEEN 1 AND 1000 THEN
-    PERFORM awp._bad_request('invalid limit', 'limit must be from 1 to 1000');
+  IF p_limit IS NOT NULL AND p_limit NOT BETWEEN 1 AND awp._limit_page_rows() THEN
+    PERFORM awp._raise_invalid_request('invalid limit', format('limit must be from 1 to %s', awp._limit_page_rows()));
   END IF;
 END $$;
 COMMENT ON FUNCTION awp._check_page(integer) IS 'AWREQ unless a page limit is null or 1-1000.';
@@ -50,7 +50,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
   PERFORM awp._check_page(p_limit);
   IF (p_after_registered_at IS NULL) <> (p_after_worker_id IS NULL) THEN
-    PERFORM awp._bad_request('invalid cursor', 'give both after_registered_at and after_worker_id, or neither');
+    PERFORM awp._raise_invalid_request('invalid cursor', 'give both after_registered_at and after_worker_id, or neither');
   END IF;
   RETURN QUERY SELECT * FROM awp._worker_rows(NULL, p_after_registered_at, p_after_worker_id, p_limit);
 END $$;
@@ -64,7 +64,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
   RETURN QUERY SELECT * FROM awp._worker_rows(p_worker_id);
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'worker not found' USING ERRCODE = 'AWNTF', DETAIL = format('no worker %s', p_worker_id);
+    PERFORM awp._raise_not_found('worker not found', format('no worker %s', p_worker_id));
   END IF;
 END $$;
 COMMENT ON FUNCTION awp.get_worker(text) IS 'One worker session (no tokens); AWNTF when unknown.';
@@ -114,7 +114,7 @@ BEGIN
          CASE WHEN r.status IN ('pending', 'running') THEN awp._run_wait_counts(r.run_id) ELSE '{}' END
     FROM awp._run_rows(p_run_id, NULL, NULL, NULL, 1) x JOIN awp.runs r ON r.run_id = x.run_id;
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'run not found' USING ERRCODE = 'AWNTF', DETAIL = format('no run %s', p_run_id);
+    PERFORM awp._raise_not_found('run not found', format('no run %s', p_run_id));
   END IF;
 END $$;
 COMMENT ON FUNCTION awp.get_run(text) IS 'One run with its revision, task counts, input, output, the executor kinds it waits for and its waiting tasks by reason; AWNTF when unknown.';
@@ -142,14 +142,12 @@ RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status t
                schedule_id text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
-  IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1000 THEN
-    PERFORM awp._bad_request('invalid limit', 'limit must be from 1 to 1000');
-  END IF;
+  PERFORM awp._check_page(coalesce(p_limit, 0));   -- a NULL limit is refused too: list_runs always pages
   IF p_status IS NOT NULL AND p_status NOT IN ('pending', 'running', 'succeeded', 'failed', 'canceled') THEN
-    PERFORM awp._bad_request('invalid status', 'status must be a run status');
+    PERFORM awp._raise_invalid_request('invalid status', 'status must be a run status');
   END IF;
   IF p_after_created_at IS NOT NULL AND p_after IS NULL THEN
-    PERFORM awp._bad_request('invalid cursor', 'after_created_at needs after (a run id)');
+    PERFORM awp._raise_invalid_request('invalid cursor', 'after_created_at needs after (a run id)');
   END IF;
   RETURN QUERY SELECT * FROM awp._run_rows(NULL, p_workflow_id, p_status, p_after, p_limit, p_after_created_at);
 END $$;
@@ -159,7 +157,7 @@ CREATE OR REPLACE FUNCTION awp._require_run(p_run_id text) RETURNS void
 LANGUAGE plpgsql STABLE SET search_path = '' AS $$
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM awp.runs r WHERE r.run_id = p_run_id) THEN
-    RAISE EXCEPTION 'run not found' USING ERRCODE = 'AWNTF', DETAIL = format('no run %s', p_run_id);
+    PERFORM awp._raise_not_found('run not found', format('no run %s', p_run_id));
   END IF;
 END $$;
 COMMENT ON FUNCTION awp._require_run(text) IS 'AWNTF unless the run exists.';
@@ -182,7 +180,7 @@ BEGIN
   IF p_after_task_key IS NOT NULL THEN
     SELECT t.ordinal INTO v_after FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_after_task_key;
     IF NOT FOUND THEN
-      PERFORM awp._bad_request('invalid cursor', format('run %s has no task %s', p_run_id, p_after_task_key));
+      PERFORM awp._raise_invalid_request('invalid cursor', format('run %s has no task %s', p_run_id, p_after_task_key));
     END IF;
   END IF;
   RETURN QUERY
@@ -202,8 +200,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key) THEN
     PERFORM awp._require_run(p_run_id);
-    RAISE EXCEPTION 'task not found' USING ERRCODE = 'AWNTF',
-      DETAIL = format('run %s has no task %s', p_run_id, p_task_key);
+    PERFORM awp._raise_not_found('task not found', format('run %s has no task %s', p_run_id, p_task_key));
   END IF;
   RETURN QUERY
   SELECT a.attempt, a.status, a.worker_id, a.dispatch_id, a.started_at, a.finished_at, a.output,
@@ -261,7 +258,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
   RETURN QUERY SELECT * FROM awp._workflow_rows(p_workflow_id, NULL, 1);
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'workflow not found' USING ERRCODE = 'AWNTF', DETAIL = format('no workflow %s', p_workflow_id);
+    PERFORM awp._raise_not_found('workflow not found', format('no workflow %s', p_workflow_id));
   END IF;
 END $$;
 COMMENT ON FUNCTION awp.get_workflow(text) IS 'One workflow with its latest version; AWNTF when unknown.';
@@ -276,7 +273,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
   PERFORM awp._check_page(p_limit);
   IF NOT EXISTS (SELECT 1 FROM awp.workflows w WHERE w.workflow_id = p_workflow_id) THEN
-    RAISE EXCEPTION 'workflow not found' USING ERRCODE = 'AWNTF', DETAIL = format('no workflow %s', p_workflow_id);
+    PERFORM awp._raise_not_found('workflow not found', format('no workflow %s', p_workflow_id));
   END IF;
   RETURN QUERY SELECT v.workflow_id, v.version, v.definition_hash, v.task_count, v.created_at
                  FROM awp.workflow_versions v
@@ -294,8 +291,8 @@ BEGIN
   RETURN QUERY SELECT v.workflow_id, v.version, v.definition_hash, v.task_count, v.created_at, v.definition
                  FROM awp.workflow_versions v WHERE v.workflow_id = p_workflow_id AND v.version = p_version;
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'workflow version not found' USING ERRCODE = 'AWNTF',
-      DETAIL = format('workflow %s has no version %s', p_workflow_id, p_version);
+    PERFORM awp._raise_not_found('workflow version not found',
+                                 format('workflow %s has no version %s', p_workflow_id, p_version));
   END IF;
 END $$;
 COMMENT ON FUNCTION awp.get_workflow_version(text, integer) IS 'One workflow version with its definition; AWNTF when unknown.';

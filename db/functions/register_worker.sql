@@ -16,23 +16,23 @@ DECLARE
   v_bad   text;
 BEGIN
   IF p_protocol_version IS DISTINCT FROM 1 THEN
-    RAISE EXCEPTION 'worker protocol version % is not supported', p_protocol_version
-      USING ERRCODE = 'AWPRO', DETAIL = 'supported protocol versions: 1';
+    PERFORM awp._raise_protocol_unsupported(format('worker protocol version %s is not supported', p_protocol_version),
+                                            'supported protocol versions: 1');
   END IF;
   IF p_display_name IS NULL OR length(p_display_name) NOT BETWEEN 1 AND 128 THEN
-    PERFORM awp._bad_request('invalid display_name', 'display_name must have 1-128 characters');
+    PERFORM awp._raise_invalid_request('invalid display_name', 'display_name must have 1-128 characters');
   END IF;
   IF p_executor_kinds IS NULL OR cardinality(p_executor_kinds) = 0 THEN
-    PERFORM awp._bad_request('invalid executor_kinds', 'executor_kinds must name at least one kind');
+    PERFORM awp._raise_invalid_request('invalid executor_kinds', 'executor_kinds must name at least one kind');
   END IF;
   SELECT string_agg(coalesce(k, 'null'), ', ') INTO v_bad
     FROM unnest(p_executor_kinds) k WHERE k IS NULL OR NOT k = ANY (awp._executor_kinds());
   IF v_bad IS NOT NULL THEN
-    PERFORM awp._bad_request('unknown executor kind',
+    PERFORM awp._raise_invalid_request('unknown executor kind',
       format('unknown executor kinds: %s (known: %s)', v_bad, array_to_string(awp._executor_kinds(), ', ')));
   END IF;
   IF p_max_concurrency IS NULL OR p_max_concurrency NOT BETWEEN 1 AND 1000 THEN
-    PERFORM awp._bad_request('invalid max_concurrency', 'max_concurrency must be from 1 to 1000');
+    PERFORM awp._raise_invalid_request('invalid max_concurrency', 'max_concurrency must be from 1 to 1000');
   END IF;
   INSERT INTO awp.workers (worker_id, display_name, executor_kinds, max_concurrency, protocol_version,
                            session_token_hash, registered_at, last_heartbeat_at)

@@ -12,12 +12,12 @@ DECLARE
 BEGIN
   SELECT * INTO r FROM awp.runs x WHERE x.run_id = p_run_id FOR UPDATE;
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'run not found' USING ERRCODE = 'AWNTF', DETAIL = format('no run %s', p_run_id);
+    PERFORM awp._raise_not_found('run not found', format('no run %s', p_run_id));
   END IF;
   IF r.status IN ('pending', 'running') THEN
     IF r.cancel_requested_at IS NULL THEN
       UPDATE awp.runs x SET cancel_requested_at = awp._now() WHERE x.run_id = p_run_id;
-      PERFORM awp._log1(p_run_id, 'run', p_run_id, r.status, r.status, 'cancel requested');
+      PERFORM awp._append_event(p_run_id, 'run', p_run_id, r.status, r.status, 'cancel requested');
     END IF;
     IF NOT EXISTS (SELECT 1 FROM awp.dispatches d
                     WHERE d.run_id = p_run_id AND d.status = 'leased') THEN

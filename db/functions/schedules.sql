@@ -27,12 +27,12 @@ BEGIN
   ELSIF p_names IS NOT NULL AND upper(p_token) = ANY (p_names) THEN
     v := array_position(p_names, upper(p_token)) - 1 + p_name_base;
   ELSE
-    PERFORM awp._bad_request('invalid cron expression',
+    PERFORM awp._raise_invalid_request('invalid cron expression',
       format('%s field: %L is not a number%s', p_field, p_token,
              CASE WHEN p_names IS NULL THEN '' ELSE ' or a name (' || array_to_string(p_names, ', ') || ')' END));
   END IF;
   IF v NOT BETWEEN p_lo AND p_hi THEN
-    PERFORM awp._bad_request('invalid cron expression',
+    PERFORM awp._raise_invalid_request('invalid cron expression',
       format('%s field: %s is out of range %s-%s', p_field, v, p_lo, p_hi));
   END IF;
   RETURN v;
@@ -55,18 +55,18 @@ DECLARE
   v_vals  integer[] := '{}';
 BEGIN
   IF p_text !~ '^[A-Za-z0-9*/,-]+$' THEN
-    PERFORM awp._bad_request('invalid cron expression',
+    PERFORM awp._raise_invalid_request('invalid cron expression',
       format('%s field: %L has a character other than digits, names, * / , -', p_field, p_text));
   END IF;
   FOREACH v_part IN ARRAY string_to_array(p_text, ',') LOOP
     IF v_part = '' THEN
-      PERFORM awp._bad_request('invalid cron expression', format('%s field: %L has an empty list item', p_field, p_text));
+      PERFORM awp._raise_invalid_request('invalid cron expression', format('%s field: %L has an empty list item', p_field, p_text));
     END IF;
     v_base := split_part(v_part, '/', 1);
     v_step := 1;
     IF v_part LIKE '%/%' THEN
       IF v_part LIKE '%/%/%' OR split_part(v_part, '/', 2) !~ '^[0-9]{1,3}$' OR split_part(v_part, '/', 2)::integer = 0 THEN
-        PERFORM awp._bad_request('invalid cron expression',
+        PERFORM awp._raise_invalid_request('invalid cron expression',
           format('%s field: %L needs a step of 1-999 after a single /', p_field, v_part));
       END IF;
       v_step := split_part(v_part, '/', 2)::integer;
@@ -76,16 +76,16 @@ BEGIN
       v_b := p_hi;
     ELSIF v_base LIKE '%-%' THEN
       IF v_base LIKE '%-%-%' OR v_base LIKE '-%' OR v_base LIKE '%-' THEN
-        PERFORM awp._bad_request('invalid cron expression', format('%s field: %L is not a range a-b', p_field, v_part));
+        PERFORM awp._raise_invalid_request('invalid cron expression', format('%s field: %L is not a range a-b', p_field, v_part));
       END IF;
       v_a := awp._cron_value(split_part(v_base, '-', 1), p_field, p_lo, p_hi, p_names, p_name_base);
       v_b := awp._cron_value(split_part(v_base, '-', 2), p_field, p_lo, p_hi, p_names, p_name_base);
       IF v_a > v_b THEN
-        PERFORM awp._bad_request('invalid cron expression',
+        PERFORM awp._raise_invalid_request('invalid cron expression',
           format('%s field: range %s goes backwards (%s > %s)', p_field, v_base, v_a, v_b));
       END IF;
     ELSIF v_base = '' OR v_base LIKE '%*%' THEN
-      PERFORM awp._bad_request('invalid cron expression', format('%s field: %L is not valid', p_field, v_part));
+      PERFORM awp._raise_invalid_request('invalid cron expression', format('%s field: %L is not valid', p_field, v_part));
     ELSE
       v_a := awp._cron_value(v_base, p_field, p_lo, p_hi, p_names, p_name_base);
       v_b := CASE WHEN v_part LIKE '%/%' THEN p_hi ELSE v_a END;
@@ -114,10 +114,10 @@ DECLARE
   v_dow    integer[];
 BEGIN
   IF v_text = '' THEN
-    PERFORM awp._bad_request('invalid cron expression', 'the cron expression is empty');
+    PERFORM awp._raise_invalid_request('invalid cron expression', 'the cron expression is empty');
   END IF;
   IF length(v_text) > 256 THEN
-    PERFORM awp._bad_request('invalid cron expression', 'the cron expression is longer than 256 characters');
+    PERFORM awp._raise_invalid_request('invalid cron expression', 'the cron expression is longer than 256 characters');
   END IF;
   v_text := CASE lower(v_text)
     WHEN '@yearly' THEN '0 0 1 1 *' WHEN '@annually' THEN '0 0 1 1 *' WHEN '@monthly' THEN '0 0 1 * *'
@@ -127,7 +127,7 @@ BEGIN
   IF cardinality(v_f) = 5 THEN
     v_f := '0'::text || v_f;
   ELSIF cardinality(v_f) <> 6 THEN
-    PERFORM awp._bad_request('invalid cron expression',
+    PERFORM awp._raise_invalid_request('invalid cron expression',
       format('a cron expression has 5 fields (minute hour day-of-month month day-of-week) or 6 (seconds first); %L has %s',
              v_text, cardinality(v_f)));
   END IF;
@@ -140,7 +140,7 @@ BEGIN
   IF (left(v_f[4], 1) = '*' OR left(v_f[6], 1) = '*')
      AND NOT EXISTS (SELECT 1 FROM unnest(v_dom) d, unnest(v_month) m
                       WHERE d <= CASE WHEN m = 2 THEN 29 WHEN m IN (4, 6, 9, 11) THEN 30 ELSE 31 END) THEN
-    PERFORM awp._bad_request('invalid cron expression',
+    PERFORM awp._raise_invalid_request('invalid cron expression',
       format('the expression never fires: no selected month has day %s', array_to_string(v_dom, ',')));
   END IF;
   RETURN jsonb_build_object(
@@ -395,16 +395,16 @@ DECLARE
   e        awp.schedules;
 BEGIN
   IF v_id IS NULL OR v_id !~ '^[A-Za-z0-9._-]{1,128}$' THEN
-    PERFORM awp._bad_request('invalid schedule id', 'schedule_id must be a string of 1-128 characters from [A-Za-z0-9._-]');
+    PERFORM awp._raise_invalid_request('invalid schedule id', 'schedule_id must be a string of 1-128 characters from [A-Za-z0-9._-]');
   END IF;
   IF v_wf IS NULL OR v_wf = '' THEN
-    PERFORM awp._bad_request('invalid workflow id', 'workflow_id is required');
+    PERFORM awp._raise_invalid_request('invalid workflow id', 'workflow_id is required');
   END IF;
   IF (v_given IS NULL) = (v_iv IS NULL) THEN
-    PERFORM awp._bad_request('invalid schedule', 'give exactly one of cron and interval_ms');
+    PERFORM awp._raise_invalid_request('invalid schedule', 'give exactly one of cron and interval_ms');
   END IF;
   IF v_iv < 1000 THEN
-    PERFORM awp._bad_request('invalid schedule', format('interval_ms must be at least 1000 (got %s)', v_iv));
+    PERFORM awp._raise_invalid_request('invalid schedule', format('interval_ms must be at least 1000 (got %s)', v_iv));
   END IF;
   IF v_given IS NOT NULL THEN
     v_parsed := awp._cron_parse(v_cron);
@@ -414,25 +414,19 @@ BEGIN
      WHERE lower(z.name) = lower(v_zone) ORDER BY z.name = v_zone DESC, z.name LIMIT 1;
   END IF;
   IF v_tz IS NULL THEN
-    PERFORM awp._bad_request('invalid time zone',
+    PERFORM awp._raise_invalid_request('invalid time zone',
       format('timezone %s is not a time zone name (see pg_timezone_names), e.g. UTC or Europe/Berlin',
              coalesce(quote_literal(v_zone), 'null')));
   END IF;
-  IF jsonb_typeof(v_input) <> 'object' THEN
-    PERFORM awp._bad_request('invalid schedule input', 'input must be a JSON object');
-  END IF;
-  IF octet_length(v_input::text) > 65536 THEN
-    PERFORM awp._bad_request('schedule input too large',
-      format('input is %s bytes, over the 65536-byte limit', octet_length(v_input::text)));
-  END IF;
+  PERFORM awp._check_input(v_input, 'schedule input');
   IF NOT EXISTS (SELECT 1 FROM awp.workflows w WHERE w.workflow_id = v_wf) THEN
-    RAISE EXCEPTION 'workflow not found' USING ERRCODE = 'AWNTF', DETAIL = format('no workflow %s', v_wf);
+    PERFORM awp._raise_not_found('workflow not found', format('no workflow %s', v_wf));
   END IF;
 
   IF v_parsed IS NOT NULL THEN
     v_next := awp._cron_next(v_parsed, v_now, v_tz);
     IF v_next IS NULL THEN
-      PERFORM awp._bad_request('invalid cron expression',
+      PERFORM awp._raise_invalid_request('invalid cron expression',
         format('the expression %s never fires in the next 100 years', v_cron));
     END IF;
   ELSE
@@ -445,7 +439,7 @@ BEGIN
   IF NOT FOUND THEN
     SELECT * INTO e FROM awp.schedules s WHERE s.schedule_id = v_id;
     IF (e.workflow_id, e.cron, e.interval_ms, e.input, e.timezone) IS DISTINCT FROM (v_wf, v_cron, v_iv, v_input, v_tz) THEN
-      PERFORM awp._bad_request('schedule exists',
+      PERFORM awp._raise_invalid_request('schedule exists',
         format('schedule %s exists with another definition; delete it first to replace it', v_id));
     END IF;
   END IF;
@@ -464,7 +458,7 @@ DECLARE
 BEGIN
   RETURN QUERY DELETE FROM awp.schedules s WHERE s.schedule_id = v_id RETURNING s.*;
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'schedule not found' USING ERRCODE = 'AWNTF', DETAIL = format('no schedule %s', v_id);
+    PERFORM awp._raise_not_found('schedule not found', format('no schedule %s', v_id));
   END IF;
 END $$;
 COMMENT ON FUNCTION awp.delete_schedule(text) IS 'Deletes a schedule and returns it; AWNTF when unknown.';

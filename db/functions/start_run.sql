@@ -19,9 +19,9 @@ DECLARE
   v_now    timestamptz := awp._now();
   v_input  jsonb := coalesce(p_input, '{}'::jsonb);
 BEGIN
-  PERFORM awp._check_run_input(v_input);
+  PERFORM awp._check_input(v_input, 'run input');
   IF p_idempotency_key IS NOT NULL AND length(p_idempotency_key) NOT BETWEEN 1 AND 255 THEN
-    PERFORM awp._bad_request('invalid idempotency key', 'idempotency key must have 1-255 characters');
+    PERFORM awp._raise_invalid_request('invalid idempotency key', 'idempotency key must have 1-255 characters');
   END IF;
   IF p_idempotency_key IS NOT NULL THEN
     v_run_id := awp._existing_run(p_workflow_id, p_idempotency_key, v_input);
@@ -35,11 +35,10 @@ BEGIN
    ORDER BY wv.version DESC LIMIT 1;
   IF NOT FOUND THEN
     IF NOT EXISTS (SELECT 1 FROM awp.workflows w WHERE w.workflow_id = p_workflow_id) THEN
-      RAISE EXCEPTION 'workflow not found' USING ERRCODE = 'AWNTF',
-        DETAIL = format('no workflow %s', p_workflow_id);
+      PERFORM awp._raise_not_found('workflow not found', format('no workflow %s', p_workflow_id));
     END IF;
-    RAISE EXCEPTION 'workflow version not found' USING ERRCODE = 'AWNTF',
-      DETAIL = format('workflow %s has no version %s', p_workflow_id, p_version);
+    PERFORM awp._raise_not_found('workflow version not found',
+                                 format('workflow %s has no version %s', p_workflow_id, p_version));
   END IF;
 
   v_run_id := awp._new_id('run');
@@ -78,15 +77,16 @@ BEGIN
     LEFT JOIN deps dp ON dp.task_key = d.t->>'key'
     LEFT JOIN dependants dn ON dn.task_key = d.t->>'key';
 
-  PERFORM awp._log1(v_run_id, 'run', v_run_id, NULL, 'pending', 'run started');
-  PERFORM awp._log(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
-                   'ready', 'task created')
+  PERFORM awp._append_event(v_run_id, 'run', v_run_id, NULL, 'pending', 'run started');
+  PERFORM awp._append_events_alike(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
+                                   'ready', 'task created')
      FROM awp.tasks t WHERE t.run_id = v_run_id AND t.status = 'ready';
-  PERFORM awp._log(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
-                   'waiting_dependencies', 'task created')
+  PERFORM awp._append_events_alike(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
+                                   'waiting_dependencies', 'task created')
      FROM awp.tasks t WHERE t.run_id = v_run_id AND t.status = 'waiting_dependencies';
-  -- Fast path (docs/protocol.md, The fast path): dispatch now what the limits and the fairness rule allow (a new run
-  -- is first in line), so an idle worker's long-poll wakes without waiting for a coordinator pass.
+  -- Dispatch on start (docs/protocol.md, Refill and claim on complete): dispatch now what the limits and the
+  -- fairness rule allow (a new run is first in line), so an idle worker's long-poll wakes without waiting for a
+  -- coordinator pass.
   IF awp._create_dispatches() = 0 THEN
     PERFORM awp._wake('awp_coordinator', 'run_started');
   END IF;
@@ -103,20 +103,21 @@ LANGUAGE sql SECURITY DEFINER SET search_path = '' AS $$
 $$;
 COMMENT ON FUNCTION awp.start_run(text, integer, text, jsonb) IS 'Starts a run of a workflow version (latest when null) with an input object; the same idempotency key and input return the same run (another input: AWIDM); AWNTF when unknown.';
 
--- awp._check_run_input(input): AWREQ unless input is a JSON object of at most 64 KiB (as jsonb text,
--- the same rule as a task's input).
-CREATE OR REPLACE FUNCTION awp._check_run_input(p_input jsonb) RETURNS void
+-- awp._check_input(input, what): AWREQ unless input is a JSON object of at most awp._limit_input_bytes() bytes
+-- of jsonb text (the rule of a task's input); `what` names it in the message ('run input', 'schedule input').
+-- Locks: none.
+CREATE OR REPLACE FUNCTION awp._check_input(p_input jsonb, p_what text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = '' AS $$
 BEGIN
   IF jsonb_typeof(p_input) IS DISTINCT FROM 'object' THEN
-    PERFORM awp._bad_request('invalid run input', 'input must be a JSON object');
+    PERFORM awp._raise_invalid_request('invalid ' || p_what, 'input must be a JSON object');
   END IF;
-  IF octet_length(p_input::text) > 65536 THEN
-    PERFORM awp._bad_request('run input too large',
-      format('input is %s bytes, over the 65536-byte limit', octet_length(p_input::text)));
+  IF octet_length(p_input::text) > awp._limit_input_bytes() THEN
+    PERFORM awp._raise_invalid_request(p_what || ' too large',
+      format('input is %s bytes, over the %s-byte limit', octet_length(p_input::text), awp._limit_input_bytes()));
   END IF;
 END $$;
-COMMENT ON FUNCTION awp._check_run_input(jsonb) IS 'Validates a run input (AWREQ unless an object of at most 64 KiB).';
+COMMENT ON FUNCTION awp._check_input(jsonb, text) IS 'Validates a run or schedule input (AWREQ unless an object of at most 64 KiB).';
 
 -- awp._existing_run(workflow_id, idempotency_key, input): the run started earlier with this key, NULL
 -- when none; AWIDM when that run was started with another input.
@@ -130,8 +131,8 @@ BEGIN
   SELECT r.run_id, r.input INTO v_run_id, v_input FROM awp.runs r
    WHERE r.workflow_id = p_workflow_id AND r.idempotency_key = p_idempotency_key;
   IF FOUND AND v_input IS DISTINCT FROM p_input THEN
-    RAISE EXCEPTION 'idempotency key reused with a different input' USING ERRCODE = 'AWIDM',
-      DETAIL = format('run %s was started with key %s and another input', v_run_id, p_idempotency_key);
+    PERFORM awp._raise_idempotency_conflict('idempotency key reused with a different input',
+                                            format('run %s was started with key %s and another input', v_run_id, p_idempotency_key));
   END IF;
   RETURN v_run_id;
 END $$;

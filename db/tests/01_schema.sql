@@ -2,7 +2,7 @@
 -- and the shape of every function (comment, search_path, SECURITY DEFINER, the signatures of README.md's SQL API).
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(106);
+SELECT plan(107);
 
 -- ---------------------------------------------------------------- tables
 SELECT has_table('awp', t, 'table awp.' || t || ' exists')
@@ -107,15 +107,18 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL
                  ORDER BY 1),
           '{}'::text[], 'every awp function has a COMMENT');
--- awp._int_ok, _ms, _new_id, _token and _hash are exempt on purpose: they name only pg_catalog objects
--- (or schema-qualified ones) and must stay inlinable (create_workflow_version.sql and 00_helpers.sql
--- say why); any other function without the SET fails here.
+-- awp._int_ok, _ms, _new_id, _token, _hash and _fairness_order are exempt on purpose, and so are the limit
+-- constants awp._limit_*() (SQL, IMMUTABLE, no argument): they name only pg_catalog objects (or
+-- schema-qualified ones) and must stay inlinable (create_workflow_version.sql, 00_helpers.sql,
+-- _dispatching.sql and 00_limits.sql say why); any other function without the SET fails here.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace
                    AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)
                    AND p.oid NOT IN ('awp._int_ok(jsonb, bigint, bigint)'::regprocedure, 'awp._ms(interval)'::regprocedure,
                                      'awp._new_id(text)'::regprocedure, 'awp._token()'::regprocedure,
-                                     'awp._hash(text)'::regprocedure)
+                                     'awp._hash(text)'::regprocedure, 'awp._fairness_order(text[])'::regprocedure)
+                   AND NOT (p.proname LIKE '\_limit\_%' AND p.pronargs = 0 AND p.provolatile = 'i'
+                            AND p.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'sql'))
                  ORDER BY 1),
           '{}'::text[], 'every awp function has SET search_path = ''''');
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
@@ -131,9 +134,9 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  ORDER BY 1),
           '{}'::text[], 'every awp function belongs to awp_owner');
 SELECT is(ARRAY(SELECT c.relname::text FROM pg_class c
-                 WHERE c.relnamespace = 'awp'::regnamespace AND c.relkind IN ('r', 'S')
+                 WHERE c.relnamespace = 'awp'::regnamespace AND c.relkind IN ('r', 'S', 'v', 'c')
                    AND c.relowner <> 'awp_owner'::regrole ORDER BY 1),
-          '{}'::text[], 'every awp table and sequence belongs to awp_owner');
+          '{}'::text[], 'every awp table, sequence, view and composite type belongs to awp_owner');
 SELECT cmp_ok((SELECT count(*) FROM pg_proc WHERE pronamespace = 'awp'::regnamespace AND left(proname, 1) <> '_'),
               '>=', 17::bigint, 'the public surface is there (the checks above are not vacuous)');
 
@@ -165,10 +168,15 @@ SELECT function_returns('awp', 'start_run', ARRAY['text', 'integer', 'text', 'js
 SELECT function_returns('awp', 'complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb'], 'boolean', 'complete_task returns applied');
 
 -- Result columns, in documented order (more trailing columns are allowed where README.md's SQL API says so).
+-- The OUT/TABLE columns, or for a function returning (SETOF) a composite type such as awp.lease its attributes.
 CREATE FUNCTION tests.out_columns(p regprocedure) RETURNS text[] LANGUAGE sql AS $$
-  SELECT array_agg(n ORDER BY i) FROM pg_proc p2,
-         unnest(p2.proargnames, p2.proargmodes) WITH ORDINALITY AS a(n, m, i)
-   WHERE p2.oid = p AND a.m IN ('o', 't')
+  SELECT coalesce(
+    (SELECT array_agg(n ORDER BY i) FROM pg_proc p2,
+            unnest(p2.proargnames, p2.proargmodes) WITH ORDINALITY AS a(n, m, i)
+      WHERE p2.oid = p AND a.m IN ('o', 't')),
+    (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_proc p2
+       JOIN pg_type t ON t.oid = p2.prorettype JOIN pg_attribute a ON a.attrelid = t.typrelid
+      WHERE p2.oid = p AND t.typtype = 'c' AND a.attnum > 0 AND NOT a.attisdropped))
 $$;
 SELECT is(tests.out_columns('awp.create_workflow_version(jsonb)'), ARRAY['workflow_id', 'version'],
           'create_workflow_version returns (workflow_id, version)');
@@ -182,6 +190,12 @@ SELECT is(tests.out_columns('awp.claim_tasks(text, text, integer, bigint)'),
                 'action', 'input', 'attempt', 'attempt_deadline', 'lease_expires_at', 'lease_remaining_ms', 'fencing_token',
                 'run_input', 'upstream'],
           'claim_tasks returns the lease columns, run_input and upstream included');
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
+                 WHERE p.pronamespace = 'awp'::regnamespace AND p.prorettype = 'awp.lease'::regtype AND p.proretset
+                 ORDER BY 1),
+          ARRAY['awp._claim(awp.workers,integer,boolean,bigint)', 'awp.claim_tasks(text,text,integer,bigint)',
+                'awp.complete_and_claim(text,text,text,text,jsonb,integer,bigint)'],
+          'the lease columns are defined once (awp.lease): claim_tasks, complete_and_claim and _claim return it');
 SELECT is(tests.out_columns('awp.heartbeat(text, text, jsonb, bigint, bigint[], jsonb)'), ARRAY['dispatch_id', 'status', 'lease_remaining_ms'],
           'heartbeat returns (dispatch_id, status, lease_remaining_ms)');
 SELECT is((tests.out_columns('awp.get_run(text)'))[1:9],

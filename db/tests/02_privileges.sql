@@ -2,7 +2,7 @@
 -- or a sequence, nor run a private `_` helper; PUBLIC can do nothing in schema awp.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(28 + 4 * (SELECT count(*)::integer FROM pg_class
+SELECT plan(29 + 4 * (SELECT count(*)::integer FROM pg_class
                         WHERE relnamespace = 'awp'::regnamespace AND relkind IN ('r', 'p')));
 SELECT cmp_ok((SELECT count(*)::integer FROM pg_class WHERE relnamespace = 'awp'::regnamespace AND relkind IN ('r', 'p')),
               '>=', 9, 'the nine tables of docs/protocol.md, Objects (at least) are covered below');
@@ -60,10 +60,11 @@ SELECT throws_ok(format('%s awp.%I %s', x.verb, t.relname, replace(x.tail, '$col
                ('INSERT INTO', 'DEFAULT VALUES'), ('DELETE FROM', '')) x(verb, tail)
  ORDER BY t.relname, x.verb;
 SELECT throws_ok($$SELECT nextval('awp.fencing_token_seq')$$, '42501', NULL, 'awp_gateway cannot draw fencing tokens');
+SELECT throws_ok($$SELECT * FROM awp._claim_candidates$$, '42501', NULL, 'awp_gateway cannot read the claim candidates view');
 SELECT throws_ok($$SELECT awp._now()$$, '42501', NULL, 'awp_gateway cannot call awp._now()');
 SELECT throws_ok(format($$SELECT awp._converge_cancel(%L)$$, :'run'), '42501', NULL,
                  'awp_gateway cannot call a private settling helper');
-SELECT throws_ok(format($$SELECT awp._log1(%L, 'run', 'x', NULL, 'failed', 'forged')$$, :'run'), '42501', NULL,
+SELECT throws_ok(format($$SELECT awp._append_event(%L, 'run', 'x', NULL, 'failed', 'forged')$$, :'run'), '42501', NULL,
                  'awp_gateway cannot forge events');
 
 -- The public functions work through SECURITY DEFINER, end to end.

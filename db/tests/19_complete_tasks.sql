@@ -1,5 +1,5 @@
 -- awp.complete_tasks: several completions and a claim in one transaction (a worker with several slots).
--- Each result is settled as by complete_task and answered on its own; the freed leases are replaced
+-- Each result is settled as by complete_task and answered on its own; the freed slots are refilled
 -- round-robin over runs in fairness order; one revision per run; the run counters are written once
 -- (awp._log_flush) and the checker stays clean.
 BEGIN;
@@ -27,7 +27,7 @@ SELECT throws_ok(format($$SELECT awp.complete_tasks(%L, %L, %L, 0)$$, :'w1_worke
 SELECT throws_ok(format($$SELECT awp.complete_tasks(%L, 'wrong', %L, 0)$$, :'w1_worker_id', tests.items('{t1}')),
                  'AWSES', NULL, 'the session is checked first');
 
--- ================================================================ a batch: applied, refused, replaced, claimed
+-- ================================================================ a batch: applied, refused, refilled, claimed
 SELECT tests.end_tx();
 SELECT tests.rev(:'run') AS rev0 \gset
 SELECT awp.complete_tasks(:'w1_worker_id', :'w1_token',
@@ -46,7 +46,7 @@ SELECT is(jsonb_path_query_array(:'answer'::jsonb, '$.results[*].applied'), '[tr
 SELECT is(jsonb_path_query_array(:'answer'::jsonb, '$.results[*].error.sqlstate'), '["AWLST", "AWREQ"]'::jsonb,
           'a wrong lease token is AWLST and a bad result AWREQ, answered per item');
 SELECT is(tests.task_statuses(:'run'), '{t1=succeeded,t2=succeeded,t3=running,t4=running,t5=running,t6=running,t7=ready,t8=ready,t9=ready,t10=ready}'::text[],
-          'applied ones succeeded, refused ones still run, the two freed slots were replaced and leased');
+          'applied ones succeeded, refused ones still run, the two freed slots were refilled and leased');
 SELECT is(jsonb_array_length(:'answer'::jsonb->'leases'), 2, 'leases for the two freed slots (the other two slots still hold t3 and t4)');
 SELECT is((SELECT array_agg(x ORDER BY x) FROM jsonb_array_elements_text(jsonb_path_query_array(:'answer'::jsonb, '$.leases[*].task_key')) x),
           '{t5,t6}'::text[], 'the leases are the next tasks in definition order');
@@ -61,7 +61,7 @@ SELECT is(awp.complete_tasks(:'w1_worker_id', :'w1_token', tests.items('{t1}', '
             #>> '{results,0,error,sqlstate}', 'AWCNF', 'the same lease with another result is AWCNF');
 SELECT is((SELECT count(*) FROM awp.attempts WHERE run_id = :'run' AND task_key = 't1'), 1::bigint, 'no second attempt');
 
--- ================================================================ fairness of the replacements
+-- ================================================================ fairness of the refills
 -- Two more runs with ready tasks: the slots freed by a batch go round-robin in fairness order.
 SELECT * FROM tests.register_worker('w2', '{mock}', 4) \gset w2_
 SELECT tests.make_run('r-a', (SELECT jsonb_agg(tests.task('a' || i)) FROM generate_series(1, 6) i), 10) AS ra \gset
@@ -80,7 +80,7 @@ SELECT awp.complete_tasks(:'w2_worker_id', :'w2_token', (SELECT jsonb_agg(jsonb_
 SELECT is(jsonb_path_query_array(:'fair'::jsonb, '$.results[*].applied'), '[true, true, true]'::jsonb, 'all three applied');
 SELECT results_eq($$SELECT r.workflow_id, count(*) FROM awp.dispatches d JOIN awp.runs r USING (run_id) WHERE d.status = 'pending' GROUP BY 1 ORDER BY 1$$,
                   $$VALUES ('r-a'::text, 1::bigint), ('r-b', 2)$$,
-                  'the freed slots were replaced round-robin, the first run in fairness order taking the extra one');
+                  'the freed slots were refilled round-robin, the first run in fairness order taking the extra one');
 SELECT ok((SELECT last_dispatch_seq FROM awp.runs WHERE run_id = :'rb') > 1, 'r-b moved to the back of the fairness order');
 
 -- ================================================================ a draining worker completes, claims nothing

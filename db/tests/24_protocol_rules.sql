@@ -137,7 +137,7 @@ SELECT is((SELECT jsonb_path_query_array(awp.complete_tasks(:'w5a', tests.tok(:'
                      '$.results[*].applied')
              FROM l WHERE task_key IN ('a2', 'b1', 'b2')), '[true, true, true]'::jsonb, 'w5a completes three leases in one batch');
 SELECT is((SELECT count(*) FROM awp.tasks WHERE run_id = :'ra' AND status IN ('queued', 'running')), 2::bigint,
-          'run A gets one replacement dispatch, not three: queued + running stays at its concurrency');
+          'run A gets one refill dispatch, not three: queued + running stays at its concurrency');
 
 -- ================================================================ the checker: limits exactly reached are no violation
 SELECT tests.freeze('2030-01-01 06:00:00+00');

@@ -140,7 +140,7 @@ SELECT is((SELECT array_agg(task_key || '=' || reason) FROM awp.run_waits(:'firs
 SELECT is(tests.detail(:'first', 'a3'), 'queued behind other runs: 1 task(s) of other runs come first in the fair order, and every active worker offering executor mock is busy (2 slot(s))',
           'fairness detail');
 SELECT ok((SELECT count(*) = 0 FROM awp.run_waits(:'first') WHERE status = 'running'), 'running tasks do not wait (no row)');
--- The completion fast path gives the freed slot to the first run in fair order: b1, the task that said workers_full.
+-- The completion refills its freed slot for the first run in fair order: b1, the task that said workers_full.
 SELECT ok(tests.complete(:'w4_worker_id', :'w4_token', dispatch_id, lease_token), 'setup: a1 completes') FROM fl WHERE task_key = 'a1';
 SELECT is(tests.reasons(:'second'), ARRAY['b1=waiting_for_claim', 'b2=fairness', 'b3=fairness'],
           'the freed slot went to b1, as its reason said; its run just got a dispatch, so its next tasks wait behind the other run');

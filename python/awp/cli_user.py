@@ -21,7 +21,7 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from awp.client import ApiError, Client, ClientError
+from awp.client import Client, ClientError, GatewayError
 from awp.terminal import (
     WatchTimeout,
     cancel_message,
@@ -48,7 +48,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine; gateway errors become a one-line click error."""
     try:
         return asyncio.run(coro)
-    except ApiError as e:
+    except GatewayError as e:
         raise click.ClickException(f"{e.code}: {e.message}") from e
     except ClientError as e:
         raise click.ClickException(str(e)) from e
@@ -158,11 +158,14 @@ async def _with(client: Client, call: Callable[[Client], Awaitable[T]]) -> T:
     help="Long-poll time of a claim.",
 )
 @click.option(
-    "--piggyback/--no-piggyback",
-    envvar="AWP_WORKER_PIGGYBACK",
+    "--claim-on-complete/--no-claim-on-complete",
+    envvar="AWP_WORKER_CLAIM_ON_COMPLETE",
     default=True,
     show_default=True,
-    help="Ask for the next lease in the same request as each completion.",
+    help="Claim on complete: ask for the next lease in the same request as each completion.",
+)
+@click.option(  # the flag's name before "claim on complete" became the one word for the idea; still accepted
+    "--piggyback/--no-piggyback", "piggyback", envvar="AWP_WORKER_PIGGYBACK", default=None, hidden=True
 )
 @click.option(
     "--batch/--no-batch",
@@ -190,7 +193,8 @@ def worker(
     shutdown_timeout: float,
     safety_margin_ms: int,
     wait_ms: int,
-    piggyback: bool,
+    claim_on_complete: bool,
+    piggyback: bool | None,
     batch: bool,
     log_level: str,
 ) -> None:
@@ -218,7 +222,7 @@ def worker(
         shutdown_timeout_s=shutdown_timeout,
         safety_margin_ms=safety_margin_ms,
         wait_ms=wait_ms,
-        piggyback=piggyback,
+        claim_on_complete=claim_on_complete if piggyback is None else piggyback,
         batch=batch,
         ca_file=ca_file,
     )

@@ -1,8 +1,9 @@
 """An async client of the gateway's HTTP API (``/api/v1``), used by the worker and the CLI.
 
-Errors: an error answer raises :class:`ApiError` (``code`` is the API's error code, e.g. ``lease_lost``);
+Errors (all :class:`ClientError`): an error answer of the gateway raises :class:`GatewayError` (``code`` is the
+API's error code, e.g. ``lease_lost``; not :class:`awp.errors.ApiError`, the error the gateway answers *with*);
 a request that got no answer (connection refused, reset, timeout) raises :class:`TransportError`.
-``ApiError.retryable`` tells whether the same request may simply be sent again later (5xx, 503).
+``GatewayError.retryable`` tells whether the same request may simply be sent again later (5xx, 503).
 
 TLS: an ``https://`` base URL is verified against ``ca_file`` (PEM) when given, else the system's trust
 store; a certificate that does not verify is a :class:`TransportError` (never sent in the clear).
@@ -37,8 +38,9 @@ class TlsVerifyError(TransportError):
     """The ``https://`` gateway's certificate does not verify (unknown CA: ``--ca-file``; wrong host name)."""
 
 
-class ApiError(ClientError):
-    """The gateway answered with an error body ``{"error": {"code", "message", "request_id"}}``."""
+class GatewayError(ClientError):
+    """The gateway answered with an error body ``{"error": {"code", "message", "request_id"}}`` (what the
+    gateway raised as an :class:`awp.errors.ApiError`, as this client received it)."""
 
     def __init__(
         self,
@@ -174,7 +176,7 @@ class Client:
                 code = str(err.get("code") or code)
                 message = str(err.get("message") or "")
                 request_id = err.get("request_id") or request_id
-            raise ApiError(status, code, message, request_id, wait_s)
+            raise GatewayError(status, code, message, request_id, wait_s)
         return data
 
     # ---- worker routes -------------------------------------------------------------------------------

@@ -55,7 +55,8 @@ ERROR_CODES: frozenset[str] = frozenset(code for _, code in SQLSTATE_ERRORS.valu
 
 
 class ApiError(Exception):
-    """An answer with an error body ``{"error": {"code", "message", "request_id"}}``."""
+    """An error the gateway answers with: a body ``{"error": {"code", "message", "request_id"}}`` (a client
+    receives it as an :class:`awp.client.GatewayError`)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)

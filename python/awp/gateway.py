@@ -469,7 +469,7 @@ async def complete(request: web.Request) -> web.Response:
         applied = await db.complete_task(worker_id, token, dispatch_id, lease_token, result)
         metrics.completions.labels(str(bool(applied)).lower()).inc()
         return json_response({"applied": applied})
-    # docs/protocol.md, The fast path: a busy worker's next leases ride on its completion (one round trip per task).
+    # Claim on complete (docs/protocol.md): the next leases ride on the completion (one round trip per task).
     leases = await db.complete_and_claim(worker_id, token, dispatch_id, lease_token, result, claim_slots, claim_seq)
     metrics.completions.labels("true").inc()
     if claim_slots:

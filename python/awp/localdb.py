@@ -11,7 +11,7 @@ scram-sha-256 password; the superuser ``postgres`` logs in over the unix socket 
 0700, so only this OS user and root reach it): :meth:`Cluster.dsn` is that socket. ``awp serve`` logs in as
 ``awp_gateway_login`` (a member of the execute-only role ``awp_gateway``) over TCP with the password kept in
 ``.awp/gateway.pgpass`` (mode 0600, read by libpq as its ``passfile``): :func:`gateway_database_url`.
-Throwaway test clusters (:mod:`awp.testing`) keep trust authentication.
+Throwaway test clusters (:mod:`awp_testing.cluster`) keep trust authentication.
 """
 
 from __future__ import annotations

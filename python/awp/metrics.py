@@ -16,7 +16,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-RUN_STATUSES = ("pending", "running", "succeeded", "failed", "canceled")
+from awp.statuses import RUN_STATUSES
+
 LIVE_DISPATCH_STATUSES = ("pending", "leased")
 WORKER_STATUSES = ("active", "draining", "stopped", "offline")
 PRUNED_KINDS = ("runs", "tasks", "dispatches", "attempts", "events", "workers", "idempotency_keys")

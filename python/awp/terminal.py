@@ -19,27 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from awp.client import Client
+from awp.statuses import RUN_TERMINAL, TASK_DONE, TASK_STATUSES
 
 TickHook = Callable[[dict[str, Any], list[dict[str, Any]]], Awaitable[None]]
-
-
-RUN_TERMINAL = frozenset({"succeeded", "failed", "canceled"})
-
-
-TASK_STATUSES = (
-    "succeeded",
-    "running",
-    "queued",
-    "ready",
-    "waiting_retry",
-    "waiting_dependencies",
-    "failed",
-    "skipped",
-    "canceled",
-)
-
-
-TASK_DONE = frozenset({"succeeded", "failed", "skipped", "canceled"})
 
 
 STATUS_STYLE = {

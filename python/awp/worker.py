@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from awp.client import ApiError, Client, ClientError, TlsVerifyError, TransportError, client_ssl_context
+from awp.client import Client, ClientError, GatewayError, TlsVerifyError, TransportError, client_ssl_context
 from awp.executors import HANDLER_THREAD_PREFIX, Executor, build_executors
 from awp.handlers import Context
 from awp.parsing import BODY_LIMIT
@@ -86,7 +86,7 @@ class WorkerConfig:
     wait_ms: int = 20000
     backoff_min_ms: int = 100
     backoff_max_ms: int = 5000
-    piggyback: bool = True  # ask for the next lease with each completion (one round trip per task)
+    claim_on_complete: bool = True  # ask for the next lease with each completion (one round trip per task)
     batch: bool = True  # with concurrency > 1: send the results that are ready together (one request for many)
     ca_file: str | None = None  # PEM CA certificate(s) an https:// gateway's certificate must chain to
 
@@ -118,7 +118,7 @@ class Backoff:
 
 def retry_after_of(error: BaseException) -> float | None:
     """The Retry-After (seconds) of a gateway's error answer, if it gave one."""
-    return error.retry_after_s if isinstance(error, ApiError) else None
+    return error.retry_after_s if isinstance(error, GatewayError) else None
 
 
 class Execution:
@@ -178,7 +178,7 @@ def _outage_error(error: ClientError) -> bool:
     a result is kept and sent again after such a failure, never dropped for it (docs/protocol.md, Lease recovery)."""
     if isinstance(error, TransportError):
         return not isinstance(error, TlsVerifyError)  # a certificate that does not verify is no outage
-    return isinstance(error, ApiError) and error.status in (502, 503, 504)
+    return isinstance(error, GatewayError) and error.status in (502, 503, 504)
 
 
 def _duration_s(start: Any, end: Any) -> float:
@@ -345,7 +345,7 @@ class Worker:
             except TransportError as e:
                 delay = backoff.next_delay()
                 log.warning("gateway unreachable (%s); retrying registration in %.1fs", e, delay)
-            except ApiError as e:
+            except GatewayError as e:
                 if e.status == 401:
                     raise Fatal(f"registration rejected: {e.code} (is the bootstrap token right?)", EXIT_CONFIG) from e
                 if not e.retryable:
@@ -398,20 +398,20 @@ class Worker:
                     # A long-poll may hold the request for seconds before the lease is issued, so durations are
                     # measured from the answer; the safety margin absorbs the answer's one-way latency.
                     received_at = time.monotonic()
-                except (TransportError, ApiError) as e:
+                except (TransportError, GatewayError) as e:
                     self._claim_end(seq)  # ended without an answer: a lease it granted is one we never got
-                    if isinstance(e, ApiError) and e.code == SESSION_INVALID:
+                    if isinstance(e, GatewayError) and e.code == SESSION_INVALID:
                         if not self.stopping.is_set():
                             raise SessionInvalid(e.message) from e
                         return
-                    if isinstance(e, ApiError) and e.code == "worker_draining":
+                    if isinstance(e, GatewayError) and e.code == "worker_draining":
                         log.info("the gateway says this worker is draining (drained by an operator?): draining")
                         self.stopping.set()
                         return
                     delay = backoff.next_delay(retry_after_of(e))
                     level = (
                         logging.DEBUG
-                        if isinstance(e, ApiError) and e.code == "worker_capacity_exceeded"
+                        if isinstance(e, GatewayError) and e.code == "worker_capacity_exceeded"
                         else logging.WARNING
                     )
                     log.log(level, "claim failed (%s); retrying in %.2fs", e, delay)
@@ -589,14 +589,14 @@ class Worker:
     async def _complete(self, ex: Execution, result: dict[str, Any]) -> list[dict[str, Any]]:
         """Report the result; retried with the same lease and result until the gateway answers for good.
 
-        The first try also asks for one new lease for the slot it frees (docs/protocol.md, The fast path: one round
+        The first try also asks for one new lease for the slot it frees (docs/protocol.md, claim on complete: one round
         trip per task), unless the worker is stopping; retries ask for none, so a lost answer strands at most one lease.
         Returns the new leases.
         """
         backoff = Backoff(100, 2000)
         other_errors = 0
         replaced = False
-        claim_slots = 0 if self.stopping.is_set() or not self.config.piggyback else 1
+        claim_slots = 0 if self.stopping.is_set() or not self.config.claim_on_complete else 1
         while True:
             if ex.abort_reason is not None:
                 log.warning("lease %s: %s while completing; dropping the result", ex.describe(), ex.abort_reason)
@@ -616,7 +616,7 @@ class Worker:
                 )
             except TransportError as e:
                 reason, outage = str(e), True
-            except ApiError as e:
+            except GatewayError as e:
                 if e.code == SESSION_INVALID:
                     raise SessionInvalid(e.message) from e
                 if e.code in ("lease_lost", "result_conflict"):
@@ -694,7 +694,7 @@ class Worker:
         """Report a batch of results; like :meth:`_complete`, retried until answered for good, the first try
         asking for one new lease per freed slot, retries for none. Each result's future gets its slot's leases."""
         backoff = Backoff(100, 2000)
-        claim_slots = 0 if self.stopping.is_set() or not self.config.piggyback else len(batch)
+        claim_slots = 0 if self.stopping.is_set() or not self.config.claim_on_complete else len(batch)
         pending = list(batch)
         replaced: set[str] = set()  # dispatch ids whose result was refused once and replaced by result_rejected
         try:
@@ -715,11 +715,11 @@ class Worker:
                     answers, leases = await self.client.complete_many(
                         self.worker_id, self.session_token, items, claim_slots, claim_seq=seq
                     )
-                except (TransportError, ApiError) as e:
+                except (TransportError, GatewayError) as e:
                     self._claim_end(seq)
-                    if isinstance(e, ApiError) and e.code == SESSION_INVALID:
+                    if isinstance(e, GatewayError) and e.code == SESSION_INVALID:
                         raise SessionInvalid(e.message) from e
-                    if isinstance(e, ApiError) and refuses_result(e.status, e.code):
+                    if isinstance(e, GatewayError) and refuses_result(e.status, e.code):
                         if len(pending) > 1:  # which result? each on its own (a refused one is then replaced)
                             log.warning(
                                 "%d result(s): completions refused (%s); sending them one by one", len(pending), e
@@ -732,7 +732,7 @@ class Worker:
                             replaced.add(ex.dispatch_id)
                             pending[0] = (ex, self._rejected(ex, e.status, e.code, e.message), done)
                             continue
-                    if isinstance(e, ApiError) and not e.retryable:
+                    if isinstance(e, GatewayError) and not e.retryable:
                         for ex, _, done in pending:
                             log.error("lease %s: completions refused (%s); dropped", ex.describe(), e)
                             done.set_result([])
@@ -862,7 +862,7 @@ class Worker:
                 claims_pending=sorted(self._claims_pending),
                 dropped=dropped,
             )
-        except ApiError as e:
+        except GatewayError as e:
             if e.code == SESSION_INVALID:
                 if self.stopping.is_set():  # our own drain may have just stopped it: the drain call decides
                     return
@@ -954,7 +954,7 @@ class Worker:
         while True:
             try:
                 return await self.client.drain(self.worker_id, self.session_token)
-            except ApiError as e:
+            except GatewayError as e:
                 if e.code == SESSION_INVALID:  # e.g. marked offline while the gateway was unreachable
                     self._set_fatal(SessionInvalid(e.message))
                     return None

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from awp.localdb import Server
-from awp.testing import database_name, fresh_database, throwaway_cluster
+from awp_testing.cluster import database_name, fresh_database, throwaway_cluster
 
 
 @pytest.fixture(scope="session")

@@ -28,10 +28,10 @@ import httpx
 import psycopg
 from psycopg.abc import QueryNoTemplate
 from psycopg.rows import dict_row
-from support import PROTOCOL, ServeProcess, bearer, wait_until
 
 from awp.localdb import Cluster
-from awp.testing import local_cluster
+from awp_testing.cluster import local_cluster
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "faults.json"

@@ -42,10 +42,10 @@ from typing import Any
 
 import httpx
 import psycopg
-from support import wait_until
 
 from awp.localdb import PG_OS_USER, free_port, give_to_server_user, is_root
 from awp.pgbin import bindir
+from awp_testing.gateway import wait_until
 
 # Dynamic (DCS) settings: see the module docstring. loop_wait + 2 * retry_timeout <= ttl.
 DCS_SETTINGS: dict[str, Any] = {

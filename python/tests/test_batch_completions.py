@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import httpx
 import psycopg
 import pytest
-from support import PROTOCOL, ServeProcess, bearer, serve, wait_until
 from worker_support import Workers, all_items, apply, drained_workers, mock_task, start_run, task, wait_run
+
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, wait_until
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,10 @@ from fault_support import (
     record,
     violations,
 )
-from support import ServeProcess, Tokens, start_serve, wait_until
 from worker_support import WorkerProcess, Workers
 
-from awp.testing import database_name, fresh_database
+from awp_testing.cluster import database_name, fresh_database
+from awp_testing.gateway import ServeProcess, Tokens, start_serve, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 

@@ -12,10 +12,10 @@ import psycopg
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from support import ServeProcess, serve
 from worker_support import Workers, mock_task, wait_run
 
 from awp.cli import main
+from awp_testing.gateway import ServeProcess, serve
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import psycopg
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from support import ServeProcess, serve
 from worker_support import Workers, api, get_run, mock_task, wait_run
 
 from awp.cli import main
@@ -23,6 +22,7 @@ from awp.cli_user import EXIT_WAIT_TIMEOUT
 from awp.demo import FAST, NORMAL, _prepare_definition, examples_dir
 from awp.errors import join_message
 from awp.terminal import cancel_message, run_duration_s
+from awp_testing.gateway import ServeProcess, serve
 
 WIDTH = 80
 

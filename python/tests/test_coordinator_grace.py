@@ -7,7 +7,7 @@ import asyncio
 import psycopg
 
 from awp.coordinator import Coordinator
-from awp.testing import one
+from awp_testing.cluster import one
 
 
 def _worker_after_passes(dsn: str, serving: bool) -> str:

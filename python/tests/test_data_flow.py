@@ -11,10 +11,10 @@ import httpx
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
-from support import PROTOCOL, ServeProcess, bearer, serve, wait_until
 from worker_support import Workers, api, apply, drained_workers, get_run, mock_task, task, wait_run
 
 from awp.cli import main
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, wait_until
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import psycopg
 from worker_support import REPO
 
 from awp.procs import awp_command
-from awp.testing import one
+from awp_testing.cluster import one
 
 
 def test_demo_runs_to_the_end_with_a_takeover(db_dsn: str) -> None:

@@ -8,7 +8,7 @@ import json
 import psycopg
 
 from awp.db import DispatchListener
-from awp.testing import one
+from awp_testing.cluster import one
 
 EMPTY = "TRUNCATE awp.events, awp.attempts, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE"
 

@@ -5,8 +5,11 @@
 - README.md's SQLSTATE table (section "SQL API").
 - ``python/awp/openapi.yaml``: the ``ErrorCode`` enum, the codes and statuses listed in the ``Error`` response,
   the per-item error codes of ``POST /workers/{id}/completions``.
-- ``db/functions``: every SQLSTATE raised (``USING ERRCODE = '...'``) or caught (``WHEN SQLSTATE '...'``) is
-  mapped by errors.py, or listed below as internal (never an answer to a client).
+- ``db/functions``: every SQLSTATE raised or caught (``WHEN SQLSTATE '...'``) is mapped by errors.py, or listed
+  below as internal (never an answer to a client), and every one of them is raised somewhere. Functions raise
+  through one helper per SQLSTATE (``awp._raise_not_found(...)`` and its siblings in 00_helpers.sql, each with
+  its ``USING ERRCODE = '...'``): a code counts as raised where its helper is called (or, should a function
+  still write one out, where ``USING ERRCODE`` stands outside the helpers).
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ FUNCTIONS = REPO / "db" / "functions"
 README_ROW = re.compile(r"^\| `(?P<sqlstate>[0-9A-Z]{5})` \| (?P<status>\d{3}) \| `(?P<code>[a-z_]+)` \|", re.MULTILINE)
 ERRCODE = re.compile(r"\bERRCODE\s*=\s*'(?P<sqlstate>[^']*)'", re.IGNORECASE)
 WHEN_SQLSTATE = re.compile(r"\bSQLSTATE\s+'(?P<sqlstate>[^']*)'", re.IGNORECASE)
+# CREATE OR REPLACE FUNCTION awp._raise_lease_lost(...) ... END $$; (a helper that raises one SQLSTATE)
+RAISE_HELPER = re.compile(
+    r"CREATE OR REPLACE FUNCTION awp\.(?P<name>_raise_[a-z_]+)\((?P<body>.*?)END \$\$;", re.DOTALL
+)
+# -- comments and COMMENT ON statements (one line each here), which name functions without calling them
+SQL_COMMENT = re.compile(r"--[^\n]*|^COMMENT ON .*$", re.MULTILINE)
 # ApiError(409, "idempotency_conflict", ...) anywhere in the package
 # SQLSTATEs that never reach a client, so errors.py does not map them: the caller inside the platform handles them.
 INTERNAL_SQLSTATES = {
@@ -105,15 +114,53 @@ def test_per_item_completion_errors_are_the_sqlstates_complete_tasks_catches() -
     assert enum == {SQLSTATE_ERRORS[s][1] for s in caught}
 
 
-def test_every_sqlstate_in_db_functions_is_in_errors_py_and_every_entry_is_raised() -> None:
+def raise_helpers() -> dict[str, str]:
+    """{helper name: the SQLSTATE it raises} of the awp._raise_* helpers in db/functions."""
+    helpers: dict[str, str] = {}
+    for sql in sql_sources().values():
+        for m in RAISE_HELPER.finditer(sql):
+            codes = ERRCODE.findall(m["body"])
+            assert len(codes) == 1, f"awp.{m['name']} should raise exactly one SQLSTATE: {codes}"
+            helpers[m["name"]] = codes[0]
+    return helpers
+
+
+def calls_only(sql: str) -> str:
+    """The SQL without the raise helpers' own definitions, comments and COMMENT ON statements."""
+    return SQL_COMMENT.sub("", RAISE_HELPER.sub("", sql))
+
+
+def raised_sqlstates() -> dict[str, set[str]]:
+    """{SQLSTATE: files that raise it}: the calls of its helper, and any ERRCODE outside the helpers."""
+    helpers = raise_helpers()
     raised: dict[str, set[str]] = {}
+    for name, sql in sql_sources().items():
+        code = calls_only(sql)
+        for m in ERRCODE.finditer(code):
+            raised.setdefault(m["sqlstate"], set()).add(name)
+        for helper, sqlstate in helpers.items():
+            if re.search(rf"\bawp\.{helper}\(", code):
+                raised.setdefault(sqlstate, set()).add(name)
+    return raised
+
+
+def test_each_sqlstate_has_one_raise_helper_and_each_helper_is_called() -> None:
+    helpers = raise_helpers()
+    assert len(helpers) >= 5, f"the RAISE_HELPER pattern found too little: {helpers}"
+    twice = sorted(s for s in set(helpers.values()) if list(helpers.values()).count(s) > 1)
+    assert twice == [], f"more than one helper raises {twice}: {helpers}"
+    code = "\n".join(calls_only(sql) for sql in sql_sources().values())
+    called = {h for h in helpers if re.search(rf"\bawp\.{h}\(", code)}
+    assert called == set(helpers), f"helpers no function calls: {sorted(set(helpers) - called)}"
+
+
+def test_every_sqlstate_in_db_functions_is_in_errors_py_and_every_entry_is_raised() -> None:
+    raised = raised_sqlstates()
     referenced: dict[str, set[str]] = {}
     for name, sql in sql_sources().items():
-        for m in ERRCODE.finditer(sql):
-            raised.setdefault(m["sqlstate"], set()).add(name)
         for m in WHEN_SQLSTATE.finditer(sql):
             referenced.setdefault(m["sqlstate"], set()).add(name)
-    assert len(raised) >= 5, f"the ERRCODE pattern found too little: {raised}"
+    assert len(raised) >= 5, f"the raise patterns found too little: {raised}"
     known = set(SQLSTATE_ERRORS) | set(INTERNAL_SQLSTATES)
     unknown = {s: sorted(files) for s, files in (raised | referenced).items() if s not in known}
     assert unknown == {}, f"SQLSTATEs used in db/functions that errors.py does not map (they would be 500): {unknown}"

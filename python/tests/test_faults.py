@@ -37,12 +37,12 @@ from fault_support import (
     wait_runs_db,
     worker_by_name,
 )
-from support import ServeProcess, Tokens, serve, start_serve, wait_until
 from worker_support import Workers, api, apply, mock_task, start_run
 
 from awp.coordinator import LOCK_KEY
 from awp.localdb import Server
-from awp.testing import database_name, fresh_database
+from awp_testing.cluster import database_name, fresh_database
+from awp_testing.gateway import ServeProcess, Tokens, serve, start_serve, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 

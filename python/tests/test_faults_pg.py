@@ -25,11 +25,11 @@ from fault_support import (
     wait_run_db,
     worker_by_name,
 )
-from support import serve, wait_until
 from worker_support import Workers, apply, mock_task, start_run
 
 from awp.localdb import Cluster
-from awp.testing import database_name, fresh_database
+from awp_testing.cluster import database_name, fresh_database
+from awp_testing.gateway import serve, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 

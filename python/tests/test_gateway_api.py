@@ -16,12 +16,12 @@ import httpx
 import psycopg
 import pytest
 import yaml
-from support import PROTOCOL, ServeProcess, Tokens, bearer, serve, wait_until
 
 from awp.app import create_app
 from awp.appstate import DB, GatewayConfig
 from awp.procs import awp_command
-from awp.testing import one
+from awp_testing.cluster import one
+from awp_testing.gateway import PROTOCOL, ServeProcess, Tokens, bearer, serve, wait_until
 
 API = "/api/v1"
 
@@ -329,9 +329,9 @@ def test_cancel_run(http, gw):
 # -- the worker protocol -----------------------------------------------------------------------------------
 
 
-def test_a_completion_can_carry_the_next_claim(http, gw):
-    """docs/protocol.md, The fast path: with claim_slots, the dependant unlocked by the completion comes back as a new
-    lease."""
+def test_claim_on_complete_leases_the_dependant_the_completion_refilled(http, gw):
+    """docs/protocol.md, Refill and claim on complete: with claim_slots, the dependant unlocked by the completion
+    (refilled into the slot it freed) comes back as a new lease."""
     _, run_id = new_run(http, gw)
     w = Worker(http, gw, max_concurrency=1)
     lease = w.claim_one()

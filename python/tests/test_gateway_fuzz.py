@@ -13,7 +13,8 @@ import psycopg
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from support import PROTOCOL, ServeProcess, bearer, serve
+
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve
 
 schemathesis.experimental.OPEN_API_3_1.enable()
 

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from support import PROTOCOL, ServeProcess, Tokens, bearer, serve, start_serve, wait_until
 
-from awp.testing import database_name, fresh_database, local_cluster
+from awp_testing.cluster import database_name, fresh_database, local_cluster
+from awp_testing.gateway import PROTOCOL, ServeProcess, Tokens, bearer, serve, start_serve, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 

@@ -34,11 +34,11 @@ import pytest
 from fault_support import InvariantSampler, configure, query, record
 from ha_support import PatroniCluster, WriteProbe, patroni_cluster
 from psycopg.rows import dict_row
-from support import ServeProcess, Tokens, serve, wait_until
 from worker_support import Workers, apply, mock_task, start_run, wait_run
 
 from awp.localdb import ExternalServer
-from awp.testing import fresh_database
+from awp_testing.cluster import fresh_database
+from awp_testing.gateway import ServeProcess, Tokens, serve, wait_until
 
 RUNS = 20
 TASKS = 50

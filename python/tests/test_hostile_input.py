@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 from raw_http import Header, build, check_envelope, exchange, parse_response
-from support import PROTOCOL, ServeProcess, serve, wait_until
 
 from awp.jsonio import MAX_DEPTH
 from awp.logsafe import SafeFormatter, escape_controls
+from awp_testing.gateway import PROTOCOL, ServeProcess, serve, wait_until
 
 
 @dataclass

@@ -9,6 +9,7 @@ import ast
 from pathlib import Path
 
 import awp
+import awp_testing.mutate
 
 PACKAGE = Path(awp.__file__).parent
 
@@ -75,3 +76,26 @@ def test_the_awp_package_has_no_import_cycle() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def kit_imports(path: Path) -> list[str]:
+    """The imports of the test kit (``awp_testing`` or one of its modules) in ``path``, also inside functions."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+    return [name for name in found if name.partition(".")[0] == "awp_testing"]
+
+
+def test_the_runtime_does_not_import_the_test_kit(tmp_path: Path) -> None:
+    """awp_testing (throwaway clusters, ``awp serve`` processes, mutate, sqldoc) serves the tests, the benchmarks
+    and the developer; the awp package never depends on it (issue 17)."""
+    offenders = {module_name(p): found for p in sorted(PACKAGE.rglob("*.py")) if (found := kit_imports(p))}
+    assert offenders == {}
+    # the check sees the kit's imports, lazy ones too
+    assert kit_imports(Path(awp_testing.mutate.__file__)) == ["awp_testing.cluster"]
+    probe = tmp_path / "probe.py"
+    probe.write_text("import awp_testing.gateway as gw\n\n\ndef f():\n    from awp_testing import cluster\n")
+    assert kit_imports(probe) == ["awp_testing.gateway", "awp_testing"]

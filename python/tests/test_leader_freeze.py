@@ -28,11 +28,11 @@ import pytest
 from fault_support import assert_clean, configure, ms, query, record, wait_run_db
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from support import ServeProcess, Tokens, start_serve, wait_until
 from worker_support import Workers, apply, mock_task, start_run
 
 from awp.coordinator import Coordinator
 from awp.db import connect
+from awp_testing.gateway import ServeProcess, Tokens, start_serve, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process: make test-fast skips it
 

@@ -21,11 +21,11 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from support import serve
 from worker_support import REPO, Workers, apply, mock_task, start_run, wait_run
 
 from awp.localdb import GATEWAY_LOGIN, Server, free_port
-from awp.testing import database_name, fresh_database
+from awp_testing.cluster import database_name, fresh_database
+from awp_testing.gateway import serve
 
 AWP = [sys.executable, "-c", "import sys; from awp.cli import main; sys.exit(main())"]
 MIGRATION = REPO / "db" / "migrations" / "0007_connect_privileges.sql"

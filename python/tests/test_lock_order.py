@@ -18,7 +18,7 @@ import pytest
 from psycopg.rows import dict_row
 from sync_support import in_thread, wait_blocked
 
-from awp.testing import DictConnection, one
+from awp_testing.cluster import DictConnection, one
 
 
 def connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from awp.cli import main
 from awp.localdb import Server, free_port
 from awp.migrate import MigrationError, migrate
-from awp.testing import database_name
+from awp_testing.cluster import database_name
 
 
 @pytest.fixture

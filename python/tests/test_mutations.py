@@ -1,4 +1,4 @@
-"""`make mutate` in small (the full run takes a few minutes, see python -m awp.mutate): the list of mutations
+"""`make mutate` in small (the full run takes a few minutes, see python -m awp_testing.mutate): the list of mutations
 stays in step with db/functions, and a random sample of its mutants is killed by pgTAP.
 
 The sample is printed with its seed; AWP_MUTATE_SEED=<seed> repeats it, AWP_MUTATE_SAMPLE=<n> sizes it."""
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from awp import mutate
 from awp.localdb import Server
 from awp.migrate import default_sql_dir
+from awp_testing import mutate
 
 
 def test_every_mutation_applies_to_the_code_as_it_is():

@@ -13,9 +13,7 @@ Each scenario ends with ``awp.check_invariants()`` empty and records its figures
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 from fault_support import assert_clean, attempts, configure, ms, own_cluster, query, record, wait_runs_db
-from support import ServeProcess, Tokens, serve, start_serve, wait_until
-from worker_support import Workers, api, apply, mock_task, start_run
+from worker_support import RecordingProxy, Workers, api, apply, mock_task, start_run
 
 from awp.localdb import Cluster
-from awp.testing import database_name, fresh_database
+from awp_testing.cluster import database_name, fresh_database
+from awp_testing.gateway import ServeProcess, Tokens, serve, start_serve, wait_until
 
 LEASE_MS = 2000
 HEARTBEAT_MS = 250
@@ -229,61 +227,24 @@ def test_every_gateway_killed_twice_the_lease_fails_no_run(dsn: str) -> None:
 # ---- a lost claim answer ---------------------------------------------------------------------------------------
 
 
-class LossyProxy:
-    """An HTTP forwarder to a gateway that, once armed, drops the answer of the first request to a path ending with
+class LossyProxy(RecordingProxy):
+    """A :class:`RecordingProxy` that, once armed, drops the answer of the first request to a path ending with
     ``suffix`` whose answer carries a lease: the gateway has committed it, the worker sees its connection closed
     without an answer (as when a gateway dies right after its commit). ``dropped`` is that lease; ``dropped_at``
     the time.monotonic() of the drop."""
 
     def __init__(self, upstream: str, suffix: str) -> None:
-        self.upstream = upstream.rstrip("/")
         self.suffix = suffix
         self.armed = True
         self.dropped: dict[str, Any] | None = None
         self.dropped_at = 0.0
-        self._lock = threading.Lock()
-        proxy = self
+        self._drop_lock = threading.Lock()
+        super().__init__(upstream)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _forward(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                keep = {
-                    k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length", "connection")
-                }
-                try:
-                    with httpx.Client(timeout=60) as client:
-                        r = client.request(self.command, proxy.upstream + self.path, content=body, headers=keep)
-                    status, data, ctype = r.status_code, r.content, r.headers.get("content-type", "application/json")
-                except httpx.HTTPError:
-                    status, data, ctype = 502, b'{"error": {"code": "proxy"}}', "application/json"
-                if proxy._drop(self.path, status, data):
-                    self.close_connection = True
-                    with contextlib.suppress(OSError):
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                with contextlib.suppress(OSError):
-                    self.send_response(status)
-                    self.send_header("Content-Type", ctype)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-
-            do_GET = do_POST = _forward
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True, name="lossy-proxy").start()
-
-    def _drop(self, path: str, status: int, data: bytes) -> bool:
+    def drop_answer(self, path: str, status: int, data: bytes) -> bool:
         if status != 200 or not path.split("?")[0].endswith(self.suffix):
             return False
-        with self._lock:
+        with self._drop_lock:
             if not self.armed:
                 return False
             try:
@@ -295,10 +256,6 @@ class LossyProxy:
             self.armed = False
             self.dropped, self.dropped_at = leases[0], time.monotonic()
             return True
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 @pytest.mark.parametrize("route", ["claims", "complete"])

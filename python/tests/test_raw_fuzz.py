@@ -25,7 +25,8 @@ import httpx
 import psycopg
 import pytest
 from raw_http import RawResponse, build, check_envelope, exchange, receive
-from support import PROTOCOL, ServeProcess, serve
+
+from awp_testing.gateway import PROTOCOL, ServeProcess, serve
 
 EXAMPLES = 50 * int(os.environ.get("AWP_FUZZ_EXAMPLES", "6"))  # raw requests
 SEED = int(os.environ.get("AWP_FUZZ_SEED", "20261201"))

@@ -61,13 +61,14 @@ def sql_refusal(conn: psycopg.Connection, result: dict[str, Any]) -> str | None:
 
 def test_the_database_enforces_the_limits_of_awp_results(conn: psycopg.Connection) -> None:
     check = function_source(conn, "awp._check_result(jsonb)")
-    # A PL/pgSQL body is kept as written: these are the lines of db/functions/complete_task.sql.
+    # A PL/pgSQL body is kept as written: these are the lines of db/functions/complete_task.sql, each comparing
+    # with its constant of db/functions/00_limits.sql (python/tests/test_limits.py holds the constants).
     found = {
-        "output": re.search(r"octet_length\(\(p\s*->\s*'output'\)::text\)\s*>\s*(\d+)", check),
-        "error_code": re.search(r"\blength\(p\s*->>\s*'error_code'\)\s*>\s*(\d+)", check),
-        "error_message": re.search(r"octet_length\(p\s*->>\s*'error_message'\)\s*>\s*(\d+)", check),
+        "output": re.search(r"octet_length\(\(p\s*->\s*'output'\)::text\)\s*>\s*awp\.(_limit_\w+)\(\)", check),
+        "error_code": re.search(r"\blength\(p\s*->>\s*'error_code'\)\s*>\s*awp\.(_limit_\w+)\(\)", check),
+        "error_message": re.search(r"octet_length\(p\s*->>\s*'error_message'\)\s*>\s*awp\.(_limit_\w+)\(\)", check),
     }
-    limits = {name: int(m[1]) for name, m in found.items() if m is not None}
+    limits = {name: int(scalar(conn, f"SELECT awp.{m[1]}()", ())) for name, m in found.items() if m is not None}
     assert limits == {
         "output": MAX_OUTPUT_BYTES,
         "error_code": MAX_ERROR_CODE_CHARS,

@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from support import PROTOCOL, ServeProcess, bearer, serve, wait_until
 
 from awp.cli_retention import parse_duration
 from awp.procs import awp_command
-from awp.testing import one
+from awp_testing.cluster import one
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, wait_until
 
 API = "/api/v1"
 

@@ -17,12 +17,12 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from psycopg.rows import dict_row
-from support import ServeProcess, serve, wait_until
 from worker_support import Workers, mock_task, wait_run
 
 from awp.cli import main
 from awp.localdb import Server
-from awp.testing import database_name, fresh_database, one
+from awp_testing.cluster import database_name, fresh_database, one
+from awp_testing.gateway import ServeProcess, serve, wait_until
 
 API = "/api/v1"
 

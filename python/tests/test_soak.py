@@ -23,10 +23,10 @@ import httpx
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
-from support import serve, wait_until
 from worker_support import Workers, mock_task
 
-from awp.testing import fresh_database, local_cluster, one
+from awp_testing.cluster import fresh_database, local_cluster, one
+from awp_testing.gateway import serve, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 

@@ -29,12 +29,12 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from support import PROTOCOL, ServeProcess, bearer, serve, wait_until
 from sync_support import in_thread, wait_blocked
 from worker_support import Workers, apply, mock_task, start_run, wait_run
 
 from awp.db import Database
-from awp.testing import one
+from awp_testing.cluster import one
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, wait_until
 
 PILE = 24  # completions of the stuck run sent at once: more than the default request pool (10)
 ROUTES = ("complete", "complete_and_claim", "completions")  # the three ways a worker reports a result

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from fault_support import InvariantSampler
-from support import wait_until
 
 from awp.localdb import Server
-from awp.testing import database_name, run_pg_prove
+from awp_testing.cluster import database_name, run_pg_prove
+from awp_testing.gateway import wait_until
 
 
 @pytest.mark.parametrize("layout", ["empty", "only-an-include", "not-a-test-file", "missing"])
@@ -27,7 +27,7 @@ def test_pgprove_fails_when_it_finds_no_test_file(tmp_path: Path, layout: str) -
         target.write_text("not SQL\n")
     assert run_pg_prove(target) == 1
     # ... and so does the command `make test-db` runs.
-    cmd = [sys.executable, "-m", "awp.testing", "pgprove", str(target)]
+    cmd = [sys.executable, "-m", "awp_testing", "pgprove", str(target)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert res.returncode == 1, res.stderr
     assert "no pgTAP test files" in res.stderr

@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from support import ServeProcess, serve
 from worker_support import REPO, Workers, mock_task
+
+from awp_testing.gateway import ServeProcess, serve
 
 AWP = [sys.executable, "-c", "import sys; from awp.cli import main; sys.exit(main())"]
 EXIT_CONFIG = 2  # awp worker: a configuration error (python/awp/worker.py)

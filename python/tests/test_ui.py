@@ -22,12 +22,12 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from support import PROTOCOL, ServeProcess, serve, wait_until
 from worker_support import Workers, all_items, api, apply, get_run, mock_task, start_run, wait_run
 
 from awp.appstate import GatewayConfig
 from awp.auth import Role
 from awp.ui import dag, views
+from awp_testing.gateway import PROTOCOL, ServeProcess, serve, wait_until
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 

@@ -17,11 +17,11 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
-from support import ServeProcess, serve, wait_until
 from worker_support import Workers, api, apply, get_run, start_run, tasks, wait_run
 
 from awp.cli import main
-from awp.testing import one
+from awp_testing.cluster import one
+from awp_testing.gateway import ServeProcess, serve, wait_until
 
 WORKERS, CONCURRENCY = 2, 60  # 120 slots: more than the old default dispatch_limit (100)
 TASKS, SLEEP_MS = 240, 1000

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from support import ServeProcess, serve, wait_until
 from worker_support import (
     TcpProxy,
     Workers,
@@ -21,6 +20,8 @@ from worker_support import (
     wait_run,
     wait_task_status,
 )
+
+from awp_testing.gateway import ServeProcess, serve, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 

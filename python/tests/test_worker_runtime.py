@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import httpx
 import psycopg
 import pytest
-from support import PROTOCOL, ServeProcess, bearer, serve, start_serve, wait_until
 from worker_support import (
     RecordingProxy,
     Workers,
@@ -28,6 +27,8 @@ from worker_support import (
     wait_run,
     wait_task_status,
 )
+
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, start_serve, wait_until
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from support import ServeProcess, wait_until
 
 from awp import procs
+from awp_testing.gateway import ServeProcess, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = ("succeeded", "failed", "canceled")
@@ -319,6 +319,11 @@ class RecordingProxy:
                 except httpx.HTTPError:
                     status, data, ctype = 502, b'{"error": {"code": "proxy"}}', "application/json"
                 proxy._record(self.command, self.path, status, body, data)
+                if proxy.drop_answer(self.path, status, data):  # as if the gateway died right after its commit
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                    return
                 with contextlib.suppress(OSError):  # the worker hung up (a long poll ended by its shutdown)
                     self.send_response(status)
                     self.send_header("Content-Type", ctype)
@@ -332,6 +337,10 @@ class RecordingProxy:
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True, name="recording-proxy").start()
+
+    def drop_answer(self, path: str, status: int, response: bytes) -> bool:
+        """Whether to close the connection instead of forwarding this answer (never, here; see subclasses)."""
+        return False
 
     def _record(self, method: str, path: str, status: int, request: bytes, response: bytes) -> None:
         def parse(raw: bytes) -> Any:

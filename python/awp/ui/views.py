@@ -44,6 +44,7 @@ from awp.auth import Role, role_of
 from awp.errors import ApiError
 from awp.jsonio import dumps
 from awp.middleware import database_error
+from awp.statuses import LIVE_RUN, RUN_STATUSES, TASK_STATUSES, WAITING_TASK
 from awp.ui import dag
 
 log = logging.getLogger(__name__)
@@ -55,21 +56,7 @@ TIMELINE = 100  # events shown on the run page
 CHANGES_LIMIT = 1000  # events per /changes answer
 PREVIEW_CHARS = 2000
 
-RUN_STATUSES = ("pending", "running", "succeeded", "failed", "canceled")
-LIVE_RUN = ("pending", "running")
-WAITING_TASK = ("waiting_dependencies", "waiting_retry", "ready", "queued")
 WAITS_LIMIT = 500  # /changes carries each waiting task's reason while at most this many wait
-TASK_STATUSES = (
-    "succeeded",
-    "running",
-    "queued",
-    "ready",
-    "waiting_retry",
-    "waiting_dependencies",
-    "failed",
-    "canceled",
-    "skipped",
-)
 GLYPH = {
     "waiting_dependencies": "…",
     "ready": "○",

@@ -3,7 +3,7 @@
 ``AWP_TEST_DSN`` (a superuser DSN for an existing server) replaces the throwaway cluster: databases are
 then created and dropped on that server.
 
-    python -m awp.testing pgprove db/tests     # fresh cluster + migrated database with pgTAP, run pg_prove
+    python -m awp_testing pgprove db/tests     # fresh cluster + migrated database with pgTAP, run pg_prove
 
 :func:`one` runs a query and returns its row (a failure when there is none), typed as the connection's rows
 (a tuple, or a dict for a :data:`DictConnection`, one opened with ``row_factory=dict_row``), so that
@@ -130,7 +130,7 @@ def run_pg_prove(test_dir: Path, extra_args: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m awp.testing")
+    parser = argparse.ArgumentParser(prog="python -m awp_testing")
     sub = parser.add_subparsers(dest="command", required=True)
     prove = sub.add_parser("pgprove", help="run pgTAP tests with pg_prove against a fresh migrated database")
     prove.add_argument("test_dir", type=Path, nargs="?", default=Path("db/tests"))

@@ -17,9 +17,9 @@ A mutant that survives both is reported as a *survivor*, unless the list marks i
 the reason no test can tell it from the original. Everything runs on one throwaway cluster (or
 ``AWP_TEST_DSN``'s server); the unmutated copy must pass first (the baseline), or nothing is scored.
 
-    python -m awp.mutate                      # every mutation, 2 at a time; exit 1 on any survivor
-    python -m awp.mutate --check              # only verify that every snippet is found exactly once
-    python -m awp.mutate --sample 4 --seed 7  # a random sample (CI); --only NAME ... for chosen ones
+    python -m awp_testing.mutate                      # every mutation, 2 at a time; exit 1 on any survivor
+    python -m awp_testing.mutate --check              # only verify that every snippet is found exactly once
+    python -m awp_testing.mutate --sample 4 --seed 7  # a random sample (CI); --only NAME ... for chosen ones
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from psycopg import sql
 from awp.localdb import Server
 from awp.migrate import default_sql_dir, migrate
 from awp.pgbin import pg_bin
-from awp.testing import database_name, libpq_env, throwaway_cluster
+from awp_testing.cluster import database_name, fresh_database, libpq_env, throwaway_cluster
 
-log = logging.getLogger("awp.mutate")
+log = logging.getLogger("awp_testing.mutate")
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEFAULT_LIST = REPO / "db" / "mutations" / "mutations.yaml"
@@ -233,13 +233,9 @@ class Runner:
 
 
 def make_template(server: Server, sql_dir: Path) -> str:
+    """The name of a database migrated from ``sql_dir`` with pgTAP, which every mutant's database clones."""
     name = database_name("mut_template")
-    dsn = server.create_database(name)
-    try:
-        migrate(dsn, sql_dir=sql_dir, with_pgtap=True)
-    except BaseException:
-        server.drop_database(name)
-        raise
+    fresh_database(server, name, with_pgtap=True, sql_dir=sql_dir)
     return name
 
 
@@ -257,7 +253,7 @@ def score_line(outcomes: list[Outcome]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m awp.mutate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m awp_testing.mutate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--list", type=Path, default=DEFAULT_LIST, help="the mutations (YAML)")
     parser.add_argument("--sql-dir", type=Path, default=None, help="the db/ directory to copy (default: the repo's)")
     parser.add_argument("--check", action="store_true", help="only check that every snippet is found exactly once")

@@ -1,5 +1,6 @@
--- The completion fast path (docs/protocol.md, The fast path): inline dispatch under every limit and the fairness
--- rule, and awp.complete_and_claim (one transaction, one round trip per task).
+-- Refill and claim on complete (docs/protocol.md, Refill and claim on complete): a completion refills the slot
+-- it frees under every limit and the fairness rule, and awp.complete_and_claim (claim on complete) leases in the
+-- same transaction (one round trip per task).
 BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(11);
@@ -12,11 +13,11 @@ SELECT * FROM tests.claim_one(:'w1_worker_id', :'w1_token') \gset l1_
 -- Completing a unlocks b and c; run concurrency 1 allows one of them at once, in definition order.
 SELECT ok(tests.complete(:'w1_worker_id', :'w1_token', :'l1_dispatch_id', :'l1_lease_token'), 'a completes');
 SELECT is(tests.task_statuses(:'run'), '{a=succeeded,b=queued,c=ready}'::text[],
-          'the completion dispatched the first unlocked dependant inline, within the run concurrency');
+          'the completion refilled its slot with the first unlocked dependant, within the run concurrency');
 SELECT is((SELECT count(*) FROM awp.dispatches WHERE run_id = :'run' AND status = 'pending'), 1::bigint,
           'exactly one pending dispatch was created');
 
--- complete_and_claim: completing b dispatches c inline and leases it in the same call.
+-- complete_and_claim: completing b refills the slot with c and leases it in the same call.
 SELECT tests.end_tx();
 SELECT d.dispatch_id AS b_dispatch, d.lease_token AS b_lease
   FROM awp.claim_tasks(:'w1_worker_id', :'w1_token', 1) d \gset

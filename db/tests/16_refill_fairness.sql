@@ -1,11 +1,11 @@
--- Dispatching on completion obeys the fairness rule (docs/protocol.md, rule 9): the slot a completion frees goes
--- to the run that never got a dispatch, not to the completing run.
+-- The refill obeys the fairness rule (docs/protocol.md, rule 9): the slot a completion frees goes to the run that
+-- never got a dispatch, not to the completing run.
 BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(5);
 
 SELECT tests.freeze('2026-01-01 00:00:00+00');
--- Fairness: a completion does not dispatch inline while another run with ready work is ahead of it.
+-- Fairness: a completion does not refill its slot for its own run while another run with ready work is ahead.
 SELECT awp.configure(dispatch_limit => 1);
 SELECT tests.make_run('big', jsonb_build_array(tests.task('p'), tests.task('q')), 5) AS big \gset
 SELECT * FROM tests.register_worker('w3', '{mock}', 1) \gset w3_

@@ -1,6 +1,6 @@
-"""Run a real ``awp serve`` process from a test (gateway, worker and crash tests share this).
+"""Run a real ``awp serve`` process from a test or a benchmark (gateway, worker and crash tests, gateway_rps).
 
-    from support import Tokens, serve
+    from awp_testing.gateway import Tokens, serve
 
     with serve(db_dsn) as gw:                      # started, /health/ready answered 200
         r = httpx.get(gw.url("/api/v1/runs"), headers=gw.auth("viewer"))
