@@ -208,9 +208,12 @@ COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases
 -- succeeded and its last attempt (tasks.attempts) is the succeeded one. Locks: none.
 CREATE OR REPLACE FUNCTION awp._upstream(p_run_id text, p_depends_on text[]) RETURNS jsonb
 LANGUAGE sql STABLE SET search_path = '' AS $$
+  -- One primary-key probe per dependency (LIMIT 1 keeps it a probe): a join here may be planned as a scan of
+  -- the whole run when the statistics expect small runs (see awp._task_waits).
   SELECT coalesce(jsonb_object_agg(u.task_key, a.output), '{}'::jsonb)
     FROM unnest(p_depends_on) AS u(task_key)
-    JOIN awp.tasks t ON t.run_id = p_run_id AND t.task_key = u.task_key
+    CROSS JOIN LATERAL (SELECT x.attempts FROM awp.tasks x
+                         WHERE x.run_id = p_run_id AND x.task_key = u.task_key LIMIT 1) t
     LEFT JOIN awp.attempts a ON a.run_id = p_run_id AND a.task_key = u.task_key AND a.attempt = t.attempts
                             AND a.status = 'succeeded'
 $$;
