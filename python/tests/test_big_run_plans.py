@@ -36,7 +36,7 @@ def big_run(db_dsn: str) -> Iterator[tuple[psycopg.Connection[Any], str]]:
         c.execute("SELECT awp.start_run('small') FROM generate_series(1, 300)")
         c.execute("ANALYZE awp.tasks")  # the statistics of a database of small runs
         parts = [f"p{i:05d}" for i in range(N - 2)]
-        tasks = [{"key": "root", "executor": "python", "action": "x"}]
+        tasks: list[dict[str, Any]] = [{"key": "root", "executor": "python", "action": "x"}]
         tasks += [{"key": k, "executor": "python", "action": "x", "depends_on": ["root"]} for k in parts]
         tasks.append({"key": "merge", "executor": "python", "action": "x", "depends_on": parts})
         c.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps({"id": "big", "tasks": tasks})])
