@@ -20,6 +20,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,7 +31,7 @@ from psycopg.abc import QueryNoTemplate
 from psycopg.rows import dict_row
 
 from awp.localdb import Cluster
-from awp_testing.cluster import local_cluster
+from awp_testing.cluster import database_name, fresh_database, local_cluster
 from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -309,6 +310,23 @@ def start_registered(workers: Any, dsn: str, names: list[str], concurrency: int)
 def own_cluster() -> contextlib.AbstractContextManager[Cluster]:
     """A throwaway cluster (fsync off) that the test may stop, restart or terminate backends of."""
     return local_cluster(prefix="awp-fault-")
+
+
+@contextlib.contextmanager
+def stoppable_database(cluster: Cluster, hint: str) -> Iterator[str]:
+    """A fresh migrated database (synchronous_commit on) on ``cluster``, which the test may stop: a stopped
+    cluster is started again before the database is made and before it is dropped."""
+    if not cluster.status().running:  # a failed scenario may have left it stopped
+        cluster.start(fsync=False)
+    name = database_name(hint)
+    dsn = fresh_database(cluster, name)
+    query(dsn, f'ALTER DATABASE "{name}" SET synchronous_commit = on')
+    try:
+        yield dsn
+    finally:
+        if not cluster.status().running:
+            cluster.start(fsync=False)
+        cluster.drop_database(name)
 
 
 def terminate_backends(dsn: str, where: str) -> int:

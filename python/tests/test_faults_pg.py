@@ -20,6 +20,7 @@ from fault_support import (
     query,
     record,
     start_registered,
+    stoppable_database,
     task_rows,
     terminate_backends,
     wait_run_db,
@@ -28,7 +29,6 @@ from fault_support import (
 from worker_support import Workers, apply, mock_task, start_run
 
 from awp.localdb import Cluster
-from awp_testing.cluster import database_name, fresh_database
 from awp_testing.gateway import serve, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
@@ -42,18 +42,9 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def dsn(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    if not cluster.status().running:  # a failed scenario may have left it stopped
-        cluster.start(fsync=False)
-    name = database_name("fault_" + request.node.name.removeprefix("test_"))
-    dsn = fresh_database(cluster, name)
-    query(dsn, f'ALTER DATABASE "{name}" SET synchronous_commit = on')
-    configure(dsn)
-    try:
+    with stoppable_database(cluster, "fault_" + request.node.name.removeprefix("test_")) as dsn:
+        configure(dsn)
         yield dsn
-    finally:
-        if not cluster.status().running:
-            cluster.start(fsync=False)
-        cluster.drop_database(name)
 
 
 def succeeded(dsn: str, run_id: str) -> int:

@@ -21,11 +21,20 @@ from typing import Any
 
 import httpx
 import pytest
-from fault_support import assert_clean, attempts, configure, ms, own_cluster, query, record, wait_runs_db
+from fault_support import (
+    assert_clean,
+    attempts,
+    configure,
+    ms,
+    own_cluster,
+    query,
+    record,
+    stoppable_database,
+    wait_runs_db,
+)
 from worker_support import RecordingProxy, Workers, api, apply, mock_task, start_run
 
 from awp.localdb import Cluster
-from awp_testing.cluster import database_name, fresh_database
 from awp_testing.gateway import ServeProcess, Tokens, serve, start_serve, wait_until
 
 LEASE_MS = 2000
@@ -46,17 +55,8 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture
 def dsn(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    if not cluster.status().running:  # a failed scenario may have left it stopped
-        cluster.start(fsync=False)
-    name = database_name("outage_" + request.node.name.removeprefix("test_"))
-    dsn = fresh_database(cluster, name)
-    query(dsn, f'ALTER DATABASE "{name}" SET synchronous_commit = on')
-    try:
+    with stoppable_database(cluster, "outage_" + request.node.name.removeprefix("test_")) as dsn:
         yield dsn
-    finally:
-        if not cluster.status().running:
-            cluster.start(fsync=False)
-        cluster.drop_database(name)
 
 
 def outage_runs(gw: ServeProcess, n: int = 2) -> list[str]:
