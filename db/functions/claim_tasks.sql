@@ -89,6 +89,32 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._free_slots(awp.workers) IS 'Free slots of a worker: max_concurrency less its leases.';
 
+-- awp._claim_is_alive(worker, settings, now): a claim is a sign of life too: the worker's last_heartbeat_at is
+-- written, at most every half heartbeat interval (one row write less per task). Used by every path that leases
+-- (awp._claim, awp._lease_refill). Locks: the worker row, which the caller holds.
+CREATE OR REPLACE FUNCTION awp._claim_is_alive(w awp.workers, s awp.settings, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  IF w.last_heartbeat_at < p_now - make_interval(secs => s.heartbeat_interval_ms / 2000.0) THEN
+    UPDATE awp.workers x SET last_heartbeat_at = p_now WHERE x.worker_id = w.worker_id;
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._claim_is_alive(awp.workers, awp.settings, timestamptz) IS 'Notes a claim as a sign of life of its worker (at most every half heartbeat interval).';
+
+-- awp._lease_terms(settings, now, timeout_ms): the terms of a new lease granted now for a task with that
+-- timeout: attempt_deadline = now + timeout, lease_expires_at = least(now + lease duration, deadline), and the
+-- next (strictly increasing) fencing token. The one definition, for awp._claim and awp._lease_refill.
+CREATE OR REPLACE FUNCTION awp._lease_terms(s awp.settings, p_now timestamptz, p_timeout_ms integer,
+                                            OUT attempt_deadline timestamptz, OUT lease_expires_at timestamptz,
+                                            OUT fencing_token bigint)
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  attempt_deadline := p_now + make_interval(secs => p_timeout_ms / 1000.0);
+  lease_expires_at := least(p_now + make_interval(secs => s.lease_duration_ms / 1000.0), attempt_deadline);
+  fencing_token := nextval('awp.fencing_token_seq');
+END $$;
+COMMENT ON FUNCTION awp._lease_terms(awp.settings, timestamptz, integer) IS 'Deadline, lease expiry and fencing token of a lease granted now.';
+
 -- awp._claim(worker, slots, may_wait, claim_seq): the leasing part of awp.claim_tasks for a worker whose
 -- session, status and free capacity the caller has checked (holding the worker row's lock). With
 -- may_wait false (a completion that claims: it holds a run already) it never waits for a busy run.
@@ -113,10 +139,7 @@ DECLARE
   v_id    text;
   v_up    jsonb;
 BEGIN
-  -- A claim is a sign of life too (written at most every half heartbeat interval: one row write less per task).
-  IF w.last_heartbeat_at < v_now - make_interval(secs => s.heartbeat_interval_ms / 2000.0) THEN
-    UPDATE awp.workers x SET last_heartbeat_at = v_now WHERE x.worker_id = v_worker_id;
-  END IF;
+  PERFORM awp._claim_is_alive(w, s, v_now);
 
   -- The candidates (awp._claim_candidates) of the worker's kinds, oldest first; FOR UPDATE OF the view locks
   -- Run and Dispatch together.
@@ -174,9 +197,7 @@ BEGIN
      WHERE d.dispatch_id = v_id;
     v_token := awp._token();
     v_att := c.attempts + 1;
-    v_dl := v_now + make_interval(secs => c.timeout_ms / 1000.0);
-    v_exp := least(v_now + make_interval(secs => s.lease_duration_ms / 1000.0), v_dl);
-    v_fence := nextval('awp.fencing_token_seq');
+    SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, c.timeout_ms);
     UPDATE awp.dispatches d
        SET status = 'leased', worker_id = v_worker_id, lease_token_hash = awp._hash(v_token),
            attempt = v_att, fencing_token = v_fence, leased_at = v_now,
@@ -202,6 +223,89 @@ BEGIN
   END LOOP;
 END $$;
 COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases up to slots pending dispatches to a checked worker (the body of claim_tasks).';
+
+-- awp._lease_refill(worker, claim_seq): refill straight to the completing worker (docs/protocol.md, Refill and
+-- claim on complete). A completion that also claims frees a slot of its own worker and asks for it back: the
+-- refill of that slot (awp._refill_slot: the first run in fairness order with a ready task of one of the
+-- worker's kinds and room under its concurrency) is created already leased to that worker, instead of
+-- pending and then leased by the claim part. The same rows and the same events result (task ready -> queued,
+-- dispatch pending, then leased, task running, attempt running), with one dispatch INSERT instead of an
+-- INSERT and an UPDATE, one task UPDATE instead of two, no candidate scan and no NOTIFY. Only when no pending
+-- dispatch of the worker's kinds waits to be claimed (claims take the oldest first; otherwise the caller
+-- refills and claims as before). Returns the lease (at most one row); none when nothing could be refilled.
+-- Locks: as awp._refill_slot (runs SKIP LOCKED, then the task row), then as awp._claim.
+CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint) RETURNS SETOF awp.lease
+LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$   -- see awp._dispatch_one
+DECLARE
+  s       awp.settings;
+  v_now   timestamptz;
+  v_run   text;
+  r       record;
+  t       record;
+  v_id    text;
+  v_token text;
+  v_att   integer;
+  v_dl    timestamptz;
+  v_exp   timestamptz;
+  v_fence bigint;
+  v_up    jsonb;
+BEGIN
+  IF w.status <> 'active'
+     OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (w.executor_kinds)) THEN
+    RETURN;
+  END IF;
+  FOR v_run IN SELECT f.run_id FROM awp._fairness_order(w.executor_kinds) f LOOP
+    SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input INTO r FROM awp.runs x
+     WHERE x.run_id = v_run AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
+       FOR UPDATE SKIP LOCKED;
+    CONTINUE WHEN NOT FOUND
+               OR (SELECT count(*) FROM awp.tasks y
+                    WHERE y.run_id = v_run AND y.status IN ('queued', 'running')) >= r.concurrency;
+    SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on INTO t
+      FROM awp.tasks y
+     WHERE y.run_id = v_run AND y.status = 'ready' AND y.executor = ANY (w.executor_kinds)
+     ORDER BY y.ordinal LIMIT 1
+       FOR UPDATE;
+    CONTINUE WHEN NOT FOUND;
+    s := awp._settings();
+    v_now := awp._now();
+    PERFORM awp._claim_is_alive(w, s, v_now);
+    v_id := awp._new_id('dsp');
+    v_token := awp._token();
+    v_att := t.attempts + 1;
+    SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
+    INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id,
+                                lease_token_hash, attempt, fencing_token, leased_at, lease_expires_at,
+                                attempt_deadline, claim_seq)
+    VALUES (v_id, v_run, t.task_key, t.executor, v_now, 'leased', w.worker_id, awp._hash(v_token), v_att, v_fence,
+            v_now, v_exp, v_dl, p_claim_seq);
+    INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
+    VALUES (v_run, t.task_key, v_att, v_id, w.worker_id, v_fence, v_now, v_dl);
+    UPDATE awp.tasks y SET status = 'running', attempts = v_att, updated_at = v_now
+     WHERE y.run_id = v_run AND y.task_key = t.task_key;
+    UPDATE awp.runs x SET last_dispatch_seq = nextval('awp.dispatch_order_seq'),
+                          status = 'running', started_at = coalesce(x.started_at, v_now)
+     WHERE x.run_id = v_run;
+    PERFORM awp._append_events(v_run,
+      CASE WHEN r.status = 'pending' THEN '{run}'::text[] ELSE '{}' END || '{task,dispatch,dispatch,task,attempt}'::text[],
+      CASE WHEN r.status = 'pending' THEN ARRAY[v_run] ELSE '{}' END
+        || ARRAY[t.task_key, v_id, v_id, t.task_key, t.task_key || '#' || v_att],
+      CASE WHEN r.status = 'pending' THEN '{pending}'::text[] ELSE '{}' END || '{ready,NULL,pending,queued,NULL}'::text[],
+      CASE WHEN r.status = 'pending' THEN '{running}'::text[] ELSE '{}' END || '{queued,pending,leased,running,running}'::text[],
+      CASE WHEN r.status = 'pending' THEN '{"first dispatch"}'::text[] ELSE '{}' END
+        || ARRAY['dispatch created', 'dispatch created', 'claimed by ' || w.worker_id, 'attempt ' || v_att || ' started',
+                 'claimed by ' || w.worker_id]);
+    v_up := CASE WHEN cardinality(t.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(v_run, t.depends_on) END;
+    IF cardinality(t.depends_on) > 8 AND octet_length(v_up::text) > awp._limit_lease_payload_bytes() THEN
+      PERFORM awp._fail_oversize_lease(v_run, t.task_key, v_id, v_att, octet_length(v_up::text));
+      RETURN;   -- the slot stays free: the caller's claim (or the woken coordinator) fills it
+    END IF;
+    RETURN QUERY SELECT v_id, v_token, r.workflow_id, r.workflow_version, v_run, t.task_key, t.executor, t.action,
+                        t.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence, r.input, v_up;
+    RETURN;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint) IS 'Refills the slot a completion freed with a dispatch leased at once to that worker (claim on complete).';
 
 -- awp._upstream(run, depends_on): {dependency key: output of its succeeded attempt} (JSON null when
 -- that attempt had no output). Called only for tasks that are being leased, so every dependency has

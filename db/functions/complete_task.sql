@@ -91,18 +91,32 @@ BEGIN
   -- than the one refilled slot): not on every completion of a busy run, where a pass finds nothing
   -- to do. (Other new work, such as a retry falling due, waits for the coordinator's next pass.)
   IF NOT p_refill THEN
-    RETURN true;   -- the caller refills the freed slots itself (awp.complete_tasks)
+    RETURN true;   -- the caller refills the freed slots itself (awp.complete_tasks, awp.complete_and_claim)
   END IF;
-  IF NOT awp._refill_slot(w)
-     OR (v_kind = 'success'
-         AND (SELECT cardinality(t.dependants) FROM awp.tasks t WHERE t.run_id = r.run_id AND t.task_key = d.task_key) > 0
-         AND (SELECT t.ordinal FROM awp.tasks t WHERE t.run_id = r.run_id AND t.status = 'ready' ORDER BY t.ordinal LIMIT 1) IS NOT NULL
-         AND (awp._dispatch_budget()).worker_free > 0) THEN
+  IF NOT awp._refill_slot(w) THEN
     PERFORM awp._wake('awp_coordinator', 'completed');
+  ELSE
+    PERFORM awp._wake_for_fan_out(r.run_id, d.task_key, v_kind);
   END IF;
   RETURN true;
 END $$;
 COMMENT ON FUNCTION awp._complete_task(awp.workers, text, text, jsonb, boolean) IS 'awp.complete_task for a checked worker session, without the final NOTIFY; p_refill false leaves the freed slot to the caller.';
+
+-- awp._wake_for_fan_out(run, task, kind): after a completion whose freed slot was refilled, wakes the
+-- coordinator when that completion was a success that unlocked dependants while some worker still has room
+-- (a fan-out: more new work than the one refilled slot). Not on every completion of a busy run, where a pass
+-- finds nothing to do. Locks: none.
+CREATE OR REPLACE FUNCTION awp._wake_for_fan_out(p_run_id text, p_task_key text, p_kind text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  IF p_kind = 'success'
+     AND (SELECT cardinality(t.dependants) FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key) > 0
+     AND (SELECT t.ordinal FROM awp.tasks t WHERE t.run_id = p_run_id AND t.status = 'ready' ORDER BY t.ordinal LIMIT 1) IS NOT NULL
+     AND (awp._dispatch_budget()).worker_free > 0 THEN
+    PERFORM awp._wake('awp_coordinator', 'completed');
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._wake_for_fan_out(text, text, text) IS 'Wakes the coordinator after a refilled completion that unlocked more work than one slot.';
 
 CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
                                              p_lease_token text, p_result jsonb)
@@ -149,12 +163,13 @@ BEGIN
     END IF;
     RETURN;
   END IF;
-  FOR v_run IN
-    SELECT DISTINCT d.run_id
+  FOR v_run IN   -- one primary-key probe per dispatch, as in awp.complete_and_claim_many
+    SELECT DISTINCT x.run_id
       FROM unnest(p_dispatch_ids, p_lease_tokens) AS u(dispatch_id, lease_token)
-      JOIN awp.dispatches d ON d.dispatch_id = u.dispatch_id
-     WHERE awp._holds_lease(d, p_worker_id, u.lease_token)
-     ORDER BY d.run_id
+     CROSS JOIN LATERAL (SELECT d.run_id FROM awp.dispatches d
+                          WHERE d.dispatch_id = u.dispatch_id AND awp._holds_lease(d, p_worker_id, u.lease_token)
+                          LIMIT 1) x
+     ORDER BY x.run_id
   LOOP
     PERFORM pg_advisory_xact_lock(hashtextextended(v_run, 0));
   END LOOP;
@@ -200,8 +215,10 @@ COMMENT ON FUNCTION awp._check_result(jsonb) IS 'Validates a result object (AWRE
 -- awp.complete_and_claim(worker_id, session_token, dispatch_id, lease_token, result, slots, claim_seq):
 -- claim on complete (docs/protocol.md, Refill and claim on complete: a busy worker needs one round trip per
 -- task): complete_task, then claim_tasks for up to `slots` leases (claim_seq as there), in one transaction.
--- The claim part asks only for what is free and
--- claims nothing for a draining worker; errors of the complete part are raised as by complete_task.
+-- The slot the completion frees is refilled straight to this worker (awp._lease_refill: created leased, the
+-- same rows and events as a refill then a claim) unless pending dispatches wait to be claimed; the claim part
+-- takes the rest. It asks only for what is free and claims nothing for a draining worker; errors of the
+-- complete part are raised as by complete_task.
 -- Returns the new leases (rows of awp.lease, as awp.claim_tasks). Locks: the run's advisory lock (queued for
 -- before the worker row: awp._queue_for_runs), then the worker row (so the free slots it computes
 -- cannot be taken by a concurrent claim), then as complete_task, then as claim_tasks.
@@ -210,26 +227,140 @@ CREATE OR REPLACE FUNCTION awp.complete_and_claim(p_worker_id text, p_session_to
                                                   p_claim_seq bigint DEFAULT NULL)
 RETURNS SETOF awp.lease
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
-DECLARE
-  w      awp.workers;
-  v_free integer;
 BEGIN
   PERFORM awp._session(p_worker_id, p_session_token, false);   -- AWSES first
   PERFORM awp._check_claim_seq(p_claim_seq);
   PERFORM awp._queue_for_runs(p_worker_id, ARRAY[p_dispatch_id], ARRAY[p_lease_token]);
-  w := awp._session(p_worker_id, p_session_token, true);       -- then the worker row, as in claim
-  PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result);
-  IF p_slots IS NULL OR p_slots < 1 OR w.status <> 'active' THEN
-    PERFORM awp._notify_pending();
-    RETURN;
-  END IF;
-  v_free := awp._free_slots(w);
-  IF v_free >= 1 THEN
-    RETURN QUERY SELECT * FROM awp._claim(w, least(p_slots, v_free), false, p_claim_seq);
-  END IF;
+  RETURN QUERY SELECT * FROM awp._complete_and_claim(awp._session(p_worker_id, p_session_token, true), p_dispatch_id,
+                                                     p_lease_token, p_result, p_slots, p_claim_seq);
   PERFORM awp._notify_pending();   -- only for what this call created and did not lease itself
 END $$;
 COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, integer, bigint) IS 'complete_task, then claim_tasks for up to slots free leases, in one transaction; returns the new leases.';
+
+-- awp._complete_and_claim(worker, dispatch_id, lease_token, result, slots, claim_seq): the body of
+-- awp.complete_and_claim for a worker whose session the caller checked and whose row it locked (after queuing
+-- for the run: awp._queue_for_runs), without the final NOTIFY. Shared with awp.complete_and_claim_many.
+CREATE OR REPLACE FUNCTION awp._complete_and_claim(w awp.workers, p_dispatch_id text, p_lease_token text,
+                                                   p_result jsonb, p_slots integer, p_claim_seq bigint)
+RETURNS SETOF awp.lease
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_free integer;
+  v_n    integer;
+  d      record;
+BEGIN
+  IF p_slots IS NULL OR p_slots < 1 OR w.status <> 'active' THEN
+    PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result);
+    RETURN;
+  END IF;
+  -- The freed slot is this worker's and it asks for it back: refill it straight to the worker
+  -- (awp._lease_refill); when that is not possible, refill it as complete_task does.
+  PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result, false);
+  RETURN QUERY SELECT * FROM awp._lease_refill(w, p_claim_seq);
+  GET DIAGNOSTICS v_n = ROW_COUNT;
+  IF v_n = 0 THEN
+    IF NOT awp._refill_slot(w) THEN
+      PERFORM awp._wake('awp_coordinator', 'completed');
+    END IF;
+  ELSE
+    SELECT x.run_id, x.task_key INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
+    PERFORM awp._wake_for_fan_out(d.run_id, d.task_key, p_result->>'kind');
+  END IF;
+  IF p_slots > v_n THEN
+    v_free := awp._free_slots(w);
+    IF v_free >= 1 THEN
+      RETURN QUERY SELECT * FROM awp._claim(w, least(p_slots - v_n, v_free), false, p_claim_seq);
+    END IF;
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._complete_and_claim(awp.workers, text, text, jsonb, integer, bigint) IS 'The body of complete_and_claim for a checked, locked worker (no NOTIFY).';
+
+-- awp.complete_and_claim_many(items): several workers' awp.complete_and_claim calls in one transaction (the
+-- gateway groups the claim-on-complete requests of one run that arrive while one of that run's calls is in
+-- flight: docs/protocol.md, Refill and claim on complete). `items` is a JSON array of 1-64 objects
+-- {"worker_id", "session_token", "dispatch_id", "lease_token", "result", "slots", "claim_seq"} (strings;
+-- result an object; slots an integer >= 0; claim_seq an integer or null). Each item is settled exactly as
+-- awp.complete_and_claim would settle it alone, and one that it would refuse (AWSES, AWREQ, AWLST, AWCNF) is
+-- answered with that error without affecting the others. Returns one row per lease granted (item = the
+-- item's 1-based position, error NULL), one row (item, error {"sqlstate", "message", "detail"}) per refused
+-- item, and one row (item, NULL, NULL) for an item that was applied but got no lease. Raises AWREQ for a
+-- malformed array. One revision of each run touched (one transaction).
+-- Locks: the advisory locks of the items' runs in run_id order (as awp._queue_for_runs), then per item in
+-- (worker_id, position) order its worker row and the locks of awp.complete_and_claim.
+CREATE OR REPLACE FUNCTION awp.complete_and_claim_many(p_items jsonb)
+RETURNS TABLE (item integer, error jsonb, lease awp.lease)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  v_item   record;
+  v_run    text;
+  v_leases awp.lease[];
+  v_state  text;
+  v_msg    text;
+  v_detail text;
+BEGIN
+  IF jsonb_typeof(p_items) IS DISTINCT FROM 'array' OR jsonb_array_length(p_items) NOT BETWEEN 1 AND 64
+     OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e
+                 WHERE jsonb_typeof(e) <> 'object'
+                    OR jsonb_typeof(e->'worker_id') IS DISTINCT FROM 'string'
+                    OR jsonb_typeof(e->'session_token') IS DISTINCT FROM 'string'
+                    OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
+                    OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
+                    OR jsonb_typeof(e->'slots') IS DISTINCT FROM 'number'
+                    OR jsonb_typeof(e->'claim_seq') NOT IN ('number', 'null')
+                    OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k
+                                WHERE k NOT IN ('worker_id', 'session_token', 'dispatch_id', 'lease_token', 'result',
+                                                'slots', 'claim_seq'))) THEN
+    PERFORM awp._raise_invalid_request('invalid items',
+      'items must be an array of 1-64 {"worker_id", "session_token", "dispatch_id", "lease_token": string, '
+      '"result": object, "slots": integer, "claim_seq": integer or null}');
+  END IF;
+  FOR v_run IN   -- one primary-key probe per item (LIMIT 1 keeps it a probe, never a scan of the table)
+    SELECT DISTINCT x.run_id
+      FROM jsonb_array_elements(p_items) e
+     CROSS JOIN LATERAL (SELECT d.run_id FROM awp.dispatches d
+                          WHERE d.dispatch_id = e->>'dispatch_id' AND awp._holds_lease(d, e->>'worker_id', e->>'lease_token')
+                          LIMIT 1) x
+     ORDER BY x.run_id
+  LOOP
+    PERFORM pg_advisory_xact_lock(hashtextextended(v_run, 0));
+  END LOOP;
+  FOR v_item IN
+    SELECT o::integer AS o, e->>'worker_id' AS worker_id, e->>'session_token' AS session_token,
+           e->>'dispatch_id' AS dispatch_id, e->>'lease_token' AS lease_token, e->'result' AS result,
+           e->'slots' AS slots, e->'claim_seq' AS claim_seq
+      FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
+     ORDER BY e->>'worker_id', o
+  LOOP
+    item := v_item.o;
+    error := NULL;
+    BEGIN
+      IF (v_item.slots)::numeric <> trunc((v_item.slots)::numeric) OR (v_item.slots)::numeric NOT BETWEEN 0 AND 1000
+         OR (jsonb_typeof(v_item.claim_seq) = 'number'
+             AND ((v_item.claim_seq)::numeric <> trunc((v_item.claim_seq)::numeric)
+                  OR (v_item.claim_seq)::numeric NOT BETWEEN 1 AND 9223372036854775807)) THEN
+        PERFORM awp._raise_invalid_request('invalid item', 'slots must be an integer 0-1000, claim_seq an integer >= 1');
+      END IF;
+      v_leases := ARRAY(SELECT c FROM awp._complete_and_claim(awp._session(v_item.worker_id, v_item.session_token, true),
+                                                             v_item.dispatch_id, v_item.lease_token, v_item.result,
+                                                             (v_item.slots)::integer,
+                                                             CASE WHEN jsonb_typeof(v_item.claim_seq) = 'number'
+                                                                  THEN (v_item.claim_seq)::bigint END) c);
+    EXCEPTION WHEN SQLSTATE 'AWSES' OR SQLSTATE 'AWLST' OR SQLSTATE 'AWCNF' OR SQLSTATE 'AWREQ' THEN
+      GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_detail = PG_EXCEPTION_DETAIL;
+      error := jsonb_build_object('sqlstate', v_state, 'message', v_msg, 'detail', nullif(v_detail, ''));
+      v_leases := '{}';
+    END;
+    lease := NULL;
+    IF cardinality(v_leases) = 0 THEN
+      RETURN NEXT;   -- refused (error set), or applied without a lease
+    END IF;
+    FOREACH lease IN ARRAY v_leases LOOP
+      RETURN NEXT;
+    END LOOP;
+  END LOOP;
+  PERFORM awp._notify_pending();
+END $$;
+COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' complete_and_claim calls in one transaction (the gateway''s grouping of one run''s completions); each item answered with its leases or its error.';
 
 -- awp.complete_tasks(worker_id, session_token, results, slots, claim_seq): several completions and a claim
 -- (claim_seq as in awp.claim_tasks) in one transaction, for a worker with several slots (one request and one commit for many tasks).

@@ -27,6 +27,8 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from awp.grouping import RunGroups
+
 log = logging.getLogger(__name__)
 
 Row = dict[str, Any]
@@ -100,6 +102,7 @@ class Database:
         # wait for a run's lock, kept apart so that requests queued for the request pool cannot delay them.
         self.heartbeat_pool = pool(heartbeat_pool_size, "awp-gateway-heartbeat")
         self._checking = False
+        self.groups = RunGroups(self._complete_and_claim_one, self._complete_and_claim_many)
         # Connections handed to a request right now, per pool. The pool's own statistics cannot tell "every
         # connection is busy" from "the connections are being re-opened" (after a database restart they are
         # counted while they reconnect): only the first is saturation, the second is a database that is down.
@@ -171,7 +174,7 @@ class Database:
             asyncio.get_running_loop().create_task(check())
 
     async def _rows(
-        self, query: str, params: tuple[Any, ...] = (), pool: AsyncConnectionPool | None = None
+        self, query: str, params: tuple[Any, ...] | dict[str, Any] = (), pool: AsyncConnectionPool | None = None
     ) -> list[Row]:
         pool = pool or self.pool
         try:
@@ -333,9 +336,11 @@ class Database:
     async def claim_tasks(
         self, worker_id: str, session_token: str, slots: int, claim_seq: int | None = None
     ) -> list[Row]:
-        return await self._rows(
+        leases = await self._rows(
             "SELECT * FROM awp.claim_tasks(%s, %s, %s, %s)", (worker_id, session_token, slots, claim_seq)
         )
+        self.groups.remember(leases)
+        return leases
 
     async def heartbeat(
         self,
@@ -378,18 +383,42 @@ class Database:
         slots: int,
         claim_seq: int | None = None,
     ) -> list[Row]:
+        """``awp.complete_and_claim``, grouped with the other calls of the same run that arrive while one is in
+        flight (:mod:`awp.grouping`); an item the database refuses raises :class:`awp.grouping.ItemError`."""
+        args = {
+            "worker_id": worker_id,
+            "session_token": session_token,
+            "dispatch_id": dispatch_id,
+            "lease_token": lease_token,
+            "result": result,
+            "slots": slots,
+            "claim_seq": claim_seq,
+        }
+        leases = await self.groups.complete_and_claim(args)
+        self.groups.remember(leases)
+        return leases
+
+    async def _complete_and_claim_one(self, args: dict[str, Any]) -> list[Row]:
         return await self._rows(
-            "SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, %s, %s)",
-            (worker_id, session_token, dispatch_id, lease_token, Jsonb(result), slots, claim_seq),
+            "SELECT * FROM awp.complete_and_claim(%(worker_id)s, %(session_token)s, %(dispatch_id)s, %(lease_token)s,"
+            " %(result)s, %(slots)s, %(claim_seq)s)",
+            {**args, "result": Jsonb(args["result"])},
+        )
+
+    async def _complete_and_claim_many(self, items: list[dict[str, Any]]) -> list[Row]:
+        return await self._rows(
+            "SELECT g.item, g.error, (g.lease).* FROM awp.complete_and_claim_many(%s) g", (Jsonb(items),)
         )
 
     async def complete_tasks(
         self, worker_id: str, session_token: str, items: list[dict[str, Any]], slots: int, claim_seq: int | None = None
     ) -> dict[str, Any]:
-        return await self._value(
+        answer = await self._value(
             "SELECT awp.complete_tasks(%s, %s, %s, %s, %s) AS answer",
             (worker_id, session_token, Jsonb(items), slots, claim_seq),
         )
+        self.groups.remember(answer["leases"])
+        return cast(dict[str, Any], answer)
 
     async def drain_worker(self, worker_id: str, session_token: str) -> Row:
         return await self._row(

@@ -90,14 +90,19 @@ def from_database_error(exc: psycopg.Error | psycopg_pool.PoolTimeout) -> ApiErr
     if sqlstate in TIMEOUT_SQLSTATES:
         return ApiError.of(503, TIMEOUT_SQLSTATES[sqlstate])
     if sqlstate in SQLSTATE_ERRORS:
-        status, code = SQLSTATE_ERRORS[sqlstate]
         diag = getattr(exc, "diag", None)
         primary = diag.message_primary if diag is not None else None
         detail = diag.message_detail if diag is not None else None
-        return ApiError(status, code, join_message(primary or code, detail))
+        return from_sqlstate(sqlstate, primary, detail)
     if is_connection_error(exc):
         return ApiError.of(503, "the database is unavailable; retry later")
     return None
+
+
+def from_sqlstate(sqlstate: str, primary: str | None, detail: str | None) -> ApiError:
+    """The API error for one of our SQLSTATEs (``SQLSTATE_ERRORS``) with the database's message and detail."""
+    status, code = SQLSTATE_ERRORS[sqlstate]
+    return ApiError(status, code, join_message(primary or code, detail))
 
 
 def join_message(primary: str, detail: str | None) -> str:

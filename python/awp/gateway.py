@@ -23,7 +23,8 @@ from aiohttp import web
 from awp.appstate import API, CONFIG, COORDINATOR, DB, LISTENER, METRICS, OPENAPI, PROTOCOL_HEADER, PROTOCOL_VERSION
 from awp.auth import Access, authorize, bearer_token
 from awp.db import PoolSaturated
-from awp.errors import SQLSTATE_ERRORS, ApiError, join_message
+from awp.errors import SQLSTATE_ERRORS, ApiError, from_sqlstate, join_message
+from awp.grouping import ItemError
 from awp.jsonio import bad_text, canonical_hash, json_response
 from awp.metrics import CONTENT_TYPE
 from awp.middleware import Handler
@@ -470,7 +471,10 @@ async def complete(request: web.Request) -> web.Response:
         metrics.completions.labels(str(bool(applied)).lower()).inc()
         return json_response({"applied": applied})
     # Claim on complete (docs/protocol.md): the next leases ride on the completion (one round trip per task).
-    leases = await db.complete_and_claim(worker_id, token, dispatch_id, lease_token, result, claim_slots, claim_seq)
+    try:
+        leases = await db.complete_and_claim(worker_id, token, dispatch_id, lease_token, result, claim_slots, claim_seq)
+    except ItemError as e:  # refused within a group of this run's calls (awp.grouping): its own call's error
+        raise from_sqlstate(e.sqlstate, e.message, e.detail) from None
     metrics.completions.labels("true").inc()
     if claim_slots:
         metrics.claims.labels("leased" if leases else "empty").inc()

@@ -30,6 +30,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "complete_task",
         "complete_and_claim",
         "complete_tasks",
+        "complete_and_claim_many",
         "drain_worker",
     ),
     "Coordinator": (

@@ -86,3 +86,12 @@ def wait_db_time_past(observer: psycopg.Connection[Any], instant: datetime, time
             return
         assert time.monotonic() < deadline, f"the database clock did not pass {instant} within {timeout} s"
         time.sleep(0.01)
+
+
+def gateway_lock_waiters(observer: psycopg.Connection[Any]) -> int:
+    """How many ``awp serve`` connections (application_name awp-gateway) wait for a lock right now."""
+    row = observer.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'awp-gateway'"
+        " AND wait_event_type = 'Lock' AND state = 'active'"
+    ).fetchone()
+    return int(row[0]) if row else 0

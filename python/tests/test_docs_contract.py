@@ -106,7 +106,8 @@ def test_per_item_completion_errors_are_the_sqlstates_complete_tasks_catches() -
     route = openapi()["paths"]["/api/v1/workers/{worker_id}/completions"]["post"]
     item = route["responses"]["200"]["content"]["application/json"]["schema"]["properties"]["results"]["items"]
     enum = set(item["properties"]["error"]["properties"]["code"]["enum"])
-    body = sql_sources()["complete_task.sql"]
+    source = sql_sources()["complete_task.sql"]
+    body = source[source.index("CREATE OR REPLACE FUNCTION awp.complete_tasks(") :]
     handler = re.search(r"EXCEPTION\s+WHEN\s+(SQLSTATE\s+'\w+'(?:\s+OR\s+SQLSTATE\s+'\w+')*)\s+THEN", body)
     assert handler is not None, "complete_tasks' per-item EXCEPTION WHEN SQLSTATE ... handler not found"
     caught = set(WHEN_SQLSTATE.findall(handler[1]))

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from sync_support import in_thread, wait_blocked
+from sync_support import gateway_lock_waiters, in_thread, wait_blocked
 from worker_support import Workers, apply, mock_task, start_run, wait_run
 
 from awp.db import Database
@@ -149,14 +149,7 @@ def pile_up(gw: ServeProcess, db_dsn: str, name: str, hold_sql: str) -> Observed
         piled = [pool.submit(timed, stuck_worker.complete, x, r) for x, r in zip(stuck_leases, routes, strict=True)]
         # The pile is real: gateway backends wait for the held lock.
         wait_until(
-            lambda: (
-                one(
-                    probe,
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'awp-gateway'"
-                    " AND wait_event_type = 'Lock' AND state = 'active'",
-                )[0]
-                >= 5
-            ),
+            lambda: gateway_lock_waiters(probe) >= 5,
             15,
             0.02,
             "completions waiting for the stuck run",

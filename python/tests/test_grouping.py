@@ -1,0 +1,116 @@
+"""Grouped completions (docs/protocol.md, Refill and claim on complete; python/awp/grouping.py).
+
+Through a real ``awp serve``: while one claim-on-complete call of a run is in flight (here: waiting for the
+run's lock, held by a test transaction as a busy completion would), the gateway holds that run's other calls
+and sends them together as one ``awp.complete_and_claim_many`` call. Each worker gets the answer its own call
+would have given (applied with the next lease; a wrong lease token 409 ``lease_lost``, with the message of a
+call made alone), the grouped completions share one transaction (one run revision), and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from sync_support import gateway_lock_waiters
+from worker_support import apply, mock_task, start_run
+
+from awp_testing.cluster import one
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, wait_until
+
+WORKERS = 6
+
+
+@pytest.fixture(scope="module")
+def gw(db_dsn: str) -> Iterator[ServeProcess]:
+    with serve(db_dsn, coordinator_interval_ms=200) as gateway:
+        yield gateway
+
+
+def register(gw: ServeProcess) -> tuple[str, dict[str, str]]:
+    r = httpx.post(
+        gw.api("/workers/register"),
+        json={"executor_kinds": ["mock"], "max_concurrency": 1},
+        headers=gw.auth("bootstrap"),
+        timeout=10,
+    )
+    assert r.status_code == 201, r.text
+    return r.json()["worker_id"], {**bearer(r.json()["session_token"]), **PROTOCOL}
+
+
+def claim_one(gw: ServeProcess, worker: tuple[str, dict[str, str]]) -> dict[str, Any]:
+    worker_id, headers = worker
+    r = httpx.post(
+        gw.api(f"/workers/{worker_id}/claims"), json={"slots": 1, "wait_ms": 5000}, headers=headers, timeout=10
+    )
+    assert r.status_code == 200 and len(r.json()["leases"]) == 1, r.text
+    return dict(r.json()["leases"][0])
+
+
+def complete(gw: ServeProcess, worker: tuple[str, dict[str, str]], lease: dict[str, Any], token: str) -> httpx.Response:
+    worker_id, headers = worker
+    body = {"lease_token": token, "result": {"kind": "success", "output": {"k": lease["task_key"]}}, "claim_slots": 1}
+    return httpx.post(
+        gw.api(f"/workers/{worker_id}/leases/{lease['dispatch_id']}/complete"), json=body, headers=headers, timeout=30
+    )
+
+
+def test_one_runs_completions_in_flight_together_are_grouped_and_answered_each_as_alone(
+    gw: ServeProcess, db_dsn: str
+) -> None:
+    run_id = start_run(
+        gw, apply(gw, {"id": "grouping", "concurrency": WORKERS, "tasks": [mock_task(f"t{i:02d}") for i in range(12)]})
+    )
+    workers = [register(gw) for _ in range(WORKERS)]
+    leases = [claim_one(gw, w) for w in workers]
+    tokens = [x["lease_token"] for x in leases]
+    tokens[-1] = "not-the-lease-token"  # the last worker's result must be refused, alone
+    with psycopg.connect(db_dsn, autocommit=True) as holder, psycopg.connect(db_dsn, autocommit=True) as probe:
+        holder.execute("BEGIN")
+        holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [run_id])  # the run is busy
+        pool = concurrent.futures.ThreadPoolExecutor(WORKERS)
+        sent = [pool.submit(complete, gw, w, x, t) for w, x, t in zip(workers, leases, tokens, strict=True)]
+        wait_until(
+            lambda: gateway_lock_waiters(probe) >= 1,
+            15,
+            0.02,
+            "a completion waiting for the busy run",
+        )
+        time.sleep(0.5)  # every request has reached the gateway (loopback); the first waits in PostgreSQL
+        waiting = gateway_lock_waiters(probe)
+        holder.execute("COMMIT")
+        answers = [f.result(timeout=30) for f in sent]
+        pool.shutdown()
+
+    assert waiting == 1, f"{waiting} gateway connections waited for the run: its calls were not held in the gateway"
+    good, bad = answers[:-1], answers[-1]
+    for r in good:
+        assert r.status_code == 200, r.text
+        assert r.json()["applied"] is True and len(r.json()["leases"]) == 1, r.text
+    new_tasks = [r.json()["leases"][0]["task_key"] for r in good]
+    assert len(set(new_tasks)) == len(good), f"each worker got a task of its own: {new_tasks}"
+    assert bad.status_code == 409 and bad.json()["error"]["code"] == "lease_lost", bad.text
+    alone = complete(gw, workers[-1], leases[-1], tokens[-1])  # the same request again, now alone
+    assert alone.status_code == 409 and alone.json()["error"]["message"] == bad.json()["error"]["message"], alone.text
+
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        per_revision = [
+            n
+            for (n,) in c.execute(
+                "SELECT count(*) FROM awp.events WHERE run_id = %s AND entity_type = 'dispatch'"
+                " AND to_status = 'completed' GROUP BY revision",
+                [run_id],
+            ).fetchall()
+        ]
+        assert sum(per_revision) == len(good)
+        assert max(per_revision) >= 2, f"completions per transaction: {per_revision} (none were grouped)"
+        assert one(c, "SELECT count(*) FROM awp.check_invariants()")[0] == 0
+        assert (
+            one(c, "SELECT status FROM awp.dispatches WHERE dispatch_id = %s", [leases[-1]["dispatch_id"]])[0]
+            == "leased"
+        ), "the refused item changed nothing"
