@@ -233,7 +233,7 @@ COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases
 -- INSERT and an UPDATE, one task UPDATE instead of two, no candidate scan and no NOTIFY. Only when no pending
 -- dispatch of the worker's kinds waits to be claimed (claims take the oldest first; otherwise the caller
 -- refills and claims as before). Returns the lease (at most one row); none when nothing could be refilled.
--- Locks: as awp._refill_slot (runs SKIP LOCKED, then the task row), then as awp._claim.
+-- Locks: as awp._refill_slot (runs without waiting: awp._try_run, then the task row), then as awp._claim.
 CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint) RETURNS SETOF awp.lease
 LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$   -- see awp._dispatch_one
 DECLARE
@@ -255,9 +255,9 @@ BEGIN
     RETURN;
   END IF;
   FOR v_run IN SELECT f.run_id FROM awp._fairness_order(w.executor_kinds) f LOOP
+    CONTINUE WHEN NOT awp._try_run(v_run);
     SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input INTO r FROM awp.runs x
-     WHERE x.run_id = v_run AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
-       FOR UPDATE SKIP LOCKED;
+     WHERE x.run_id = v_run AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
     CONTINUE WHEN NOT FOUND
                OR (SELECT count(*) FROM awp.tasks y
                     WHERE y.run_id = v_run AND y.status IN ('queued', 'running')) >= r.concurrency;
