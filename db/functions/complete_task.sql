@@ -245,9 +245,10 @@ CREATE OR REPLACE FUNCTION awp._complete_and_claim(w awp.workers, p_dispatch_id 
 RETURNS SETOF awp.lease
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
-  v_free integer;
-  v_n    integer;
-  d      record;
+  v_free     integer;
+  v_n        integer;
+  v_refilled boolean;
+  d          record;
 BEGIN
   IF p_slots IS NULL OR p_slots < 1 OR w.status <> 'active' THEN
     PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result);
@@ -258,13 +259,15 @@ BEGIN
   PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result, false);
   RETURN QUERY SELECT * FROM awp._lease_refill(w, p_claim_seq);
   GET DIAGNOSTICS v_n = ROW_COUNT;
-  IF v_n = 0 THEN
-    IF NOT awp._refill_slot(w) THEN
-      PERFORM awp._wake('awp_coordinator', 'completed');
-    END IF;
-  ELSE
+  v_refilled := v_n > 0;
+  IF NOT v_refilled THEN
+    v_refilled := awp._refill_slot(w);
+  END IF;
+  IF v_refilled THEN   -- the coordinator is woken as by complete_task (awp._complete_task)
     SELECT x.run_id, x.task_key INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
     PERFORM awp._wake_for_fan_out(d.run_id, d.task_key, p_result->>'kind');
+  ELSE
+    PERFORM awp._wake('awp_coordinator', 'completed');
   END IF;
   IF p_slots > v_n THEN
     v_free := awp._free_slots(w);

@@ -35,6 +35,7 @@ def create_app(config: GatewayConfig) -> web.Application:
         lock_timeout_ms=config.lock_timeout_ms,
         statement_timeout_ms=config.statement_timeout_ms,
     )
+    app[DB].groups.on_group = app[METRICS].observe_group
     app[LISTENER] = DispatchListener(config.database_url)
     app[OPENAPI] = load_openapi()
     if config.coordinator:

@@ -54,13 +54,12 @@ Many = Callable[[list[dict[str, Any]]], Awaitable[list[Row]]]
 class RunGroups:
     """Per run: at most one call in flight; the calls that arrive meanwhile go together in the next one."""
 
-    def __init__(self, single: Single, many: Many) -> None:
+    def __init__(self, single: Single, many: Many, on_group: Callable[[int], None] | None = None) -> None:
         self._single = single
         self._many = many
+        self.on_group = on_group  # told the item count of every awp.complete_and_claim_many call (metrics)
         self._runs: collections.OrderedDict[str, str] = collections.OrderedDict()  # dispatch_id -> run_id
         self._waiting: dict[str, list[Item]] = {}  # run_id -> calls held; the key exists while one is in flight
-        self.grouped_calls = 0  # awp.complete_and_claim_many calls made
-        self.grouped_items = 0  # items they carried
 
     def remember(self, leases: Iterable[Row]) -> None:
         """Note the run of every lease handed out (rows or objects with ``dispatch_id`` and ``run_id``)."""
@@ -102,8 +101,8 @@ class RunGroups:
                 results: dict[int, list[Row] | ItemError] = {1: await self._single(group[0].args)}
             else:
                 results = self._split(await self._many([item.args for item in group]))
-                self.grouped_calls += 1
-                self.grouped_items += len(group)
+                if self.on_group is not None:
+                    self.on_group(len(group))
         except BaseException as e:  # the whole call failed: every item waited for the same run
             for item in group:
                 if not item.future.done():

@@ -54,6 +54,12 @@ class Metrics:
         self.claims = Counter("awp_claims", "Claim requests answered, by result", ["result"], registry=r)
         self.leases_issued = Counter("awp_leases_issued", "Leases handed out by this gateway", registry=r)
         self.completions = Counter("awp_completions", "Completions by whether they applied", ["applied"], registry=r)
+        self.grouped_calls = Counter(
+            "awp_grouped_completion_calls", "Calls that completed several of one run's completions together", registry=r
+        )
+        self.grouped_completions = Counter(
+            "awp_grouped_completions", "Completions sent in a call together with others of their run", registry=r
+        )
         self.coordinator_active = Gauge(
             "awp_coordinator_active", "1 when this replica is the active coordinator", registry=r
         )
@@ -141,6 +147,11 @@ class Metrics:
         )
         for kind in PRUNED_KINDS:
             self.pruned.labels(kind)
+
+    def observe_group(self, items: int) -> None:
+        """One call of ``awp.complete_and_claim_many`` with ``items`` completions (python/awp/grouping.py)."""
+        self.grouped_calls.inc()
+        self.grouped_completions.inc(items)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()

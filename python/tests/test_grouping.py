@@ -98,6 +98,15 @@ def test_one_runs_completions_in_flight_together_are_grouped_and_answered_each_a
     alone = complete(gw, workers[-1], leases[-1], tokens[-1])  # the same request again, now alone
     assert alone.status_code == 409 and alone.json()["error"]["message"] == bad.json()["error"]["message"], alone.text
 
+    metrics = httpx.get(gw.url("/metrics"), headers=gw.auth("operator"), timeout=10).text
+    grouped = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith(("awp_grouped_completion_calls_total ", "awp_grouped_completions_total "))
+    }
+    assert grouped.get("awp_grouped_completion_calls_total", 0) >= 1, grouped
+    assert grouped.get("awp_grouped_completions_total", 0) >= 2, grouped
+
     with psycopg.connect(db_dsn, autocommit=True) as c:
         per_revision = [
             n
