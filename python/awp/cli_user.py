@@ -6,7 +6,6 @@ machine: ``--gateway`` / ``AWP_GATEWAY_URL`` and ``--token`` / ``AWP_OPERATOR_TO
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -21,6 +20,7 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
+from awp import eventloop
 from awp.client import Client, ClientError, GatewayError
 from awp.terminal import (
     WatchTimeout,
@@ -47,7 +47,7 @@ T = TypeVar("T")
 def _run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine; gateway errors become a one-line click error."""
     try:
-        return asyncio.run(coro)
+        return eventloop.run(coro)
     except GatewayError as e:
         raise click.ClickException(f"{e.code}: {e.message}") from e
     except ClientError as e:

@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 from aiohttp import web
 
+from awp import eventloop
 from awp.app import create_app
 from awp.appstate import MIN_TOKEN_LENGTH, GatewayConfig
 from awp.db import DEFAULT_HEARTBEAT_POOL_SIZE, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
@@ -221,4 +222,4 @@ def serve(
             "(or --viewer-token, --operator-token, --bootstrap-token) to three different secrets "
             f"of at least {MIN_TOKEN_LENGTH} characters"
         ) from None
-    asyncio.run(run_server(config, host, port, shutdown_timeout, ssl_context))
+    eventloop.run(run_server(config, host, port, shutdown_timeout, ssl_context))

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from awp import eventloop
 from awp.client import Client, ClientError, GatewayError, TlsVerifyError, TransportError, client_ssl_context
 from awp.executors import HANDLER_THREAD_PREFIX, Executor, build_executors
 from awp.handlers import Context
@@ -994,7 +995,7 @@ def run_worker(config: WorkerConfig) -> int:
         return await Worker(config, worker_executors).run()
 
     try:
-        code = asyncio.run(main())
+        code = eventloop.run(main())
     except KeyboardInterrupt:
         code = EXIT_SIGNAL
     stuck = [t.name for t in threading.enumerate() if t.name.startswith(HANDLER_THREAD_PREFIX) and t.is_alive()]
