@@ -60,6 +60,7 @@ class RunGroups:
         self.on_group = on_group  # told the item count of every awp.complete_and_claim_many call (metrics)
         self._runs: collections.OrderedDict[str, str] = collections.OrderedDict()  # dispatch_id -> run_id
         self._waiting: dict[str, list[Item]] = {}  # run_id -> calls held; the key exists while one is in flight
+        self._sending: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
     def remember(self, leases: Iterable[Row]) -> None:
         """Note the run of every lease handed out (rows or objects with ``dispatch_id`` and ``run_id``)."""
@@ -93,7 +94,9 @@ class RunGroups:
             self._waiting.pop(run_id, None)
             return
         group, self._waiting[run_id] = held[:MAX_GROUP], held[MAX_GROUP:]
-        asyncio.get_running_loop().create_task(self._send(run_id, group))
+        task = asyncio.get_running_loop().create_task(self._send(run_id, group))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     async def _send(self, run_id: str, group: list[Item]) -> None:
         try:
