@@ -5,7 +5,7 @@
 -- awp._settle_run(run): when no task of the run can still change, the run becomes
 -- `succeeded` (every task succeeded, and its output is set) or `failed`. Returns the run's status.
 CREATE OR REPLACE FUNCTION awp._settle_run(p_run_id text) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_status text;
   v_left   integer;
@@ -36,7 +36,7 @@ COMMENT ON FUNCTION awp._settle_run(text) IS 'Finishes a run (succeeded/failed) 
 -- text): the tasks past that map to null and output_truncated is set; their outputs stay readable
 -- through awp.task_attempts.
 CREATE OR REPLACE FUNCTION awp._set_run_output(p_run_id text) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE sql SET search_path = '' AS $$
   WITH leaves AS (
     SELECT t.task_key, a.output,
            sum(coalesce(octet_length(a.output::text), 4) + octet_length(t.task_key) + 6)
@@ -58,7 +58,7 @@ COMMENT ON FUNCTION awp._set_run_output(text) IS 'Sets a succeeded run''s output
 -- awp._skip_descendants(run, task): every task that transitively depends on a failed task
 -- (all of them still waiting) becomes `skipped`.
 CREATE OR REPLACE FUNCTION awp._skip_descendants(p_run_id text, p_task_key text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_keys text[];
 BEGIN
@@ -94,7 +94,7 @@ CREATE OR REPLACE FUNCTION awp._end_attempt(p_run_id text, p_task_key text, p_at
                                             p_output jsonb, p_error_code text, p_error_message text,
                                             p_reason text, p_counted boolean DEFAULT true)
 RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_now   timestamptz := awp._now();
   t       awp.tasks;
@@ -155,7 +155,7 @@ COMMENT ON FUNCTION awp._end_attempt(text, text, integer, text, boolean, jsonb, 
 -- leased dispatches canceled, running attempts canceled, unfinished tasks canceled, run canceled.
 -- The caller holds the run lock; dispatches are locked in dispatch_id order.
 CREATE OR REPLACE FUNCTION awp._converge_cancel(p_run_id text) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_now    timestamptz := awp._now();
   v_status text;

@@ -17,7 +17,7 @@
 CREATE OR REPLACE FUNCTION awp._complete_task(w awp.workers, p_dispatch_id text, p_lease_token text,
                                               p_result jsonb, p_refill boolean DEFAULT true)
 RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   p_worker_id text := w.worker_id;
   v_kind   text;
@@ -107,7 +107,7 @@ COMMENT ON FUNCTION awp._complete_task(awp.workers, text, text, jsonb, boolean) 
 -- (a fan-out: more new work than the one refilled slot). Not on every completion of a busy run, where a pass
 -- finds nothing to do. Locks: none.
 CREATE OR REPLACE FUNCTION awp._wake_for_fan_out(p_run_id text, p_task_key text, p_kind text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 BEGIN
   IF p_kind = 'success'
      AND (SELECT cardinality(t.dependants) FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key) > 0
@@ -136,7 +136,7 @@ COMMENT ON FUNCTION awp.complete_task(text, text, text, text, jsonb) IS 'Reports
 -- run by awp._complete_task before the run lock (early reject) and under it (authoritative). Locks: none.
 CREATE OR REPLACE FUNCTION awp._holds_lease(d awp.dispatches, p_worker_id text, p_lease_token text)
 RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
 BEGIN
   RETURN d.worker_id IS NOT DISTINCT FROM p_worker_id AND d.lease_token_hash IS NOT DISTINCT FROM awp._hash(p_lease_token);
 END $$;
@@ -151,7 +151,7 @@ COMMENT ON FUNCTION awp._holds_lease(awp.dispatches, text, text) IS 'Whether a d
 -- Locks: those advisory locks, in run_id order (as complete_tasks settles its items), nothing else.
 CREATE OR REPLACE FUNCTION awp._queue_for_runs(p_worker_id text, p_dispatch_ids text[], p_lease_tokens text[])
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_run text;
 BEGIN
@@ -178,7 +178,7 @@ COMMENT ON FUNCTION awp._queue_for_runs(text, text[], text[]) IS 'Takes the advi
 
 -- awp._check_result(result): AWREQ unless result is a valid, size-limited result object.
 CREATE OR REPLACE FUNCTION awp._check_result(p jsonb) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_bad text;
 BEGIN
@@ -243,7 +243,7 @@ COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, intege
 CREATE OR REPLACE FUNCTION awp._complete_and_claim(w awp.workers, p_dispatch_id text, p_lease_token text,
                                                    p_result jsonb, p_slots integer, p_claim_seq bigint)
 RETURNS SETOF awp.lease
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_free     integer;
   v_n        integer;

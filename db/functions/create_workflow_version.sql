@@ -5,8 +5,8 @@
 -- Locks: the workflows row FOR UPDATE (serialises versions of one workflow).
 
 -- awp._int_ok(value, lo, hi): is a JSON value an integer within [lo, hi]?
--- A SQL function without a SET clause (as every private helper, db/functions/00_helpers.sql), so PostgreSQL
--- inlines it (validation calls it for every task of a 10,000-task definition).
+-- No SET search_path on purpose: it names only pg_catalog objects, and without the SET clause
+-- PostgreSQL inlines it (validation calls it for every task of a 10,000-task definition).
 CREATE OR REPLACE FUNCTION awp._int_ok(p jsonb, p_lo bigint, p_hi bigint) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
   SELECT CASE WHEN jsonb_typeof(p) = 'number'
@@ -20,7 +20,7 @@ COMMENT ON FUNCTION awp._int_ok(jsonb, bigint, bigint) IS 'True when a JSON valu
 -- valid. It only checks: defaults are applied by awp.start_run, and the stored definition is the one given,
 -- so its hash is that of the given JSON. Locks: none.
 CREATE OR REPLACE FUNCTION awp._validate_definition(p jsonb) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_err    text;
   v_n      integer;

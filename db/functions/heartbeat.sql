@@ -28,7 +28,7 @@
 -- awp._check_lease_refs(refs, name): AWREQ (naming the heartbeat argument `name`) unless refs is an array of at
 -- most awp._limit_heartbeat_list() {"dispatch_id": string, "lease_token": string} objects. Locks: none.
 CREATE OR REPLACE FUNCTION awp._check_lease_refs(p_refs jsonb, p_name text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = '' AS $$
 BEGIN
   IF jsonb_typeof(p_refs) <> 'array' OR jsonb_array_length(p_refs) > awp._limit_heartbeat_list() OR EXISTS (
        SELECT 1 FROM jsonb_array_elements(p_refs) e

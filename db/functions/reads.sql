@@ -9,7 +9,7 @@
 
 -- awp._check_page(limit): AWREQ unless the limit is NULL or from 1 to 1000. Locks: none.
 CREATE OR REPLACE FUNCTION awp._check_page(p_limit integer) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
 BEGIN
   IF p_limit IS NOT NULL AND p_limit NOT BETWEEN 1 AND awp._limit_page_rows() THEN
     PERFORM awp._raise_invalid_request('invalid limit', format('limit must be from 1 to %s', awp._limit_page_rows()));
@@ -122,7 +122,7 @@ COMMENT ON FUNCTION awp.get_run(text) IS 'One run with its revision, task counts
 -- awp._waiting_for_executors(run_id): executor kinds of the run's ready or queued tasks that no active
 -- worker offers, sorted. Locks: none.
 CREATE OR REPLACE FUNCTION awp._waiting_for_executors(p_run_id text) RETURNS text[]
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT coalesce(array_agg(DISTINCT t.executor ORDER BY t.executor), '{}')
     FROM awp.tasks t
    WHERE t.run_id = p_run_id AND t.status IN ('ready', 'queued')
@@ -154,7 +154,7 @@ END $$;
 COMMENT ON FUNCTION awp.list_runs(text, text, text, integer, timestamptz) IS 'Runs, newest first, filtered by workflow and status, keyset-paged after a run id.';
 
 CREATE OR REPLACE FUNCTION awp._require_run(p_run_id text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM awp.runs r WHERE r.run_id = p_run_id) THEN
     PERFORM awp._raise_not_found('run not found', format('no run %s', p_run_id));
