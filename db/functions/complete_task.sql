@@ -249,23 +249,35 @@ DECLARE
   v_n        integer;
   v_refilled boolean;
   d          record;
+  f          record;
 BEGIN
   IF p_slots IS NULL OR p_slots < 1 OR w.status <> 'active' THEN
     PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result);
     RETURN;
   END IF;
   -- The freed slot is this worker's and it asks for it back: refill it straight to the worker
-  -- (awp._lease_refill); when that is not possible, refill it as complete_task does.
-  PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result, false);
-  RETURN QUERY SELECT * FROM awp._lease_refill(w, p_claim_seq);
-  GET DIAGNOSTICS v_n = ROW_COUNT;
+  -- (awp._lease_refill); when that is not possible, refill it as complete_task does. The common case takes
+  -- the flat pass of awp._complete_and_refill; anything else (and every error) the general path.
+  f := awp._complete_and_refill(w, p_dispatch_id, p_lease_token, p_result, p_claim_seq);
+  IF f.outcome = 'skipped' THEN
+    PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result, false);
+    RETURN QUERY SELECT * FROM awp._lease_refill(w, p_claim_seq);
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+  ELSIF f.outcome = 'leased' THEN
+    RETURN NEXT f.lease;
+    v_n := 1;
+  ELSE
+    v_n := 0;
+  END IF;
   v_refilled := v_n > 0;
   IF NOT v_refilled THEN
     v_refilled := awp._refill_slot(w);
   END IF;
   IF v_refilled THEN   -- the coordinator is woken as by complete_task (awp._complete_task)
-    SELECT x.run_id, x.task_key INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
-    PERFORM awp._wake_for_fan_out(d.run_id, d.task_key, p_result->>'kind');
+    IF f.outcome = 'skipped' OR f.fan_out THEN
+      SELECT x.run_id, x.task_key INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
+      PERFORM awp._wake_for_fan_out(d.run_id, d.task_key, p_result->>'kind');
+    END IF;
   ELSE
     PERFORM awp._wake('awp_coordinator', 'completed');
   END IF;
@@ -277,6 +289,208 @@ BEGIN
   END IF;
 END $$;
 COMMENT ON FUNCTION awp._complete_and_claim(awp.workers, text, text, jsonb, integer, bigint) IS 'The body of complete_and_claim for a checked, locked worker (no NOTIFY).';
+
+-- awp._complete_and_refill(worker, dispatch_id, lease_token, result, claim_seq): the common case of
+-- awp._complete_and_claim in one flat pass (AWP issue 11; docs/performance.md, The hot path): a success whose
+-- lease is held and current, in a run that goes on running, then the refill of the freed slot leased straight
+-- to the completing worker (awp._lease_refill). It writes the same rows and events as awp._complete_task followed by
+-- awp._lease_refill, with fewer statements:
+--   - the checks of awp._complete_task are folded into the writes: one UPDATE of the dispatch matches only a
+--     dispatch leased to this worker with this token, before its lease expiry and attempt deadline, whose
+--     attempt and task are current (the run's status and cancel request are tested where its row is locked);
+--   - each run touched is written once (revision, last sequence, unfinished tasks, place in the fairness order)
+--     and its events are inserted by one statement, instead of through awp.log_state (awp._append_events).
+-- When any of that does not hold, it writes nothing and answers 'skipped': the caller then runs the general
+-- path, which raises the exact error (AWLST, AWCNF) or answers an idempotent repeat. So do a temporary or
+-- permanent failure and the run's last unfinished task (the run settles). An invalid result raises AWREQ
+-- here, as there. Outcomes: 'leased' (lease set), 'completed' (no refill leased to the worker: the caller
+-- refills as after awp._lease_refill), 'skipped'. fan_out: the task has dependants (see awp._wake_for_fan_out).
+-- The caller holds the worker row. Locks: as awp._complete_task (the run's advisory lock, Run, Dispatch,
+-- Task/Attempt), then as awp._lease_refill.
+CREATE OR REPLACE FUNCTION awp._complete_and_refill(w awp.workers, p_dispatch_id text, p_lease_token text,
+                                                    p_result jsonb, p_claim_seq bigint,
+                                                    OUT outcome text, OUT lease awp.lease, OUT fan_out boolean)
+LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$   -- enable_sort: see awp._dispatch_one
+DECLARE
+  v_run   text;
+  v_hash  bytea;
+  v_now   timestamptz;
+  v_xid   xid8;
+  r       record;   -- the completed run (locked)
+  d       record;   -- the completed dispatch and its task's dependants
+  v_ready text[];
+  v_next  text;     -- the run refilled
+  n       record;   -- that run (locked)
+  t       record;   -- the task leased
+  s       awp.settings;
+  v_id    text;
+  v_token text;
+  v_att   integer;
+  v_dl    timestamptz;
+  v_exp   timestamptz;
+  v_fence bigint;
+  v_up    jsonb;
+  -- the events: of the completed run (e*), of the refilled run when it is another one (f*)
+  e_type text[]; e_key text[]; e_from text[]; e_to text[]; e_why text[];
+  f_type text[]; f_key text[]; f_from text[]; f_to text[]; f_why text[];
+BEGIN
+  outcome := 'skipped';
+  fan_out := false;
+  IF w.status <> 'active' OR jsonb_typeof(p_result) IS DISTINCT FROM 'object' OR p_result->>'kind' IS DISTINCT FROM 'success' THEN
+    RETURN;
+  END IF;
+  PERFORM awp._check_result(p_result);
+  SELECT x.run_id INTO v_run FROM awp.dispatches x
+   WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND x.worker_id = w.worker_id
+     AND x.lease_token_hash = awp._hash(p_lease_token);
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  PERFORM pg_advisory_xact_lock(hashtextextended(v_run, 0));
+  IF coalesce(current_setting('awp.log_state', true), '') <> '' THEN
+    PERFORM awp._log_flush();   -- an earlier item of this transaction (complete_and_claim_many): its rows first
+  END IF;
+  SELECT x.revision, x.revision_xid, x.last_sequence INTO r FROM awp.runs x
+   WHERE x.run_id = v_run AND x.status = 'running' AND x.cancel_requested_at IS NULL AND x.unfinished_tasks > 1
+     FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  v_now := awp._now();
+  v_hash := sha256(convert_to(jsonb_build_object(   -- as awp._complete_task
+              'kind', 'success', 'output', p_result->'output',
+              'error_code', p_result->'error_code', 'error_message', p_result->'error_message')::text, 'UTF8'));
+  UPDATE awp.dispatches x SET status = 'completed', result_hash = v_hash, finished_at = v_now
+    FROM awp.attempts a, awp.tasks y
+   WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND x.worker_id = w.worker_id
+     AND x.lease_token_hash = awp._hash(p_lease_token)
+     AND v_now < x.attempt_deadline AND v_now < x.lease_expires_at
+     AND a.run_id = x.run_id AND a.task_key = x.task_key AND a.attempt = x.attempt
+     AND a.dispatch_id = x.dispatch_id AND a.status = 'running'
+     AND y.run_id = x.run_id AND y.task_key = x.task_key AND y.attempts = x.attempt AND y.status = 'running'
+  RETURNING x.task_key, x.attempt, y.dependants INTO d;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+
+  -- The completion (awp._end_attempt for a success).
+  UPDATE awp.attempts a
+     SET status = 'succeeded', finished_at = v_now, output = p_result->'output',
+         error_code = p_result->>'error_code', error_message = p_result->>'error_message', counted = true
+   WHERE a.run_id = v_run AND a.task_key = d.task_key AND a.attempt = d.attempt;
+  UPDATE awp.tasks y SET status = 'succeeded', updated_at = v_now, ready_at = NULL, finished_at = v_now
+   WHERE y.run_id = v_run AND y.task_key = d.task_key;
+  e_type := '{dispatch,attempt,task}';
+  e_key := ARRAY[p_dispatch_id, d.task_key || '#' || d.attempt, d.task_key];
+  e_from := '{leased,running,running}';
+  e_to := '{completed,succeeded,succeeded}';
+  e_why := ARRAY['completed by ' || w.worker_id, 'success', 'success'];
+  IF cardinality(d.dependants) > 0 THEN
+    fan_out := true;
+    WITH u AS (
+      UPDATE awp.tasks y
+         SET pending_deps = y.pending_deps - 1,
+             status = CASE WHEN y.pending_deps = 1 THEN 'ready' ELSE y.status END,
+             updated_at = v_now
+       WHERE y.run_id = v_run AND y.task_key = ANY (d.dependants) AND y.status = 'waiting_dependencies'
+      RETURNING y.task_key, y.status, y.ordinal
+    )
+    SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_ready FROM u WHERE u.status = 'ready';
+    IF v_ready IS NOT NULL THEN
+      e_type := e_type || array_fill('task'::text, ARRAY[cardinality(v_ready)]);
+      e_key := e_key || v_ready;
+      e_from := e_from || array_fill('waiting_dependencies'::text, ARRAY[cardinality(v_ready)]);
+      e_to := e_to || array_fill('ready'::text, ARRAY[cardinality(v_ready)]);
+      e_why := e_why || array_fill('dependencies succeeded'::text, ARRAY[cardinality(v_ready)]);
+    END IF;
+  END IF;
+
+  -- The refill leased to this worker (awp._lease_refill), unless a pending dispatch waits to be claimed.
+  IF NOT EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (w.executor_kinds)) THEN
+    FOR v_next IN SELECT f.run_id FROM awp._fairness_order(w.executor_kinds) f LOOP
+      CONTINUE WHEN v_next <> v_run AND NOT awp._try_run(v_next);
+      SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input, x.revision, x.revision_xid,
+             x.last_sequence INTO n
+        FROM awp.runs x
+       WHERE x.run_id = v_next AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
+      CONTINUE WHEN NOT FOUND
+                 OR (SELECT count(*) FROM awp.tasks y
+                      WHERE y.run_id = v_next AND y.status IN ('queued', 'running')) >= n.concurrency;
+      SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on INTO t
+        FROM awp.tasks y
+       WHERE y.run_id = v_next AND y.status = 'ready' AND y.executor = ANY (w.executor_kinds)
+       ORDER BY y.ordinal LIMIT 1
+         FOR UPDATE;
+      CONTINUE WHEN NOT FOUND;
+      s := awp._settings();
+      PERFORM awp._claim_is_alive(w, s, v_now);
+      v_id := awp._new_id('dsp');
+      v_token := awp._token();
+      v_att := t.attempts + 1;
+      SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
+      INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id,
+                                  lease_token_hash, attempt, fencing_token, leased_at, lease_expires_at,
+                                  attempt_deadline, claim_seq)
+      VALUES (v_id, v_next, t.task_key, t.executor, v_now, 'leased', w.worker_id, awp._hash(v_token), v_att, v_fence,
+              v_now, v_exp, v_dl, p_claim_seq);
+      INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
+      VALUES (v_next, t.task_key, v_att, v_id, w.worker_id, v_fence, v_now, v_dl);
+      UPDATE awp.tasks y SET status = 'running', attempts = v_att, updated_at = v_now
+       WHERE y.run_id = v_next AND y.task_key = t.task_key;
+      f_type := CASE WHEN n.status = 'pending' THEN '{run}'::text[] ELSE '{}' END || '{task,dispatch,dispatch,task,attempt}'::text[];
+      f_key := CASE WHEN n.status = 'pending' THEN ARRAY[v_next] ELSE '{}' END
+               || ARRAY[t.task_key, v_id, v_id, t.task_key, t.task_key || '#' || v_att];
+      f_from := CASE WHEN n.status = 'pending' THEN '{pending}'::text[] ELSE '{}' END || '{ready,NULL,pending,queued,NULL}'::text[];
+      f_to := CASE WHEN n.status = 'pending' THEN '{running}'::text[] ELSE '{}' END || '{queued,pending,leased,running,running}'::text[];
+      f_why := CASE WHEN n.status = 'pending' THEN '{"first dispatch"}'::text[] ELSE '{}' END
+               || ARRAY['dispatch created', 'dispatch created', 'claimed by ' || w.worker_id,
+                        'attempt ' || v_att || ' started', 'claimed by ' || w.worker_id];
+      EXIT;
+    END LOOP;
+  END IF;
+
+  -- Each run's row once and its events in one INSERT: the revision is bumped once per transaction
+  -- (runs.revision_xid), the sequences go on from the run's last one (as awp._append_events and awp._log_flush).
+  v_xid := pg_current_xact_id();
+  IF v_id IS NOT NULL AND v_next = v_run THEN
+    e_type := e_type || f_type; e_key := e_key || f_key; e_from := e_from || f_from; e_to := e_to || f_to; e_why := e_why || f_why;
+  END IF;
+  UPDATE awp.runs x
+     SET revision = CASE WHEN r.revision_xid = v_xid THEN r.revision ELSE r.revision + 1 END, revision_xid = v_xid,
+         last_sequence = r.last_sequence + cardinality(e_key), unfinished_tasks = x.unfinished_tasks - 1,
+         last_dispatch_seq = CASE WHEN v_id IS NOT NULL AND v_next = v_run THEN nextval('awp.dispatch_order_seq')
+                                  ELSE x.last_dispatch_seq END
+   WHERE x.run_id = v_run;
+  INSERT INTO awp.events (run_id, sequence, revision, entity_type, entity_key, from_status, to_status, reason, occurred_at)
+  SELECT v_run, r.last_sequence + u.o, CASE WHEN r.revision_xid = v_xid THEN r.revision ELSE r.revision + 1 END,
+         u.t, u.k, u.f, u.s, u.r, v_now
+    FROM unnest(e_type, e_key, e_from, e_to, e_why) WITH ORDINALITY AS u(t, k, f, s, r, o);
+  IF v_id IS NOT NULL AND v_next <> v_run THEN
+    UPDATE awp.runs x
+       SET revision = CASE WHEN n.revision_xid = v_xid THEN n.revision ELSE n.revision + 1 END, revision_xid = v_xid,
+           last_sequence = n.last_sequence + cardinality(f_key), last_dispatch_seq = nextval('awp.dispatch_order_seq'),
+           status = 'running', started_at = coalesce(x.started_at, v_now)
+     WHERE x.run_id = v_next;
+    INSERT INTO awp.events (run_id, sequence, revision, entity_type, entity_key, from_status, to_status, reason, occurred_at)
+    SELECT v_next, n.last_sequence + u.o, CASE WHEN n.revision_xid = v_xid THEN n.revision ELSE n.revision + 1 END,
+           u.t, u.k, u.f, u.s, u.r, v_now
+      FROM unnest(f_type, f_key, f_from, f_to, f_why) WITH ORDINALITY AS u(t, k, f, s, r, o);
+  END IF;
+  outcome := 'completed';
+  IF v_id IS NULL THEN
+    RETURN;
+  END IF;
+
+  v_up := CASE WHEN cardinality(t.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(v_next, t.depends_on) END;
+  IF cardinality(t.depends_on) > 8 AND octet_length(v_up::text) > awp._limit_lease_payload_bytes() THEN
+    PERFORM awp._fail_oversize_lease(v_next, t.task_key, v_id, v_att, octet_length(v_up::text));
+    RETURN;   -- as awp._lease_refill: the slot stays free for the caller's claim (or the woken coordinator)
+  END IF;
+  lease := ROW(v_id, v_token, n.workflow_id, n.workflow_version, v_next, t.task_key, t.executor, t.action, t.input,
+               v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence, n.input, v_up)::awp.lease;
+  outcome := 'leased';
+END $$;
+COMMENT ON FUNCTION awp._complete_and_refill(awp.workers, text, text, jsonb, bigint) IS 'The common case of complete_and_claim in one flat pass (a current success, then the refill leased to the worker); skipped (nothing written) otherwise.';
 
 -- awp.complete_and_claim_many(items): several workers' awp.complete_and_claim calls in one transaction (the
 -- gateway groups the claim-on-complete requests of one run that arrive while one of that run's calls is in
