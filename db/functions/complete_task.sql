@@ -185,9 +185,9 @@ BEGIN
   IF p IS NULL OR jsonb_typeof(p) <> 'object' THEN
     PERFORM awp._raise_invalid_request('invalid result', 'result must be a JSON object');
   END IF;
-  SELECT string_agg(k, ', ' ORDER BY k) INTO v_bad FROM jsonb_object_keys(p) k
-   WHERE k NOT IN ('kind', 'output', 'error_code', 'error_message');
-  IF v_bad IS NOT NULL THEN
+  IF p - '{kind,output,error_code,error_message}'::text[] <> '{}'::jsonb THEN   -- an expression, no query per call
+    SELECT string_agg(k, ', ' ORDER BY k) INTO v_bad FROM jsonb_object_keys(p) k
+     WHERE k NOT IN ('kind', 'output', 'error_code', 'error_message');
     PERFORM awp._raise_invalid_request('invalid result', 'result has unknown fields: ' || v_bad);
   END IF;
   IF jsonb_typeof(p->'kind') IS DISTINCT FROM 'string'
@@ -322,6 +322,7 @@ DECLARE
   v_next  text;     -- the run refilled
   n       record;   -- that run (locked)
   t       record;   -- the task leased
+  v_key   text;     -- its key (NULL: nothing refilled)
   s       awp.settings;
   v_id    text;
   v_token text;
@@ -340,6 +341,14 @@ BEGIN
     RETURN;
   END IF;
   PERFORM awp._check_result(p_result);
+  -- What needs no lock is done before the run's queue: the result hash (as awp._complete_task), the settings and
+  -- the new dispatch id and lease token (unused when nothing is refilled).
+  v_hash := sha256(convert_to(jsonb_build_object(
+              'kind', 'success', 'output', p_result->'output',
+              'error_code', p_result->'error_code', 'error_message', p_result->'error_message')::text, 'UTF8'));
+  s := awp._settings();
+  v_id := awp._new_id('dsp');
+  v_token := awp._token();
   SELECT x.run_id INTO v_run FROM awp.dispatches x
    WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND x.worker_id = w.worker_id
      AND x.lease_token_hash = awp._hash(p_lease_token);
@@ -357,9 +366,6 @@ BEGIN
     RETURN;
   END IF;
   v_now := awp._now();
-  v_hash := sha256(convert_to(jsonb_build_object(   -- as awp._complete_task
-              'kind', 'success', 'output', p_result->'output',
-              'error_code', p_result->'error_code', 'error_message', p_result->'error_message')::text, 'UTF8'));
   UPDATE awp.dispatches x SET status = 'completed', result_hash = v_hash, finished_at = v_now
     FROM awp.attempts a, awp.tasks y
    WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND x.worker_id = w.worker_id
@@ -378,8 +384,6 @@ BEGIN
      SET status = 'succeeded', finished_at = v_now, output = p_result->'output',
          error_code = p_result->>'error_code', error_message = p_result->>'error_message', counted = true
    WHERE a.run_id = v_run AND a.task_key = d.task_key AND a.attempt = d.attempt;
-  UPDATE awp.tasks y SET status = 'succeeded', updated_at = v_now, ready_at = NULL, finished_at = v_now
-   WHERE y.run_id = v_run AND y.task_key = d.task_key;
   e_type := '{dispatch,attempt,task}';
   e_key := ARRAY[p_dispatch_id, d.task_key || '#' || d.attempt, d.task_key];
   e_from := '{leased,running,running}';
@@ -413,19 +417,16 @@ BEGIN
              x.last_sequence INTO n
         FROM awp.runs x
        WHERE x.run_id = v_next AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
-      CONTINUE WHEN NOT FOUND
-                 OR (SELECT count(*) FROM awp.tasks y
-                      WHERE y.run_id = v_next AND y.status IN ('queued', 'running')) >= n.concurrency;
+      CONTINUE WHEN NOT FOUND   -- the completed task still counts as running (its row is written below)
+                 OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_next AND y.status IN ('queued', 'running'))
+                    - CASE WHEN v_next = v_run THEN 1 ELSE 0 END >= n.concurrency;
       SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on INTO t
         FROM awp.tasks y
        WHERE y.run_id = v_next AND y.status = 'ready' AND y.executor = ANY (w.executor_kinds)
        ORDER BY y.ordinal LIMIT 1
          FOR UPDATE;
       CONTINUE WHEN NOT FOUND;
-      s := awp._settings();
       PERFORM awp._claim_is_alive(w, s, v_now);
-      v_id := awp._new_id('dsp');
-      v_token := awp._token();
       v_att := t.attempts + 1;
       SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
       INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id,
@@ -435,8 +436,6 @@ BEGIN
               v_now, v_exp, v_dl, p_claim_seq);
       INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
       VALUES (v_next, t.task_key, v_att, v_id, w.worker_id, v_fence, v_now, v_dl);
-      UPDATE awp.tasks y SET status = 'running', attempts = v_att, updated_at = v_now
-       WHERE y.run_id = v_next AND y.task_key = t.task_key;
       f_type := CASE WHEN n.status = 'pending' THEN '{run}'::text[] ELSE '{}' END || '{task,dispatch,dispatch,task,attempt}'::text[];
       f_key := CASE WHEN n.status = 'pending' THEN ARRAY[v_next] ELSE '{}' END
                || ARRAY[t.task_key, v_id, v_id, t.task_key, t.task_key || '#' || v_att];
@@ -445,27 +444,36 @@ BEGIN
       f_why := CASE WHEN n.status = 'pending' THEN '{"first dispatch"}'::text[] ELSE '{}' END
                || ARRAY['dispatch created', 'dispatch created', 'claimed by ' || w.worker_id,
                         'attempt ' || v_att || ' started', 'claimed by ' || w.worker_id];
+      v_key := t.task_key;
       EXIT;
     END LOOP;
   END IF;
+  -- The completed task succeeds and the refilled one runs: one UPDATE for both rows (each write statement
+  -- re-reads the table's CHECK constraints, so fewer statements cost less).
+  UPDATE awp.tasks y
+     SET status = v.status, attempts = coalesce(v.attempts, y.attempts), updated_at = v_now, ready_at = NULL,
+         finished_at = CASE WHEN v.status = 'succeeded' THEN v_now END
+    FROM (VALUES (v_run, d.task_key, 'succeeded', NULL::integer), (v_next, v_key, 'running', v_att))
+         AS v(run_id, task_key, status, attempts)
+   WHERE y.run_id = v.run_id AND y.task_key = v.task_key;
 
   -- Each run's row once and its events in one INSERT: the revision is bumped once per transaction
   -- (runs.revision_xid), the sequences go on from the run's last one (as awp._append_events and awp._log_flush).
   v_xid := pg_current_xact_id();
-  IF v_id IS NOT NULL AND v_next = v_run THEN
+  IF v_key IS NOT NULL AND v_next = v_run THEN
     e_type := e_type || f_type; e_key := e_key || f_key; e_from := e_from || f_from; e_to := e_to || f_to; e_why := e_why || f_why;
   END IF;
   UPDATE awp.runs x
      SET revision = CASE WHEN r.revision_xid = v_xid THEN r.revision ELSE r.revision + 1 END, revision_xid = v_xid,
          last_sequence = r.last_sequence + cardinality(e_key), unfinished_tasks = x.unfinished_tasks - 1,
-         last_dispatch_seq = CASE WHEN v_id IS NOT NULL AND v_next = v_run THEN nextval('awp.dispatch_order_seq')
+         last_dispatch_seq = CASE WHEN v_key IS NOT NULL AND v_next = v_run THEN nextval('awp.dispatch_order_seq')
                                   ELSE x.last_dispatch_seq END
    WHERE x.run_id = v_run;
   INSERT INTO awp.events (run_id, sequence, revision, entity_type, entity_key, from_status, to_status, reason, occurred_at)
   SELECT v_run, r.last_sequence + u.o, CASE WHEN r.revision_xid = v_xid THEN r.revision ELSE r.revision + 1 END,
          u.t, u.k, u.f, u.s, u.r, v_now
     FROM unnest(e_type, e_key, e_from, e_to, e_why) WITH ORDINALITY AS u(t, k, f, s, r, o);
-  IF v_id IS NOT NULL AND v_next <> v_run THEN
+  IF v_key IS NOT NULL AND v_next <> v_run THEN
     UPDATE awp.runs x
        SET revision = CASE WHEN n.revision_xid = v_xid THEN n.revision ELSE n.revision + 1 END, revision_xid = v_xid,
            last_sequence = n.last_sequence + cardinality(f_key), last_dispatch_seq = nextval('awp.dispatch_order_seq'),
@@ -477,7 +485,7 @@ BEGIN
       FROM unnest(f_type, f_key, f_from, f_to, f_why) WITH ORDINALITY AS u(t, k, f, s, r, o);
   END IF;
   outcome := 'completed';
-  IF v_id IS NULL THEN
+  IF v_key IS NULL THEN
     RETURN;
   END IF;
 
