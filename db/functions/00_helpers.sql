@@ -246,6 +246,38 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._append_event(text, text, text, text, text, text) IS 'Appends one event for a run.';
 
+-- awp._write_log(run, entity_types, keys, froms, tos, reasons, unfinished_delta, dispatched, now): a call's events of
+-- one run and that run's row in one go, for a call that writes each run once (the hot path of claim on complete,
+-- awp._lease_refill): the same rows as awp._append_events, awp._unfinished_add and awp._log_flush (revision bumped
+-- once per transaction, sequences going on from the run's last), in one UPDATE and one INSERT. dispatched: the
+-- call also dispatched for the run (its place in the fairness order moves, a pending run starts, as in
+-- awp._dispatch_one). awp.log_state must not hold the run (the caller flushed it). Locks: the run row, which
+-- the caller holds.
+CREATE OR REPLACE FUNCTION awp._write_log(p_run_id text, p_types text[], p_keys text[], p_from text[], p_to text[],
+                                          p_reasons text[], p_unfinished_delta integer, p_dispatched boolean,
+                                          p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_n    integer := coalesce(cardinality(p_keys), 0);
+  v_xid  xid8 := pg_current_xact_id();
+  v_rev  bigint;
+  v_last bigint;
+BEGIN
+  UPDATE awp.runs x
+     SET revision = CASE WHEN x.revision_xid = v_xid THEN x.revision ELSE x.revision + 1 END, revision_xid = v_xid,
+         last_sequence = x.last_sequence + v_n, unfinished_tasks = x.unfinished_tasks + p_unfinished_delta,
+         last_dispatch_seq = CASE WHEN p_dispatched THEN nextval('awp.dispatch_order_seq') ELSE x.last_dispatch_seq END,
+         status = CASE WHEN p_dispatched THEN 'running' ELSE x.status END,
+         started_at = CASE WHEN p_dispatched THEN coalesce(x.started_at, p_now) ELSE x.started_at END
+   WHERE x.run_id = p_run_id
+  RETURNING x.revision, x.last_sequence INTO v_rev, v_last;
+  INSERT INTO awp.events (run_id, sequence, revision, entity_type, entity_key, from_status, to_status, reason, occurred_at)
+  SELECT p_run_id, v_last - v_n + u.o, v_rev, u.t, u.k, u.f, u.s, u.r, p_now
+    FROM unnest(p_types, p_keys, p_from, p_to, p_reasons) WITH ORDINALITY AS u(t, k, f, s, r, o);
+END $$;
+COMMENT ON FUNCTION awp._write_log(text, text[], text[], text[], text[], text[], integer, boolean, timestamptz) IS 'Appends a call''s events of a run and writes its row (revision, sequence, counters) in one go.';
+
 -- Raising the project's errors: one helper per SQLSTATE (python/awp/errors.py maps each to its HTTP status and
 -- error code; README.md's SQL API lists them), so each code is written once, here. The message is the short
 -- MESSAGE_TEXT (clients branch on the SQLSTATE, never on the text), the detail says exactly what is wrong

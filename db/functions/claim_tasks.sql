@@ -224,22 +224,32 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases up to slots pending dispatches to a checked worker (the body of claim_tasks).';
 
--- awp._lease_refill(worker, claim_seq): refill straight to the completing worker (docs/protocol.md, Refill and
--- claim on complete). A completion that also claims frees a slot of its own worker and asks for it back: the
--- refill of that slot (awp._refill_slot: the first run in fairness order with a ready task of one of the
--- worker's kinds and room under its concurrency) is created already leased to that worker, instead of
--- pending and then leased by the claim part. The same rows and the same events result (task ready -> queued,
--- dispatch pending, then leased, task running, attempt running), with one dispatch INSERT instead of an
--- INSERT and an UPDATE, one task UPDATE instead of two, no candidate scan and no NOTIFY. Only when no pending
--- dispatch of the worker's kinds waits to be claimed (claims take the oldest first; otherwise the caller
--- refills and claims as before). Returns the lease (at most one row); none when nothing could be refilled.
+-- awp._lease_refill(worker, claim_seq[, now, run, succeeded_task, the completion's events]): refill straight to the
+-- completing worker (docs/protocol.md, Refill and claim on complete). A completion that also claims frees a slot of
+-- its own worker and asks for it back: the refill of that slot (awp._refill_slot: the first run in fairness order
+-- with a ready task of one of the worker's kinds and room under its concurrency) is created already leased to
+-- that worker, instead of pending and then leased by the claim part. The same rows and the same events result
+-- (task ready -> queued, dispatch pending, then leased, task running, attempt running), with one dispatch INSERT
+-- instead of an INSERT and an UPDATE, one task UPDATE instead of two, no candidate scan and no NOTIFY. Only when
+-- no pending dispatch of the worker's kinds waits to be claimed (claims take the oldest first; otherwise the
+-- caller refills and claims as before). Returns the lease (at most one row); none when nothing could be refilled.
+-- The hot path (awp._complete_and_refill) also passes the writes of its completion that this call finishes:
+-- `run`, whose `succeeded_task` succeeded (written here with the refilled task, one UPDATE) and the events of
+-- that completion (parallel arrays as awp._append_events). Each run touched is then written once with its
+-- events (awp._write_log). The general path (after awp._complete_task) passes the worker and claim_seq alone.
 -- Locks: as awp._refill_slot (runs without waiting: awp._try_run, then the task row), then as awp._claim.
-CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint) RETURNS SETOF awp.lease
+CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint, p_now timestamptz DEFAULT NULL,
+                                             p_run text DEFAULT NULL, p_succeeded_task text DEFAULT NULL,
+                                             p_types text[] DEFAULT '{}', p_keys text[] DEFAULT '{}',
+                                             p_from text[] DEFAULT '{}', p_to text[] DEFAULT '{}',
+                                             p_reasons text[] DEFAULT '{}')
+RETURNS SETOF awp.lease
 LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$   -- see awp._dispatch_one
 DECLARE
+  v_now   timestamptz := coalesce(p_now, awp._now());
   s       awp.settings;
-  v_now   timestamptz;
   v_run   text;
+  v_key   text;   -- the task refilled (NULL: none)
   r       record;
   t       record;
   v_id    text;
@@ -249,26 +259,36 @@ DECLARE
   v_exp   timestamptz;
   v_fence bigint;
   v_up    jsonb;
+  f_type  text[];
+  f_key   text[];
+  f_from  text[];
+  f_to    text[];
+  f_why   text[];
 BEGIN
-  IF w.status <> 'active'
-     OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (w.executor_kinds)) THEN
-    RETURN;
+  IF coalesce(current_setting('awp.log_state', true), '') <> '' THEN
+    PERFORM awp._log_flush();   -- awp._write_log below writes the run rows directly
   END IF;
-  FOR v_run IN SELECT f.run_id FROM awp._fairness_order(w.executor_kinds) f LOOP
-    CONTINUE WHEN NOT awp._try_run(v_run);
-    SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input INTO r FROM awp.runs x
-     WHERE x.run_id = v_run AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
-    CONTINUE WHEN NOT FOUND
-               OR (SELECT count(*) FROM awp.tasks y
-                    WHERE y.run_id = v_run AND y.status IN ('queued', 'running')) >= r.concurrency;
-    SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on INTO t
-      FROM awp.tasks y
-     WHERE y.run_id = v_run AND y.status = 'ready' AND y.executor = ANY (w.executor_kinds)
-     ORDER BY y.ordinal LIMIT 1
-       FOR UPDATE;
-    CONTINUE WHEN NOT FOUND;
+  IF w.status = 'active'
+     AND NOT EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (w.executor_kinds)) THEN
+    FOR v_run IN SELECT f.run_id FROM awp._fairness_order(w.executor_kinds) f LOOP
+      CONTINUE WHEN NOT awp._try_run(v_run);
+      SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input INTO r FROM awp.runs x
+       WHERE x.run_id = v_run AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
+      CONTINUE WHEN NOT FOUND   -- a task that succeeded in this call but is not written yet counts out
+                 OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_run AND y.status IN ('queued', 'running'))
+                    - CASE WHEN v_run = p_run AND p_succeeded_task IS NOT NULL THEN 1 ELSE 0 END >= r.concurrency;
+      SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on INTO t
+        FROM awp.tasks y
+       WHERE y.run_id = v_run AND y.status = 'ready' AND y.executor = ANY (w.executor_kinds)
+       ORDER BY y.ordinal LIMIT 1
+         FOR UPDATE;
+      CONTINUE WHEN NOT FOUND;
+      v_key := t.task_key;
+      EXIT;
+    END LOOP;
+  END IF;
+  IF v_key IS NOT NULL THEN
     s := awp._settings();
-    v_now := awp._now();
     PERFORM awp._claim_is_alive(w, s, v_now);
     v_id := awp._new_id('dsp');
     v_token := awp._token();
@@ -281,31 +301,50 @@ BEGIN
             v_now, v_exp, v_dl, p_claim_seq);
     INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
     VALUES (v_run, t.task_key, v_att, v_id, w.worker_id, v_fence, v_now, v_dl);
-    UPDATE awp.tasks y SET status = 'running', attempts = v_att, updated_at = v_now
-     WHERE y.run_id = v_run AND y.task_key = t.task_key;
-    UPDATE awp.runs x SET last_dispatch_seq = nextval('awp.dispatch_order_seq'),
-                          status = 'running', started_at = coalesce(x.started_at, v_now)
-     WHERE x.run_id = v_run;
-    PERFORM awp._append_events(v_run,
-      CASE WHEN r.status = 'pending' THEN '{run}'::text[] ELSE '{}' END || '{task,dispatch,dispatch,task,attempt}'::text[],
-      CASE WHEN r.status = 'pending' THEN ARRAY[v_run] ELSE '{}' END
-        || ARRAY[t.task_key, v_id, v_id, t.task_key, t.task_key || '#' || v_att],
-      CASE WHEN r.status = 'pending' THEN '{pending}'::text[] ELSE '{}' END || '{ready,NULL,pending,queued,NULL}'::text[],
-      CASE WHEN r.status = 'pending' THEN '{running}'::text[] ELSE '{}' END || '{queued,pending,leased,running,running}'::text[],
-      CASE WHEN r.status = 'pending' THEN '{"first dispatch"}'::text[] ELSE '{}' END
-        || ARRAY['dispatch created', 'dispatch created', 'claimed by ' || w.worker_id, 'attempt ' || v_att || ' started',
-                 'claimed by ' || w.worker_id]);
-    v_up := CASE WHEN cardinality(t.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(v_run, t.depends_on) END;
-    IF cardinality(t.depends_on) > 8 AND octet_length(v_up::text) > awp._limit_lease_payload_bytes() THEN
-      PERFORM awp._fail_oversize_lease(v_run, t.task_key, v_id, v_att, octet_length(v_up::text));
-      RETURN;   -- the slot stays free: the caller's claim (or the woken coordinator) fills it
+    f_type := CASE WHEN r.status = 'pending' THEN '{run}'::text[] ELSE '{}' END || '{task,dispatch,dispatch,task,attempt}'::text[];
+    f_key := CASE WHEN r.status = 'pending' THEN ARRAY[v_run] ELSE '{}' END
+             || ARRAY[t.task_key, v_id, v_id, t.task_key, t.task_key || '#' || v_att];
+    f_from := CASE WHEN r.status = 'pending' THEN '{pending}'::text[] ELSE '{}' END || '{ready,NULL,pending,queued,NULL}'::text[];
+    f_to := CASE WHEN r.status = 'pending' THEN '{running}'::text[] ELSE '{}' END || '{queued,pending,leased,running,running}'::text[];
+    f_why := CASE WHEN r.status = 'pending' THEN '{"first dispatch"}'::text[] ELSE '{}' END
+             || ARRAY['dispatch created', 'dispatch created', 'claimed by ' || w.worker_id,
+                      'attempt ' || v_att || ' started', 'claimed by ' || w.worker_id];
+  END IF;
+  -- The refilled task runs, the completed one (hot path) succeeds: one UPDATE (each write statement reads its
+  -- table's CHECK constraints again, so fewer statements cost less).
+  IF v_key IS NOT NULL OR p_succeeded_task IS NOT NULL THEN
+    UPDATE awp.tasks y
+       SET status = v.status, attempts = coalesce(v.attempts, y.attempts), updated_at = v_now, ready_at = NULL,
+           finished_at = CASE WHEN v.status = 'succeeded' THEN v_now END
+      FROM (VALUES (p_run, p_succeeded_task, 'succeeded', NULL::integer), (v_run, v_key, 'running', v_att))
+           AS v(run_id, task_key, status, attempts)
+     WHERE y.run_id = v.run_id AND y.task_key = v.task_key;
+  END IF;
+  IF p_run IS NOT NULL THEN
+    IF v_run = p_run AND v_key IS NOT NULL THEN
+      PERFORM awp._write_log(p_run, p_types || f_type, p_keys || f_key, p_from || f_from, p_to || f_to,
+                             p_reasons || f_why, CASE WHEN p_succeeded_task IS NOT NULL THEN -1 ELSE 0 END, true, v_now);
+      v_key := NULL;   -- written
+    ELSE
+      PERFORM awp._write_log(p_run, p_types, p_keys, p_from, p_to, p_reasons,
+                             CASE WHEN p_succeeded_task IS NOT NULL THEN -1 ELSE 0 END, false, v_now);
     END IF;
-    RETURN QUERY SELECT v_id, v_token, r.workflow_id, r.workflow_version, v_run, t.task_key, t.executor, t.action,
-                        t.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence, r.input, v_up;
+  END IF;
+  IF v_id IS NULL THEN
     RETURN;
-  END LOOP;
+  END IF;
+  IF v_key IS NOT NULL THEN
+    PERFORM awp._write_log(v_run, f_type, f_key, f_from, f_to, f_why, 0, true, v_now);
+  END IF;
+  v_up := CASE WHEN cardinality(t.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(v_run, t.depends_on) END;
+  IF cardinality(t.depends_on) > 8 AND octet_length(v_up::text) > awp._limit_lease_payload_bytes() THEN
+    PERFORM awp._fail_oversize_lease(v_run, t.task_key, v_id, v_att, octet_length(v_up::text));
+    RETURN;   -- the slot stays free: the caller's claim (or the woken coordinator) fills it
+  END IF;
+  RETURN QUERY SELECT v_id, v_token, r.workflow_id, r.workflow_version, v_run, t.task_key, t.executor, t.action,
+                      t.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence, r.input, v_up;
 END $$;
-COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint) IS 'Refills the slot a completion freed with a dispatch leased at once to that worker (claim on complete).';
+COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint, timestamptz, text, text, text[], text[], text[], text[], text[]) IS 'Refills the slot a completion freed with a dispatch leased at once to that worker (claim on complete); the hot path''s completion writes are finished with it.';
 
 -- awp._upstream(run, depends_on): {dependency key: output of its succeeded attempt} (JSON null when
 -- that attempt had no output). Called only for tasks that are being leased, so every dependency has

@@ -221,18 +221,21 @@ COMMENT ON FUNCTION awp._check_result(jsonb) IS 'Validates a result object (AWRE
 -- complete part are raised as by complete_task.
 -- Returns the new leases (rows of awp.lease, as awp.claim_tasks). Locks: the run's advisory lock (queued for
 -- before the worker row: awp._queue_for_runs), then the worker row (so the free slots it computes
--- cannot be taken by a concurrent claim), then as complete_task, then as claim_tasks.
+-- cannot be taken by a concurrent claim), then as complete_task, then as claim_tasks. The queuing raises nothing
+-- and waits only for the run of a dispatch leased to this worker with this lease token, so the session check
+-- under the worker row's lock still comes first among the checks (AWSES, then AWREQ, AWLST, AWCNF).
 CREATE OR REPLACE FUNCTION awp.complete_and_claim(p_worker_id text, p_session_token text, p_dispatch_id text,
                                                   p_lease_token text, p_result jsonb, p_slots integer,
                                                   p_claim_seq bigint DEFAULT NULL)
 RETURNS SETOF awp.lease
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+DECLARE
+  w awp.workers;
 BEGIN
-  PERFORM awp._session(p_worker_id, p_session_token, false);   -- AWSES first
-  PERFORM awp._check_claim_seq(p_claim_seq);
   PERFORM awp._queue_for_runs(p_worker_id, ARRAY[p_dispatch_id], ARRAY[p_lease_token]);
-  RETURN QUERY SELECT * FROM awp._complete_and_claim(awp._session(p_worker_id, p_session_token, true), p_dispatch_id,
-                                                     p_lease_token, p_result, p_slots, p_claim_seq);
+  w := awp._session(p_worker_id, p_session_token, true);   -- AWSES first
+  PERFORM awp._check_claim_seq(p_claim_seq);
+  RETURN QUERY SELECT * FROM awp._complete_and_claim(w, p_dispatch_id, p_lease_token, p_result, p_slots, p_claim_seq);
   PERFORM awp._notify_pending();   -- only for what this call created and did not lease itself
 END $$;
 COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, integer, bigint) IS 'complete_task, then claim_tasks for up to slots free leases, in one transaction; returns the new leases.';
@@ -257,7 +260,7 @@ BEGIN
   END IF;
   -- The freed slot is this worker's and it asks for it back: refill it straight to the worker
   -- (awp._lease_refill); when that is not possible, refill it as complete_task does. The common case takes
-  -- the flat pass of awp._complete_and_refill; anything else (and every error) the general path.
+  -- the hot path, awp._complete_and_refill; anything else (and every refusal) the general path.
   f := awp._complete_and_refill(w, p_dispatch_id, p_lease_token, p_result, p_claim_seq);
   IF f.outcome = 'skipped' THEN
     PERFORM awp._complete_task(w, p_dispatch_id, p_lease_token, p_result, false);
@@ -290,50 +293,39 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._complete_and_claim(awp.workers, text, text, jsonb, integer, bigint) IS 'The body of complete_and_claim for a checked, locked worker (no NOTIFY).';
 
--- awp._complete_and_refill(worker, dispatch_id, lease_token, result, claim_seq): the common case of
--- awp._complete_and_claim in one flat pass (AWP issue 11; docs/performance.md, The hot path): a success whose
--- lease is held and current, in a run that goes on running, then the refill of the freed slot leased straight
--- to the completing worker (awp._lease_refill). It writes the same rows and events as awp._complete_task followed by
+-- awp._complete_and_refill(worker, dispatch_id, lease_token, result, claim_seq): the hot path of
+-- awp._complete_and_claim (docs/protocol.md, Refill and claim on complete): a success whose lease is held and
+-- current, in a run that goes on running, then the refill of the freed slot leased straight to the completing
+-- worker (awp._lease_refill). It writes the same rows and events as awp._complete_task followed by
 -- awp._lease_refill, with fewer statements:
 --   - the checks of awp._complete_task are folded into the writes: one UPDATE of the dispatch matches only a
 --     dispatch leased to this worker with this token, before its lease expiry and attempt deadline, whose
 --     attempt and task are current (the run's status and cancel request are tested where its row is locked);
---   - each run touched is written once (revision, last sequence, unfinished tasks, place in the fairness order)
---     and its events are inserted by one statement, instead of through awp.log_state (awp._append_events).
--- When any of that does not hold, it writes nothing and answers 'skipped': the caller then runs the general
--- path, which raises the exact error (AWLST, AWCNF) or answers an idempotent repeat. So do a temporary or
--- permanent failure and the run's last unfinished task (the run settles). An invalid result raises AWREQ
--- here, as there. Outcomes: 'leased' (lease set), 'completed' (no refill leased to the worker: the caller
--- refills as after awp._lease_refill), 'skipped'. fan_out: the task has dependants (see awp._wake_for_fan_out).
+--   - the completed task's row is written with the refilled one, and each run's row once with all its events
+--     (awp._lease_refill with the completion's events, awp._write_log), not step by step through awp.log_state.
+-- When any check fails it writes nothing and answers 'skipped': the caller then takes the general path, which
+-- raises the exact error (AWLST, AWCNF) or answers an idempotent repeat. So do a temporary or permanent failure
+-- and the run's last unfinished task (the run settles). An invalid result raises AWREQ here, as there.
+-- Outcomes: 'leased' (lease set), 'completed' (no refill leased to the worker: the caller refills as after
+-- awp._lease_refill), 'skipped'. fan_out: the task has dependants (see awp._wake_for_fan_out).
 -- The caller holds the worker row. Locks: as awp._complete_task (the run's advisory lock, Run, Dispatch,
 -- Task/Attempt), then as awp._lease_refill.
 CREATE OR REPLACE FUNCTION awp._complete_and_refill(w awp.workers, p_dispatch_id text, p_lease_token text,
                                                     p_result jsonb, p_claim_seq bigint,
                                                     OUT outcome text, OUT lease awp.lease, OUT fan_out boolean)
-LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$   -- enable_sort: see awp._dispatch_one
+LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
   v_run   text;
   v_hash  bytea;
   v_now   timestamptz;
-  v_xid   xid8;
-  r       record;   -- the completed run (locked)
   d       record;   -- the completed dispatch and its task's dependants
   v_ready text[];
-  v_next  text;     -- the run refilled
-  n       record;   -- that run (locked)
-  t       record;   -- the task leased
-  v_key   text;     -- its key (NULL: nothing refilled)
-  s       awp.settings;
-  v_id    text;
-  v_token text;
-  v_att   integer;
-  v_dl    timestamptz;
-  v_exp   timestamptz;
-  v_fence bigint;
-  v_up    jsonb;
-  -- the events: of the completed run (e*), of the refilled run when it is another one (f*)
-  e_type text[]; e_key text[]; e_from text[]; e_to text[]; e_why text[];
-  f_type text[]; f_key text[]; f_from text[]; f_to text[]; f_why text[];
+  v_n     integer;
+  e_type  text[];
+  e_key   text[];
+  e_from  text[];
+  e_to    text[];
+  e_why   text[];
 BEGIN
   outcome := 'skipped';
   fan_out := false;
@@ -341,14 +333,9 @@ BEGIN
     RETURN;
   END IF;
   PERFORM awp._check_result(p_result);
-  -- What needs no lock is done before the run's queue: the result hash (as awp._complete_task), the settings and
-  -- the new dispatch id and lease token (unused when nothing is refilled).
-  v_hash := sha256(convert_to(jsonb_build_object(
+  v_hash := sha256(convert_to(jsonb_build_object(   -- as awp._complete_task (before the run's queue: needs no lock)
               'kind', 'success', 'output', p_result->'output',
               'error_code', p_result->'error_code', 'error_message', p_result->'error_message')::text, 'UTF8'));
-  s := awp._settings();
-  v_id := awp._new_id('dsp');
-  v_token := awp._token();
   SELECT x.run_id INTO v_run FROM awp.dispatches x
    WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND x.worker_id = w.worker_id
      AND x.lease_token_hash = awp._hash(p_lease_token);
@@ -359,7 +346,7 @@ BEGIN
   IF coalesce(current_setting('awp.log_state', true), '') <> '' THEN
     PERFORM awp._log_flush();   -- an earlier item of this transaction (complete_and_claim_many): its rows first
   END IF;
-  SELECT x.revision, x.revision_xid, x.last_sequence INTO r FROM awp.runs x
+  PERFORM 1 FROM awp.runs x
    WHERE x.run_id = v_run AND x.status = 'running' AND x.cancel_requested_at IS NULL AND x.unfinished_tasks > 1
      FOR UPDATE;
   IF NOT FOUND THEN
@@ -379,7 +366,7 @@ BEGIN
     RETURN;
   END IF;
 
-  -- The completion (awp._end_attempt for a success).
+  -- The completion (awp._end_attempt for a success); the task's own row is written by awp._lease_refill.
   UPDATE awp.attempts a
      SET status = 'succeeded', finished_at = v_now, output = p_result->'output',
          error_code = p_result->>'error_code', error_message = p_result->>'error_message', counted = true
@@ -400,105 +387,18 @@ BEGIN
       RETURNING y.task_key, y.status, y.ordinal
     )
     SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_ready FROM u WHERE u.status = 'ready';
-    IF v_ready IS NOT NULL THEN
-      e_type := e_type || array_fill('task'::text, ARRAY[cardinality(v_ready)]);
-      e_key := e_key || v_ready;
-      e_from := e_from || array_fill('waiting_dependencies'::text, ARRAY[cardinality(v_ready)]);
-      e_to := e_to || array_fill('ready'::text, ARRAY[cardinality(v_ready)]);
-      e_why := e_why || array_fill('dependencies succeeded'::text, ARRAY[cardinality(v_ready)]);
-    END IF;
+    v_n := coalesce(cardinality(v_ready), 0);
+    e_type := e_type || array_fill('task'::text, ARRAY[v_n]);
+    e_key := e_key || coalesce(v_ready, '{}');
+    e_from := e_from || array_fill('waiting_dependencies'::text, ARRAY[v_n]);
+    e_to := e_to || array_fill('ready'::text, ARRAY[v_n]);
+    e_why := e_why || array_fill('dependencies succeeded'::text, ARRAY[v_n]);
   END IF;
 
-  -- The refill leased to this worker (awp._lease_refill), unless a pending dispatch waits to be claimed.
-  IF NOT EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (w.executor_kinds)) THEN
-    FOR v_next IN SELECT f.run_id FROM awp._fairness_order(w.executor_kinds) f LOOP
-      CONTINUE WHEN v_next <> v_run AND NOT awp._try_run(v_next);
-      SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input, x.revision, x.revision_xid,
-             x.last_sequence INTO n
-        FROM awp.runs x
-       WHERE x.run_id = v_next AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
-      CONTINUE WHEN NOT FOUND   -- the completed task still counts as running (its row is written below)
-                 OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_next AND y.status IN ('queued', 'running'))
-                    - CASE WHEN v_next = v_run THEN 1 ELSE 0 END >= n.concurrency;
-      SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on INTO t
-        FROM awp.tasks y
-       WHERE y.run_id = v_next AND y.status = 'ready' AND y.executor = ANY (w.executor_kinds)
-       ORDER BY y.ordinal LIMIT 1
-         FOR UPDATE;
-      CONTINUE WHEN NOT FOUND;
-      PERFORM awp._claim_is_alive(w, s, v_now);
-      v_att := t.attempts + 1;
-      SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
-      INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id,
-                                  lease_token_hash, attempt, fencing_token, leased_at, lease_expires_at,
-                                  attempt_deadline, claim_seq)
-      VALUES (v_id, v_next, t.task_key, t.executor, v_now, 'leased', w.worker_id, awp._hash(v_token), v_att, v_fence,
-              v_now, v_exp, v_dl, p_claim_seq);
-      INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
-      VALUES (v_next, t.task_key, v_att, v_id, w.worker_id, v_fence, v_now, v_dl);
-      f_type := CASE WHEN n.status = 'pending' THEN '{run}'::text[] ELSE '{}' END || '{task,dispatch,dispatch,task,attempt}'::text[];
-      f_key := CASE WHEN n.status = 'pending' THEN ARRAY[v_next] ELSE '{}' END
-               || ARRAY[t.task_key, v_id, v_id, t.task_key, t.task_key || '#' || v_att];
-      f_from := CASE WHEN n.status = 'pending' THEN '{pending}'::text[] ELSE '{}' END || '{ready,NULL,pending,queued,NULL}'::text[];
-      f_to := CASE WHEN n.status = 'pending' THEN '{running}'::text[] ELSE '{}' END || '{queued,pending,leased,running,running}'::text[];
-      f_why := CASE WHEN n.status = 'pending' THEN '{"first dispatch"}'::text[] ELSE '{}' END
-               || ARRAY['dispatch created', 'dispatch created', 'claimed by ' || w.worker_id,
-                        'attempt ' || v_att || ' started', 'claimed by ' || w.worker_id];
-      v_key := t.task_key;
-      EXIT;
-    END LOOP;
-  END IF;
-  -- The completed task succeeds and the refilled one runs: one UPDATE for both rows (each write statement
-  -- re-reads the table's CHECK constraints, so fewer statements cost less).
-  UPDATE awp.tasks y
-     SET status = v.status, attempts = coalesce(v.attempts, y.attempts), updated_at = v_now, ready_at = NULL,
-         finished_at = CASE WHEN v.status = 'succeeded' THEN v_now END
-    FROM (VALUES (v_run, d.task_key, 'succeeded', NULL::integer), (v_next, v_key, 'running', v_att))
-         AS v(run_id, task_key, status, attempts)
-   WHERE y.run_id = v.run_id AND y.task_key = v.task_key;
-
-  -- Each run's row once and its events in one INSERT: the revision is bumped once per transaction
-  -- (runs.revision_xid), the sequences go on from the run's last one (as awp._append_events and awp._log_flush).
-  v_xid := pg_current_xact_id();
-  IF v_key IS NOT NULL AND v_next = v_run THEN
-    e_type := e_type || f_type; e_key := e_key || f_key; e_from := e_from || f_from; e_to := e_to || f_to; e_why := e_why || f_why;
-  END IF;
-  UPDATE awp.runs x
-     SET revision = CASE WHEN r.revision_xid = v_xid THEN r.revision ELSE r.revision + 1 END, revision_xid = v_xid,
-         last_sequence = r.last_sequence + cardinality(e_key), unfinished_tasks = x.unfinished_tasks - 1,
-         last_dispatch_seq = CASE WHEN v_key IS NOT NULL AND v_next = v_run THEN nextval('awp.dispatch_order_seq')
-                                  ELSE x.last_dispatch_seq END
-   WHERE x.run_id = v_run;
-  INSERT INTO awp.events (run_id, sequence, revision, entity_type, entity_key, from_status, to_status, reason, occurred_at)
-  SELECT v_run, r.last_sequence + u.o, CASE WHEN r.revision_xid = v_xid THEN r.revision ELSE r.revision + 1 END,
-         u.t, u.k, u.f, u.s, u.r, v_now
-    FROM unnest(e_type, e_key, e_from, e_to, e_why) WITH ORDINALITY AS u(t, k, f, s, r, o);
-  IF v_key IS NOT NULL AND v_next <> v_run THEN
-    UPDATE awp.runs x
-       SET revision = CASE WHEN n.revision_xid = v_xid THEN n.revision ELSE n.revision + 1 END, revision_xid = v_xid,
-           last_sequence = n.last_sequence + cardinality(f_key), last_dispatch_seq = nextval('awp.dispatch_order_seq'),
-           status = 'running', started_at = coalesce(x.started_at, v_now)
-     WHERE x.run_id = v_next;
-    INSERT INTO awp.events (run_id, sequence, revision, entity_type, entity_key, from_status, to_status, reason, occurred_at)
-    SELECT v_next, n.last_sequence + u.o, CASE WHEN n.revision_xid = v_xid THEN n.revision ELSE n.revision + 1 END,
-           u.t, u.k, u.f, u.s, u.r, v_now
-      FROM unnest(f_type, f_key, f_from, f_to, f_why) WITH ORDINALITY AS u(t, k, f, s, r, o);
-  END IF;
-  outcome := 'completed';
-  IF v_key IS NULL THEN
-    RETURN;
-  END IF;
-
-  v_up := CASE WHEN cardinality(t.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(v_next, t.depends_on) END;
-  IF cardinality(t.depends_on) > 8 AND octet_length(v_up::text) > awp._limit_lease_payload_bytes() THEN
-    PERFORM awp._fail_oversize_lease(v_next, t.task_key, v_id, v_att, octet_length(v_up::text));
-    RETURN;   -- as awp._lease_refill: the slot stays free for the caller's claim (or the woken coordinator)
-  END IF;
-  lease := ROW(v_id, v_token, n.workflow_id, n.workflow_version, v_next, t.task_key, t.executor, t.action, t.input,
-               v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence, n.input, v_up)::awp.lease;
-  outcome := 'leased';
+  SELECT * INTO lease FROM awp._lease_refill(w, p_claim_seq, v_now, v_run, d.task_key, e_type, e_key, e_from, e_to, e_why);
+  outcome := CASE WHEN FOUND THEN 'leased' ELSE 'completed' END;
 END $$;
-COMMENT ON FUNCTION awp._complete_and_refill(awp.workers, text, text, jsonb, bigint) IS 'The common case of complete_and_claim in one flat pass (a current success, then the refill leased to the worker); skipped (nothing written) otherwise.';
+COMMENT ON FUNCTION awp._complete_and_refill(awp.workers, text, text, jsonb, bigint) IS 'The hot path of complete_and_claim (a current success, then the refill leased to the worker); skipped (nothing written) otherwise.';
 
 -- awp.complete_and_claim_many(items): several workers' awp.complete_and_claim calls in one transaction (the
 -- gateway groups the claim-on-complete requests of one run that arrive while one of that run's calls is in
