@@ -79,6 +79,29 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._skip_descendants(text, text) IS 'Skips every waiting descendant of a failed task.';
 
+-- awp._unlock_dependants(run, dependants, now): a task of the run succeeded: each of its dependants still waiting
+-- has one dependency less, and those with none left become ready. Returns the keys that became ready, in
+-- definition order (their events are the caller's: waiting_dependencies -> ready, 'dependencies succeeded'), or
+-- NULL. Shared by awp._end_attempt and the hot path (awp._complete_and_refill). Locks: those task rows; the
+-- caller holds the run.
+CREATE OR REPLACE FUNCTION awp._unlock_dependants(p_run_id text, p_dependants text[], p_now timestamptz) RETURNS text[]
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_ready text[];
+BEGIN
+  WITH u AS (
+    UPDATE awp.tasks x
+       SET pending_deps = x.pending_deps - 1,
+           status = CASE WHEN x.pending_deps = 1 THEN 'ready' ELSE x.status END,
+           updated_at = p_now
+     WHERE x.run_id = p_run_id AND x.task_key = ANY (p_dependants) AND x.status = 'waiting_dependencies'
+    RETURNING x.task_key, x.status, x.ordinal
+  )
+  SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_ready FROM u WHERE u.status = 'ready';
+  RETURN v_ready;
+END $$;
+COMMENT ON FUNCTION awp._unlock_dependants(text, text[], timestamptz) IS 'Counts a success against the waiting dependants of a task; returns those that became ready.';
+
 -- awp._end_attempt(run, task, attempt, attempt_status, retryable, output, error_code,
 --                  error_message, reason, counted): settles a running attempt and then its task:
 --   succeeded                 -> task succeeded, dependants whose dependencies all succeeded become ready;
@@ -131,15 +154,7 @@ BEGIN
                              ARRAY['running', t.status], ARRAY[p_attempt_status, v_to], ARRAY[p_reason, p_reason]);
 
   IF v_to = 'succeeded' AND cardinality(t.dependants) > 0 THEN
-    WITH u AS (
-      UPDATE awp.tasks x
-         SET pending_deps = x.pending_deps - 1,
-             status = CASE WHEN x.pending_deps = 1 THEN 'ready' ELSE x.status END,
-             updated_at = v_now
-       WHERE x.run_id = p_run_id AND x.task_key = ANY (t.dependants) AND x.status = 'waiting_dependencies'
-      RETURNING x.task_key, x.status, x.ordinal
-    )
-    SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_ready FROM u WHERE u.status = 'ready';
+    v_ready := awp._unlock_dependants(p_run_id, t.dependants, v_now);
     PERFORM awp._append_events_alike(p_run_id, 'task', v_ready,
                                      array_fill('waiting_dependencies'::text, ARRAY[coalesce(cardinality(v_ready), 0)]),
                                      'ready', 'dependencies succeeded');

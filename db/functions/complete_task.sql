@@ -378,15 +378,7 @@ BEGIN
   e_why := ARRAY['completed by ' || w.worker_id, 'success', 'success'];
   IF cardinality(d.dependants) > 0 THEN
     fan_out := true;
-    WITH u AS (
-      UPDATE awp.tasks y
-         SET pending_deps = y.pending_deps - 1,
-             status = CASE WHEN y.pending_deps = 1 THEN 'ready' ELSE y.status END,
-             updated_at = v_now
-       WHERE y.run_id = v_run AND y.task_key = ANY (d.dependants) AND y.status = 'waiting_dependencies'
-      RETURNING y.task_key, y.status, y.ordinal
-    )
-    SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_ready FROM u WHERE u.status = 'ready';
+    v_ready := awp._unlock_dependants(v_run, d.dependants, v_now);
     v_n := coalesce(cardinality(v_ready), 0);
     e_type := e_type || array_fill('task'::text, ARRAY[v_n]);
     e_key := e_key || coalesce(v_ready, '{}');
