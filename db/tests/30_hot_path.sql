@@ -4,7 +4,7 @@
 -- events in the same order, one revision per transaction, and refuse what that path refuses.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(39);
+SELECT plan(47);
 
 SELECT tests.freeze('2026-01-01 00:00:00+00');
 -- a and b first; c and d depend on a; e is independent. Concurrency 2.
@@ -172,6 +172,34 @@ SELECT is((SELECT array_agg(coalesce(m.error->>'sqlstate', 'ok') || ':' || coale
 SELECT is(tests.task_statuses(:'srun'), '{s1=failed,s2=succeeded,s3=running}'::text[], 'the task states (s1 had one attempt)');
 SELECT is(tests.rev(:'srun'), :srev::bigint + 1, 'one revision for the transaction');
 SELECT ok(tests.sequences_contiguous(:'srun'), 'sequences stay contiguous');
+SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold');
+
+-- 7. A refill over the lease payload limit: the hot path completes, then the fan-in it would lease fails at once
+--    (lease_payload_too_large), as awp._lease_refill does on the general path; the run settles, failed.
+SELECT tests.make_run('wide', (SELECT jsonb_agg(tests.task('p' || i)) FROM generate_series(1, 18) i)
+                              || jsonb_build_array(tests.task('join', (SELECT array_agg('p' || i) FROM generate_series(1, 18) i))),
+                      50) AS wrun \gset
+SELECT * FROM tests.register_worker('w4', '{mock}', 18) \gset w4_
+SELECT tests.dispatch_all();
+INSERT INTO held SELECT :'w4_worker_id', :'w4_token', c.dispatch_id, c.lease_token, c.task_key, c.run_id, c.lease_expires_at
+  FROM awp.claim_tasks(:'w4_worker_id', :'w4_token', 18) c;
+SELECT is((SELECT count(*) FROM held WHERE run_id = :'wrun'), 18::bigint, 'setup: the 18 fan-out tasks are leased');
+SELECT ok(bool_and(awp.complete_task(h.worker_id, h.token, h.dispatch_id, h.lease_token,
+                                     jsonb_build_object('kind', 'success', 'output', jsonb_build_object('blob', repeat('y', 60000))))),
+          'setup: 17 of them complete with 60 kB each')
+  FROM held h WHERE h.run_id = :'wrun' AND h.task_key <> 'p18';
+SELECT * FROM held WHERE run_id = :'wrun' AND task_key = 'p18' \gset p18_
+SELECT tests.end_tx();
+SELECT tests.rev(:'wrun') AS wrev \gset
+SELECT is((SELECT count(*) FROM awp.complete_and_claim(:'p18_worker_id', :'p18_token', :'p18_dispatch_id', :'p18_lease_token',
+                                                        jsonb_build_object('kind', 'success', 'output', jsonb_build_object('blob', repeat('y', 60000))), 1)),
+          0::bigint, 'the last fan-out task completes; the fan-in is not handed out');
+SELECT results_eq(format($$SELECT status, error_code FROM awp.task_attempts(%L, 'join')$$, :'wrun'),
+                  $$VALUES ('failed'::text, 'lease_payload_too_large'::text)$$, 'its attempt failed with lease_payload_too_large');
+SELECT is(ARRAY[tests.run_status(:'wrun'), tests.task_status(:'wrun', 'p18')], '{failed,succeeded}'::text[],
+          'p18 succeeded and the run failed');
+SELECT is(tests.rev(:'wrun'), :wrev::bigint + 1, 'one revision for the call');
+SELECT ok(tests.sequences_contiguous(:'wrun'), 'sequences stay contiguous');
 SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold');
 
 SELECT * FROM finish();
