@@ -516,18 +516,26 @@ class Worker:
             _deadline_fn=lambda: ex.deadline,
         )
         work = asyncio.create_task(executor.execute(ctx.action, lease.get("input"), ctx))
-        aborted = asyncio.create_task(ex.aborted.wait())
+        aborted: asyncio.Task[Any] | None = None
         try:
+            # A handler that returns without waiting is done after one turn of the loop: then no watcher is needed
+            # (one task and one asyncio.wait less per lease); otherwise watch for the deadline and an abort.
+            await asyncio.sleep(0)
             while True:
                 remaining = ex.deadline - time.monotonic()
                 if remaining <= 0:
                     ex.abort("local safety deadline passed")
                     break
+                if work.done() or ex.aborted.is_set():
+                    break
+                if aborted is None:
+                    aborted = asyncio.create_task(ex.aborted.wait())
                 done, _ = await asyncio.wait({work, aborted}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                 if work in done or aborted in done:
                     break
         finally:
-            aborted.cancel()
+            if aborted is not None:
+                aborted.cancel()
             if not work.done():
                 work.cancel()
                 await asyncio.wait({work}, timeout=HUNG_GRACE_S)
