@@ -320,21 +320,22 @@ BEGIN
            AS v(run_id, task_key, status, attempts)
      WHERE y.run_id = v.run_id AND y.task_key = v.task_key;
   END IF;
-  IF p_run IS NOT NULL THEN
-    IF v_run = p_run AND v_key IS NOT NULL THEN
-      PERFORM awp._write_log(p_run, p_types || f_type, p_keys || f_key, p_from || f_from, p_to || f_to,
-                             p_reasons || f_why, CASE WHEN p_succeeded_task IS NOT NULL THEN -1 ELSE 0 END, true, v_now);
-      v_key := NULL;   -- written
-    ELSE
+  -- Each run's row and events once: the completed run's (with the refill's when it went to the same run), then
+  -- the refilled run's when it is another one.
+  IF p_run IS NOT NULL AND v_key IS NOT NULL AND v_run = p_run THEN
+    PERFORM awp._write_log(p_run, p_types || f_type, p_keys || f_key, p_from || f_from, p_to || f_to,
+                           p_reasons || f_why, CASE WHEN p_succeeded_task IS NOT NULL THEN -1 ELSE 0 END, true, v_now);
+  ELSE
+    IF p_run IS NOT NULL THEN
       PERFORM awp._write_log(p_run, p_types, p_keys, p_from, p_to, p_reasons,
                              CASE WHEN p_succeeded_task IS NOT NULL THEN -1 ELSE 0 END, false, v_now);
     END IF;
+    IF v_key IS NOT NULL THEN
+      PERFORM awp._write_log(v_run, f_type, f_key, f_from, f_to, f_why, 0, true, v_now);
+    END IF;
   END IF;
-  IF v_id IS NULL THEN
+  IF v_key IS NULL THEN
     RETURN;
-  END IF;
-  IF v_key IS NOT NULL THEN
-    PERFORM awp._write_log(v_run, f_type, f_key, f_from, f_to, f_why, 0, true, v_now);
   END IF;
   v_up := CASE WHEN cardinality(t.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(v_run, t.depends_on) END;
   IF cardinality(t.depends_on) > 8 AND octet_length(v_up::text) > awp._limit_lease_payload_bytes() THEN
