@@ -1,4 +1,4 @@
--- The hot path of claim on complete (awp._complete_and_refill, docs/performance.md): a success whose lease is
+-- The hot path of claim on complete (awp._complete_and_refill, docs/protocol.md): a success whose lease is
 -- current, in a run that goes on, is settled in one flat pass, with the checks folded into its writes. It must
 -- write what the general path writes (awp._complete_task, then awp._lease_refill): the same rows, the same
 -- events in the same order, one revision per transaction, and refuse what that path refuses.
@@ -23,7 +23,8 @@ SELECT pg_temp.claim(:'w1_worker_id', :'w1_token');
 SELECT pg_temp.claim(:'w2_worker_id', :'w2_token');
 SELECT * FROM held WHERE task_key = 'a' \gset a_
 SELECT * FROM held WHERE task_key = 'b' \gset b_
-SELECT is(ARRAY(SELECT x FROM unnest(ARRAY[:'a_worker_id', :'b_worker_id']) x ORDER BY 1), ARRAY(SELECT x FROM unnest(ARRAY[:'w1_worker_id', :'w2_worker_id']) x ORDER BY 1), 'each worker holds one of a and b');
+SELECT is(ARRAY(SELECT x FROM unnest(ARRAY[:'a_worker_id', :'b_worker_id']) x ORDER BY 1),
+          ARRAY(SELECT x FROM unnest(ARRAY[:'w1_worker_id', :'w2_worker_id']) x ORDER BY 1), 'each worker holds one of a and b');
 SELECT tests.end_tx();
 
 -- 1. A success that unlocks dependants: the completion, the dependants made ready, then the refill leased.
