@@ -234,8 +234,9 @@ COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases
 -- no pending dispatch of the worker's kinds waits to be claimed (claims take the oldest first; otherwise the
 -- caller refills and claims as before). Returns the lease (at most one row); none when nothing could be refilled.
 -- The hot path (awp._complete_and_refill) also passes the writes of its completion that this call finishes:
--- `run`, whose `succeeded_task` succeeded (written here with the refilled task, one UPDATE) and the events of
--- that completion (parallel arrays as awp._append_events). Each run touched is then written once with its
+-- `run` and its `succeeded_task` (always both: the task's row is written here with the refilled task's, one
+-- UPDATE, and the run has one unfinished task less) and the events of that completion (parallel arrays as
+-- awp._append_events). Each run touched is then written once with its
 -- events (awp._write_log). The general path (after awp._complete_task) passes the worker and claim_seq alone.
 -- Locks: as awp._refill_slot (runs without waiting: awp._try_run, then the task row), then as awp._claim.
 CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint, p_now timestamptz DEFAULT NULL,
@@ -274,9 +275,9 @@ BEGIN
       CONTINUE WHEN NOT awp._try_run(v_run);
       SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input INTO r FROM awp.runs x
        WHERE x.run_id = v_run AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
-      CONTINUE WHEN NOT FOUND   -- a task that succeeded in this call but is not written yet counts out
+      CONTINUE WHEN NOT FOUND   -- the task that succeeded in this call is not written yet: it counts out
                  OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_run AND y.status IN ('queued', 'running'))
-                    - CASE WHEN v_run = p_run AND p_succeeded_task IS NOT NULL THEN 1 ELSE 0 END >= r.concurrency;
+                    - CASE WHEN v_run = p_run THEN 1 ELSE 0 END >= r.concurrency;
       SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on INTO t
         FROM awp.tasks y
        WHERE y.run_id = v_run AND y.status = 'ready' AND y.executor = ANY (w.executor_kinds)
@@ -322,13 +323,12 @@ BEGIN
   END IF;
   -- Each run's row and events once: the completed run's (with the refill's when it went to the same run), then
   -- the refilled run's when it is another one.
-  IF p_run IS NOT NULL AND v_key IS NOT NULL AND v_run = p_run THEN
+  IF v_key IS NOT NULL AND v_run = p_run THEN
     PERFORM awp._write_log(p_run, p_types || f_type, p_keys || f_key, p_from || f_from, p_to || f_to,
-                           p_reasons || f_why, CASE WHEN p_succeeded_task IS NOT NULL THEN -1 ELSE 0 END, true, v_now);
+                           p_reasons || f_why, -1, true, v_now);
   ELSE
     IF p_run IS NOT NULL THEN
-      PERFORM awp._write_log(p_run, p_types, p_keys, p_from, p_to, p_reasons,
-                             CASE WHEN p_succeeded_task IS NOT NULL THEN -1 ELSE 0 END, false, v_now);
+      PERFORM awp._write_log(p_run, p_types, p_keys, p_from, p_to, p_reasons, -1, false, v_now);
     END IF;
     IF v_key IS NOT NULL THEN
       PERFORM awp._write_log(v_run, f_type, f_key, f_from, f_to, f_why, 0, true, v_now);
@@ -377,9 +377,8 @@ DECLARE
 BEGIN
   UPDATE awp.dispatches d
      SET status = 'completed', finished_at = awp._now(),
-         result_hash = sha256(convert_to(jsonb_build_object(
-           'kind', 'permanent_failure', 'output', NULL, 'error_code', 'lease_payload_too_large',
-           'error_message', v_msg)::text, 'UTF8'))
+         result_hash = awp._result_hash(jsonb_build_object('kind', 'permanent_failure',
+                                                           'error_code', 'lease_payload_too_large', 'error_message', v_msg))
    WHERE d.dispatch_id = p_dispatch_id;
   PERFORM awp._append_event(p_run_id, 'dispatch', p_dispatch_id, 'leased', 'completed', 'upstream over the lease payload limit');
   PERFORM awp._end_attempt(p_run_id, p_task_key, p_attempt, 'failed', false, NULL,

@@ -30,9 +30,7 @@ DECLARE
 BEGIN
   PERFORM awp._check_result(p_result);
   v_kind := p_result->>'kind';
-  v_hash := sha256(convert_to(jsonb_build_object(
-              'kind', v_kind, 'output', p_result->'output',
-              'error_code', p_result->'error_code', 'error_message', p_result->'error_message')::text, 'UTF8'));
+  v_hash := awp._result_hash(p_result);
 
   SELECT x.run_id, awp._holds_lease(x, p_worker_id, p_lease_token) INTO v_run_id, v_holds
     FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
@@ -130,6 +128,18 @@ BEGIN
   RETURN v_applied;
 END $$;
 COMMENT ON FUNCTION awp.complete_task(text, text, text, text, jsonb) IS 'Reports a lease''s result (fenced, idempotent): true when applied; AWSES/AWREQ/AWLST/AWCNF.';
+
+-- awp._result_hash(result): the SHA-256 stored as dispatches.result_hash: of the result's kind, output, error_code
+-- and error_message (a missing one as JSON null), so a repeat with the same result is recognised (idempotent
+-- complete) whichever path settled it. The one definition, for awp._complete_task, the hot path
+-- (awp._complete_and_refill) and awp._fail_oversize_lease. Locks: none.
+CREATE OR REPLACE FUNCTION awp._result_hash(p jsonb) RETURNS bytea
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+BEGIN
+  RETURN sha256(convert_to(jsonb_build_object('kind', p->>'kind', 'output', p->'output', 'error_code', p->'error_code',
+                                              'error_message', p->'error_message')::text, 'UTF8'));
+END $$;
+COMMENT ON FUNCTION awp._result_hash(jsonb) IS 'The hash of a result that an idempotent repeat is compared with.';
 
 -- awp._holds_lease(dispatch, worker_id, lease_token): whether the dispatch is leased to this worker with
 -- this lease token (its worker and the SHA-256 of the token). The one ownership test of a completion,
@@ -333,12 +343,9 @@ BEGIN
     RETURN;
   END IF;
   PERFORM awp._check_result(p_result);
-  v_hash := sha256(convert_to(jsonb_build_object(   -- as awp._complete_task (before the run's queue: needs no lock)
-              'kind', 'success', 'output', p_result->'output',
-              'error_code', p_result->'error_code', 'error_message', p_result->'error_message')::text, 'UTF8'));
+  v_hash := awp._result_hash(p_result);   -- before the run's queue: needs no lock
   SELECT x.run_id INTO v_run FROM awp.dispatches x
-   WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND x.worker_id = w.worker_id
-     AND x.lease_token_hash = awp._hash(p_lease_token);
+   WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND awp._holds_lease(x, w.worker_id, p_lease_token);
   IF NOT FOUND THEN
     RETURN;
   END IF;
@@ -355,8 +362,7 @@ BEGIN
   v_now := awp._now();
   UPDATE awp.dispatches x SET status = 'completed', result_hash = v_hash, finished_at = v_now
     FROM awp.attempts a, awp.tasks y
-   WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND x.worker_id = w.worker_id
-     AND x.lease_token_hash = awp._hash(p_lease_token)
+   WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND awp._holds_lease(x, w.worker_id, p_lease_token)
      AND v_now < x.attempt_deadline AND v_now < x.lease_expires_at
      AND a.run_id = x.run_id AND a.task_key = x.task_key AND a.attempt = x.attempt
      AND a.dispatch_id = x.dispatch_id AND a.status = 'running'
