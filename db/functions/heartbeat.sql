@@ -25,6 +25,23 @@
 -- Locks: the worker row, then the renewable, dropped and released dispatches with SKIP LOCKED: a dispatch that
 -- another transaction is settling right now is answered from its committed state without a change (the
 -- next heartbeat renews, marks or releases it), so a heartbeat never waits behind the reaper or a cancellation.
+-- A heartbeat waits for its worker's row with twice the session's lock_timeout (awp._outwait_completion): the
+-- longest holder of that row that is itself waiting is a completion of this worker at the head of a stuck
+-- run's queue, which gives up after one lock_timeout (docs/architecture.md, Lock order); the heartbeat is then
+-- answered after it instead of timing out with it.
+-- awp._outwait_completion(): for the rest of this transaction, lock_timeout doubled (unless it is 0, no
+-- limit). Locks: none.
+CREATE OR REPLACE FUNCTION awp._outwait_completion() RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+DECLARE
+  v_ms bigint := (extract(epoch FROM current_setting('lock_timeout')::interval) * 1000)::bigint;
+BEGIN
+  IF v_ms > 0 THEN
+    PERFORM set_config('lock_timeout', (2 * v_ms)::text, true);
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._outwait_completion() IS 'Doubles lock_timeout for this transaction (a heartbeat outwaits its worker''s completion queued on a stuck run).';
+
 -- awp._check_lease_refs(refs, name): AWREQ (naming the heartbeat argument `name`) unless refs is an array of at
 -- most awp._limit_heartbeat_list() {"dispatch_id": string, "lease_token": string} objects. Locks: none.
 CREATE OR REPLACE FUNCTION awp._check_lease_refs(p_refs jsonb, p_name text) RETURNS void
@@ -51,7 +68,7 @@ RETURNS TABLE (dispatch_id text, status text, lease_remaining_ms bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
 #variable_conflict use_column
 DECLARE
-  w      awp.workers := awp._session(p_worker_id, p_session_token, true);
+  w      awp.workers;
   s      awp.settings := awp._settings();
   v_now  timestamptz := awp._now();
   -- An outage (for a worker that takes part in lease recovery): no coordinator pass for longer than a heartbeat
@@ -62,6 +79,8 @@ DECLARE
   v_ended integer := 0;
   v_n    integer;
 BEGIN
+  PERFORM awp._outwait_completion();   -- before the worker row's lock (see above)
+  w := awp._session(p_worker_id, p_session_token, true);   -- AWSES first
   p_leases := coalesce(p_leases, '[]'::jsonb);
   p_dropped := coalesce(p_dropped, '[]'::jsonb);
   PERFORM awp._check_lease_refs(p_leases, 'leases');

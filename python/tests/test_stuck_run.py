@@ -111,6 +111,7 @@ class HandWorker:
 class Observed:
     other_beats: list[tuple[float, int]] = field(default_factory=list)  # (seconds, status)
     stuck_beats: list[tuple[float, int]] = field(default_factory=list)  # the stuck run's worker's own
+    refused_beats: list[str] = field(default_factory=list)  # the body of each heartbeat not answered 200
     completes: list[tuple[float, httpx.Response]] = field(default_factory=list)
     other_complete: tuple[float, httpx.Response] | None = None
     readiness: list[dict[str, Any]] = field(default_factory=list)
@@ -161,10 +162,14 @@ def pile_up(gw: ServeProcess, db_dsn: str, name: str, hold_sql: str) -> Observed
         other = threading.Thread(target=other_complete, daemon=True)
         other.start()
         while time.monotonic() < started + 30:
-            took, r = timed(other_worker.heartbeat, [other_lease])
-            seen.other_beats.append((took, r.status_code))
-            took, r = timed(stuck_worker.heartbeat, stuck_leases)
-            seen.stuck_beats.append((took, r.status_code))
+            for beats, hand, leases in (
+                (seen.other_beats, other_worker, [other_lease]),
+                (seen.stuck_beats, stuck_worker, stuck_leases),
+            ):
+                took, r = timed(hand.heartbeat, leases)
+                beats.append((took, r.status_code))
+                if r.status_code != 200:
+                    seen.refused_beats.append(f"{ms(took)} {r.status_code} {r.text}")
             if len(seen.readiness) < 3:
                 ready = httpx.get(gw.url("/health/ready"), timeout=10)
                 seen.readiness.append({"http": ready.status_code, **ready.json()})
@@ -193,7 +198,9 @@ def pile_up(gw: ServeProcess, db_dsn: str, name: str, hold_sql: str) -> Observed
     )
 
     # Heartbeats never queued behind the pile.
-    assert all(status == 200 for _, status in seen.other_beats + seen.stuck_beats), (seen.other_beats, seen.stuck_beats)
+    # The stuck run's own worker's too: the heartbeat outwaits its completion at the head of the run's queue
+    # (awp._outwait_completion) instead of timing out with it.
+    assert not seen.refused_beats, seen.refused_beats
     assert max(beats) < 1.0, f"a heartbeat took {ms(max(beats))} while another run was stuck"
     # The stuck run's own worker: its completions that lock its row (complete_and_claim, completions) queue for
     # the run before they take that row, so its heartbeats wait at most for the one at the head of the queue
@@ -316,6 +323,57 @@ def test_a_wrong_lease_token_is_refused_without_waiting_for_the_run(db_dsn: str)
         answer = one(c, "SELECT awp.complete_tasks(%s, %s, %s, 0)", [*worker, items])[0]
         assert answer["results"][0]["error"]["sqlstate"] == "AWLST" and time.monotonic() - t0 < 2.0, answer
         holder.execute("ROLLBACK")
+
+
+def test_a_heartbeat_outwaits_its_worker_completion_queued_on_a_held_run(db_dsn: str) -> None:
+    """While another session holds a run's row, a completion of that run that also claims holds its worker's
+    row and waits (up to lock_timeout) for the run's. The worker's heartbeat waits for its worker's row with
+    twice its own lock_timeout (awp._outwait_completion): with a lock_timeout shorter than the completion's it
+    is still answered, after the completion gave up, instead of timing out first. Equal timeouts (the gateway)
+    race without it: the CI once saw such a heartbeat answered 503."""
+    with (
+        psycopg.connect(db_dsn, autocommit=True) as c,
+        psycopg.connect(db_dsn, autocommit=True) as holder,
+        psycopg.connect(db_dsn, autocommit=True) as completer,
+    ):
+        run_id = _one_task_run(c, "heartbeat-outwaits")
+        worker = _session(c)
+        c.execute("SELECT awp.coordinator_tick()")
+        lease = one(c, "SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 1)", list(worker))
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM awp.runs WHERE run_id = %s FOR UPDATE", [run_id])
+        completer.execute("SET lock_timeout = '2s'")
+        pid = completer.info.backend_pid
+        success = '{"kind": "success"}'
+        call = in_thread(
+            lambda: timed(
+                lambda: completer.execute(
+                    "SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1)", [*worker, *lease, success]
+                ).fetchall()
+            )
+        )
+        blockers = wait_blocked(c, pid, call)
+        assert blockers == [holder.info.backend_pid], blockers
+        c.execute("SET lock_timeout = '1500ms'")  # shorter than the completion's: alone it would give up first
+        try:
+            took, answer = timed(
+                lambda: c.execute(
+                    "SELECT status FROM awp.heartbeat(%s, %s, %s)",
+                    [*worker, json.dumps([{"dispatch_id": lease[0], "lease_token": lease[1]}])],
+                ).fetchall()
+            )
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                call.result(10)
+        finally:
+            holder.execute("ROLLBACK")
+            call.thread.join(10)
+        print(f"\nheartbeat behind its worker's completion queued on a held run: answered after {ms(took)}")
+        assert answer == [("renewed",)], answer
+        assert 1.0 < took < 5.0, took  # it waited for the completion to give up, and no longer
+        assert one(c, "SELECT current_setting('lock_timeout')")[0] == "1500ms"  # only that transaction's
+        # The completion, sent again, applies (the run's only task: the run succeeds).
+        c.execute("SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1)", [*worker, *lease, success])
+        assert one(c, "SELECT status FROM awp.runs WHERE run_id = %s", [run_id])[0] == "succeeded"
 
 
 def test_a_claim_gives_up_a_stuck_run_and_frees_its_worker(db_dsn: str) -> None:
