@@ -162,12 +162,12 @@ def pile_up(gw: ServeProcess, db_dsn: str, name: str, hold_sql: str) -> Observed
         other = threading.Thread(target=other_complete, daemon=True)
         other.start()
         while time.monotonic() < started + 30:
-            for beats, hand, leases in (
+            for log, hand, leases in (
                 (seen.other_beats, other_worker, [other_lease]),
                 (seen.stuck_beats, stuck_worker, stuck_leases),
             ):
                 took, r = timed(hand.heartbeat, leases)
-                beats.append((took, r.status_code))
+                log.append((took, r.status_code))
                 if r.status_code != 200:
                     seen.refused_beats.append(f"{ms(took)} {r.status_code} {r.text}")
             if len(seen.readiness) < 3:
