@@ -30,14 +30,19 @@
 -- run's queue, which gives up after one lock_timeout (docs/architecture.md, Lock order); the heartbeat is then
 -- answered after it instead of timing out with it.
 -- awp._outwait_completion(): for the rest of this transaction, lock_timeout doubled (unless it is 0, no
--- limit). Locks: none.
+-- limit; at most the largest value PostgreSQL takes). Once per transaction: a further call (several heartbeats
+-- in one transaction) leaves the doubled value as it is, unless the caller has set another one meanwhile
+-- (awp.outwait_set keeps the value this set). Locks: none.
 CREATE OR REPLACE FUNCTION awp._outwait_completion() RETURNS void
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
-  v_ms bigint := (extract(epoch FROM current_setting('lock_timeout')::interval) * 1000)::bigint;
+  v_ms  bigint := (extract(epoch FROM current_setting('lock_timeout')::interval) * 1000)::bigint;
+  v_set text := current_setting('awp.outwait_set', true);
 BEGIN
-  IF v_ms > 0 THEN
-    PERFORM set_config('lock_timeout', (2 * v_ms)::text, true);
+  IF v_ms > 0 AND v_ms::text IS DISTINCT FROM nullif(v_set, '') THEN
+    v_ms := least(2 * v_ms, 2147483647);
+    PERFORM set_config('lock_timeout', v_ms::text, true);
+    PERFORM set_config('awp.outwait_set', v_ms::text, true);
   END IF;
 END $$;
 COMMENT ON FUNCTION awp._outwait_completion() IS 'Doubles lock_timeout for this transaction (a heartbeat outwaits its worker''s completion queued on a stuck run).';

@@ -2,7 +2,7 @@
 -- never renews past the attempt deadline; AWSES first; AWREQ for malformed leases.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(35);
+SELECT plan(40);
 
 SELECT tests.freeze('2030-01-01 00:00:00+00') AS t0 \gset
 SELECT * FROM tests.register_worker('w1', '{mock}', 8) \gset w1_
@@ -116,6 +116,18 @@ SELECT throws_ok(format($$SELECT * FROM awp.heartbeat(%L, %L, %L)$$, :'w1_worker
 SELECT is((SELECT count(*) FROM awp.heartbeat(:'w1_worker_id', :'w1_token',
                         (SELECT jsonb_agg(jsonb_build_object('dispatch_id', 'd' || i, 'lease_token', 't')) FROM generate_series(1, 1024) i))),
           1024::bigint, '1024 leases are answered one by one');
+
+-- A heartbeat waits for its worker's row with twice lock_timeout (awp._outwait_completion), once per transaction.
+SET LOCAL lock_timeout = '2s';
+SELECT lives_ok(format($$SELECT * FROM awp.heartbeat(%L, %L, '[]')$$, :'w1_worker_id', :'w1_token'), 'a heartbeat with lock_timeout 2s');
+SELECT is(current_setting('lock_timeout'), '4s', 'its transaction waits for locks twice as long');
+SELECT is((SELECT count(*) FROM generate_series(1, 25) i,   -- i in the argument: one call per row
+                   LATERAL awp.heartbeat(:'w1_worker_id', :'w1_token', CASE WHEN i > 0 THEN '[]'::jsonb END)), 0::bigint,
+          '25 more heartbeats in the same transaction');
+SELECT is(current_setting('lock_timeout'), '4s', 'doubled once, not once per heartbeat');
+SET LOCAL lock_timeout = 0;
+SELECT * FROM awp.heartbeat(:'w1_worker_id', :'w1_token', '[]');
+SELECT is(current_setting('lock_timeout'), '0', 'no limit stays no limit');
 
 SELECT * FROM finish();
 ROLLBACK;
