@@ -28,7 +28,8 @@
 -- A heartbeat waits for its worker's row with twice the session's lock_timeout (awp._outwait_completion): the
 -- longest holder of that row that is itself waiting is a completion of this worker at the head of a stuck
 -- run's queue, which gives up after one lock_timeout (docs/architecture.md, Lock order); the heartbeat is then
--- answered after it instead of timing out with it.
+-- answered after it instead of timing out with it (or after the next one, when that takes the freed row first:
+-- docs/operations.md, Timeouts and pools).
 -- awp._outwait_completion(): for the rest of this transaction, lock_timeout doubled (unless it is 0, no
 -- limit; at most the largest value PostgreSQL takes). Once per transaction: a further call (several heartbeats
 -- in one transaction) leaves the doubled value as it is, unless the caller has set another one meanwhile
