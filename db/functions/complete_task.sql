@@ -398,6 +398,291 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._complete_and_refill(awp.workers, text, text, jsonb, bigint) IS 'The hot path of complete_and_claim (a current success, then the refill leased to the worker); skipped (nothing written) otherwise.';
 
+-- awp._task_rows(run, keys), awp._attempt_rows(run, keys, attempts), awp._dispatch_rows(ids): the current row
+-- versions (ctid) of these rows, by one primary-key probe per key (LIMIT 1 keeps it a probe). For the group
+-- path's writes of a few known rows of one run, whose lock the caller holds: WHERE ctid = ANY (f(...)) is a TID
+-- scan whatever the statistics say, where key = ANY (keys) was planned as a scan of the whole run (measured: every
+-- task of a 1,000-task run filtered per statement) and a join of unnest(keys) as a hash join. PL/pgSQL, not SQL:
+-- a SQL function that is not inlined plans its body again in every statement that calls it. Locks: none.
+CREATE OR REPLACE FUNCTION awp._task_rows(p_run_id text, p_keys text[]) RETURNS tid[]
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+BEGIN
+  RETURN ARRAY(SELECT p.ctid FROM unnest(p_keys) AS u(task_key)
+               CROSS JOIN LATERAL (SELECT x.ctid FROM awp.tasks x
+                                    WHERE x.run_id = p_run_id AND x.task_key = u.task_key LIMIT 1) p);
+END $$;
+COMMENT ON FUNCTION awp._task_rows(text, text[]) IS 'The row versions (ctid) of some tasks of a run, by primary-key probes.';
+
+CREATE OR REPLACE FUNCTION awp._attempt_rows(p_run_id text, p_keys text[], p_attempts integer[]) RETURNS tid[]
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+BEGIN
+  RETURN ARRAY(SELECT p.ctid FROM unnest(p_keys, p_attempts) AS u(task_key, attempt)
+               CROSS JOIN LATERAL (SELECT x.ctid FROM awp.attempts x
+                                    WHERE x.run_id = p_run_id AND x.task_key = u.task_key AND x.attempt = u.attempt
+                                    LIMIT 1) p);
+END $$;
+COMMENT ON FUNCTION awp._attempt_rows(text, text[], integer[]) IS 'The row versions (ctid) of some attempts of a run, by primary-key probes.';
+
+CREATE OR REPLACE FUNCTION awp._dispatch_rows(p_ids text[]) RETURNS tid[]
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+BEGIN
+  RETURN ARRAY(SELECT p.ctid FROM unnest(p_ids) AS u(dispatch_id)
+               CROSS JOIN LATERAL (SELECT x.ctid FROM awp.dispatches x WHERE x.dispatch_id = u.dispatch_id LIMIT 1) p);
+END $$;
+COMMENT ON FUNCTION awp._dispatch_rows(text[]) IS 'The row versions (ctid) of some dispatches, by primary-key probes.';
+
+-- awp._first_ready(run, kinds, except): the task a refill of the run takes for a worker of these executor kinds:
+-- its first ready task in definition order, other than those in `except` (refilled earlier in the same group),
+-- locked FOR UPDATE; all fields NULL when there is none. For awp._complete_and_refill_group.
+-- enable_sort = off: see awp._dispatch_one (only here: a plan that sorts under it costs more than jit_above_cost
+-- and is compiled on every call).
+CREATE OR REPLACE FUNCTION awp._first_ready(p_run_id text, p_kinds text[], p_except text[],
+                                            OUT task_key text, OUT executor text, OUT action text, OUT input jsonb,
+                                            OUT attempts integer, OUT timeout_ms integer, OUT depends_on text[])
+LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$
+BEGIN
+  SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on
+    INTO task_key, executor, action, input, attempts, timeout_ms, depends_on
+    FROM awp.tasks y
+   WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds) AND y.task_key <> ALL (p_except)
+   ORDER BY y.ordinal LIMIT 1
+     FOR UPDATE;
+END $$;
+COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready task of a run for these executor kinds, not in except (locked).';
+
+-- awp._complete_and_refill_group(items): the group path of awp.complete_and_claim_many (AWP issue 11): the common
+-- group, where every item is a hot-path call (awp._complete_and_refill) of a worker asking for one slot back, is
+-- settled set-based: one statement per table for the whole group where the item loop runs one per item (each
+-- write statement costs a fixed part -- executor start, the table's CHECK constraints read again, its
+-- foreign-key checks -- that a group of k items pays once instead of k times).
+-- It writes exactly what the item loop writes, items taken in its order (worker_id, then position): per item the
+-- completion (dispatch completed, attempt and task succeeded), its dependants made ready (awp._unlock_dependants),
+-- then the refill leased straight to the item's worker (awp._lease_refill: the first ready task of the run in
+-- definition order of the worker's kinds, not yet refilled in this group); the events in that order, the run's
+-- row written once (awp._write_log), one revision. It applies only when that sequential outcome is plain:
+--   - at least 2 items, of distinct workers, each with slots 1 (and a valid claim_seq) and a 'success' result,
+--     each for a dispatch its worker holds with that lease token, all of one run;
+--   - each worker active with a valid session; each result valid (AWREQ otherwise, as its own call);
+--   - the run running, no cancel requested, more unfinished tasks than items (none of them is the run's last);
+--   - every refill would go to this run: no pending dispatch of the workers' kinds waits to be claimed, no other
+--     run has a ready task of those kinds, and the run has room (its queued + running tasks <= concurrency);
+--   - every lease current (as the hot path's dispatch UPDATE), every item gets a refill, no lease over the
+--     payload limit.
+-- Otherwise it raises (AWGRP, or the error an item's own call raises): the caller rolls the group back (a
+-- subtransaction) and settles the items one by one, which gives every item its exact answer. AWGRP never
+-- leaves the database. Returns (item position, lease) per item. The caller holds the run's advisory lock.
+-- Locks: the worker rows in worker_id order (awp._session), the run row, the dispatch rows (UPDATE), the
+-- attempt rows, the task rows: the order of the item loop.
+CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb)
+RETURNS TABLE (item integer, lease awp.lease)
+LANGUAGE plpgsql SET search_path = '' SET plan_cache_mode = force_generic_plan AS $$   -- see below
+DECLARE
+  v_n     integer := jsonb_array_length(p_items);
+  v_run   text;
+  v_now   timestamptz;
+  s       awp.settings;
+  r       record;
+  x       record;
+  t       record;
+  w       awp.workers;
+  v_kinds text[] := '{}';
+  v_pos   integer[] := '{}';   -- per item, in the item loop's order: its position in p_items
+  v_wid   text[] := '{}';      --   its worker
+  v_did   text[] := '{}';      --   its dispatch and lease token
+  v_ltok  text[] := '{}';
+  v_hash  bytea[] := '{}';     --   its result hash, output, error code and message
+  v_res   jsonb[] := '{}';
+  v_cseq  bigint[] := '{}';    --   its claim_seq
+  v_wrow  awp.workers[] := '{}';
+  c_key   text[] := '{}';      -- per item (as v_pos): the task completed, its attempt, its dependants
+  c_att   integer[] := '{}';
+  c_deps  text[];              --   its dependants, each text[] as text (an array of arrays must be rectangular)
+  f_key   text[] := '{}';      -- per item: the task refilled (its executor, action and input) and its lease
+  f_exec  text[] := '{}';
+  f_act   text[] := '{}';
+  f_in    jsonb[] := '{}';
+  f_id    text[] := '{}';
+  f_tok   text[] := '{}';
+  f_att   integer[] := '{}';
+  f_dl    timestamptz[] := '{}';
+  f_exp   timestamptz[] := '{}';
+  f_fence bigint[] := '{}';
+  f_up    jsonb[] := '{}';
+  v_ready text[];
+  v_k     integer;
+  v_dl    timestamptz;
+  v_exp   timestamptz;
+  v_fence bigint;
+  v_up    jsonb;
+  e_type  text[] := '{}';
+  e_key   text[] := '{}';
+  e_from  text[] := '{}';
+  e_to    text[] := '{}';
+  e_why   text[] := '{}';
+BEGIN
+  -- The items' shape: checked without locks; anything else is the item loop's.
+  IF v_n < 2 OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e
+                         WHERE NOT awp._int_ok(e->'slots', 1, 1)
+                            OR (jsonb_typeof(e->'claim_seq') <> 'null' AND NOT awp._int_ok(e->'claim_seq', 1, 9223372036854775807))
+                            OR jsonb_typeof(e->'result') IS DISTINCT FROM 'object'
+                            OR e->'result'->>'kind' IS DISTINCT FROM 'success')
+     OR (SELECT count(DISTINCT e->>'worker_id') FROM jsonb_array_elements(p_items) e) <> v_n THEN
+    RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+  END IF;
+  FOR x IN
+    SELECT o::integer AS o, e->>'worker_id' AS worker_id, e->>'session_token' AS session_token,
+           e->>'dispatch_id' AS dispatch_id, e->>'lease_token' AS lease_token, e->'result' AS result,
+           (e->>'claim_seq')::bigint AS claim_seq
+      FROM jsonb_array_elements(p_items) WITH ORDINALITY AS u(e, o)
+     ORDER BY e->>'worker_id', o
+  LOOP
+    w := awp._session(x.worker_id, x.session_token, true);   -- AWSES as its own call
+    IF w.status <> 'active' THEN
+      RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+    END IF;
+    PERFORM awp._check_result(x.result);                      -- AWREQ as its own call
+    SELECT d.run_id, d.task_key, d.attempt INTO t FROM awp.dispatches d
+     WHERE d.dispatch_id = x.dispatch_id AND d.status = 'leased' AND awp._holds_lease(d, x.worker_id, x.lease_token);
+    IF NOT FOUND OR t.run_id IS DISTINCT FROM coalesce(v_run, t.run_id) THEN   -- not held, or another run
+      RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+    END IF;
+    v_run := t.run_id;
+    c_key := c_key || t.task_key;
+    c_att := c_att || t.attempt;
+    v_pos := v_pos || x.o;
+    v_wid := v_wid || x.worker_id;
+    v_did := v_did || x.dispatch_id;
+    v_ltok := v_ltok || x.lease_token;
+    v_hash := v_hash || awp._result_hash(x.result);
+    v_res := v_res || x.result;
+    v_cseq := v_cseq || x.claim_seq;
+    v_wrow := v_wrow || w;
+    v_kinds := v_kinds || w.executor_kinds;
+  END LOOP;
+  SELECT y.concurrency, y.workflow_id, y.workflow_version, y.input INTO r FROM awp.runs y
+   WHERE y.run_id = v_run AND y.status = 'running' AND y.cancel_requested_at IS NULL AND y.unfinished_tasks > v_n
+     FOR UPDATE;
+  IF NOT FOUND
+     OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (v_kinds))
+     OR EXISTS (SELECT 1 FROM awp._fairness_order(v_kinds) f WHERE f.run_id <> v_run)
+     OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_run AND y.status IN ('queued', 'running')) > r.concurrency THEN
+    RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+  END IF;
+
+  -- The completions: the checks of the hot path's dispatch UPDATE (awp._complete_and_refill), split by table so
+  -- that each statement reads its few rows by TID (awp._task_rows): joined, the planner probed the three tables
+  -- through their indexes in its own order, filtering every unfinished task of the run. The statuses are tested
+  -- (and the dispatch's run) with IS NOT DISTINCT FROM, the same for these NOT NULL columns, so that no index on
+  -- them (every running attempt, every dispatch of the run) looks cheaper than the TID scan. A row that fails a check makes a
+  -- count fall short: a lease not current, whose item's own call says why.
+  v_now := awp._now();
+  SELECT array_agg(y.dependants::text ORDER BY array_position(c_key, y.task_key)) INTO c_deps
+    FROM awp.tasks y
+   WHERE y.ctid = ANY (awp._task_rows(v_run, c_key)) AND y.status IS NOT DISTINCT FROM 'running'
+     AND y.attempts = c_att[array_position(c_key, y.task_key)];
+  IF coalesce(cardinality(c_deps), 0) <> v_n THEN
+    RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+  END IF;
+  UPDATE awp.dispatches d SET status = 'completed', result_hash = v_hash[array_position(v_did, d.dispatch_id)],
+                              finished_at = v_now
+   WHERE d.ctid = ANY (awp._dispatch_rows(v_did)) AND d.status IS NOT DISTINCT FROM 'leased'
+     AND awp._holds_lease(d, v_wid[array_position(v_did, d.dispatch_id)], v_ltok[array_position(v_did, d.dispatch_id)])
+     AND v_now < d.attempt_deadline AND v_now < d.lease_expires_at
+     AND d.run_id IS NOT DISTINCT FROM v_run AND d.task_key = c_key[array_position(v_did, d.dispatch_id)]
+     AND d.attempt = c_att[array_position(v_did, d.dispatch_id)];
+  GET DIAGNOSTICS v_k = ROW_COUNT;
+  IF v_k <> v_n THEN
+    RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+  END IF;
+  UPDATE awp.attempts a
+     SET status = 'succeeded', finished_at = v_now, output = v_res[array_position(c_key, a.task_key)]->'output',
+         error_code = v_res[array_position(c_key, a.task_key)]->>'error_code',
+         error_message = v_res[array_position(c_key, a.task_key)]->>'error_message', counted = true
+   WHERE a.ctid = ANY (awp._attempt_rows(v_run, c_key, c_att)) AND a.status IS NOT DISTINCT FROM 'running'
+     AND a.dispatch_id = v_did[array_position(c_key, a.task_key)];
+  GET DIAGNOSTICS v_k = ROW_COUNT;
+  IF v_k <> v_n THEN
+    RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+  END IF;
+
+  -- Per item, in order: its dependants made ready, then its refill (the first ready task not yet refilled).
+  s := awp._settings();
+  FOR v_k IN 1 .. v_n LOOP
+    w := v_wrow[v_k];
+    e_type := e_type || '{dispatch,attempt,task}'::text[];
+    e_key := e_key || ARRAY[v_did[v_k], c_key[v_k] || '#' || c_att[v_k], c_key[v_k]];
+    e_from := e_from || '{leased,running,running}'::text[];
+    e_to := e_to || '{completed,succeeded,succeeded}'::text[];
+    e_why := e_why || ARRAY['completed by ' || w.worker_id, 'success', 'success'];
+    IF c_deps[v_k] <> '{}' THEN
+      v_ready := coalesce(awp._unlock_dependants(v_run, c_deps[v_k]::text[], v_now), '{}');
+      e_type := e_type || array_fill('task'::text, ARRAY[cardinality(v_ready)]);
+      e_key := e_key || v_ready;
+      e_from := e_from || array_fill('waiting_dependencies'::text, ARRAY[cardinality(v_ready)]);
+      e_to := e_to || array_fill('ready'::text, ARRAY[cardinality(v_ready)]);
+      e_why := e_why || array_fill('dependencies succeeded'::text, ARRAY[cardinality(v_ready)]);
+    END IF;
+    t := awp._first_ready(v_run, w.executor_kinds, f_key);
+    IF t.task_key IS NULL THEN
+      RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+    END IF;
+    PERFORM awp._claim_is_alive(w, s, v_now);
+    SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
+    v_up := CASE WHEN cardinality(t.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(v_run, t.depends_on) END;
+    IF cardinality(t.depends_on) > 8 AND octet_length(v_up::text) > awp._limit_lease_payload_bytes() THEN
+      RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+    END IF;
+    f_key := f_key || t.task_key;
+    f_exec := f_exec || t.executor;
+    f_act := f_act || t.action;
+    f_in := f_in || t.input;
+    f_id := f_id || awp._new_id('dsp');
+    f_tok := f_tok || awp._token();
+    f_att := f_att || (t.attempts + 1);
+    f_dl := f_dl || v_dl;
+    f_exp := f_exp || v_exp;
+    f_fence := f_fence || v_fence;
+    f_up := f_up || v_up;
+    e_type := e_type || '{task,dispatch,dispatch,task,attempt}'::text[];
+    e_key := e_key || ARRAY[t.task_key, f_id[v_k], f_id[v_k], t.task_key, t.task_key || '#' || f_att[v_k]];
+    e_from := e_from || '{ready,NULL,pending,queued,NULL}'::text[];
+    e_to := e_to || '{queued,pending,leased,running,running}'::text[];
+    e_why := e_why || ARRAY['dispatch created', 'dispatch created', 'claimed by ' || w.worker_id,
+                            'attempt ' || f_att[v_k] || ' started', 'claimed by ' || w.worker_id];
+  END LOOP;
+
+  -- The refills' rows, then the tasks (completed and refilled: one UPDATE), then the run's row and events once.
+  INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id,
+                              lease_token_hash, attempt, fencing_token, leased_at, lease_expires_at,
+                              attempt_deadline, claim_seq)
+  SELECT u.id, v_run, u.task_key, u.exec, v_now, 'leased', u.worker_id, awp._hash(u.tok), u.att, u.fence,
+         v_now, u.exp, u.dl, u.cseq
+    FROM unnest(f_id, f_key, f_exec, v_wid, f_tok, f_att, f_fence, f_exp, f_dl, v_cseq)
+         AS u(id, task_key, exec, worker_id, tok, att, fence, exp, dl, cseq);
+  INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
+  SELECT v_run, u.task_key, u.att, u.id, u.worker_id, u.fence, v_now, u.dl
+    FROM unnest(f_key, f_att, f_id, v_wid, f_fence, f_dl) AS u(task_key, att, id, worker_id, fence, dl);
+  UPDATE awp.tasks y
+     SET status = CASE WHEN y.task_key = ANY (c_key) THEN 'succeeded' ELSE 'running' END,
+         attempts = CASE WHEN y.task_key = ANY (c_key) THEN y.attempts ELSE f_att[array_position(f_key, y.task_key)] END,
+         updated_at = v_now, ready_at = NULL,
+         finished_at = CASE WHEN y.task_key = ANY (c_key) THEN v_now END
+   WHERE y.ctid = ANY (awp._task_rows(v_run, c_key || f_key));
+  PERFORM awp._write_log(v_run, e_type, e_key, e_from, e_to, e_why, -v_n, true, v_now);
+  FOR v_k IN 1 .. v_n LOOP   -- the coordinator is woken as by each item's own call (awp._complete_and_claim)
+    IF c_deps[v_k] <> '{}' THEN
+      PERFORM awp._wake_for_fan_out(v_run, c_key[v_k], 'success');
+    END IF;
+  END LOOP;
+  RETURN QUERY
+    SELECT v_pos[u.i]::integer,
+           ROW(u.id, u.tok, r.workflow_id, r.workflow_version, v_run, u.task_key, u.exec, u.act, u.inp, u.att,
+               u.dl, u.exp, awp._ms(u.exp - v_now), u.fence, r.input, u.up)::awp.lease
+      FROM unnest(f_id, f_tok, f_key, f_exec, f_act, f_in, f_att, f_dl, f_exp, f_fence, f_up)
+           WITH ORDINALITY AS u(id, tok, task_key, exec, act, inp, att, dl, exp, fence, up, i);
+END $$;
+COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb) IS 'The group path of complete_and_claim_many: a group of hot-path items settled set-based (raises AWGRP when it does not apply).';
+
 -- awp.complete_and_claim_many(items): several workers' awp.complete_and_claim calls in one transaction (the
 -- gateway groups the claim-on-complete requests of one run that arrive while one of that run's calls is in
 -- flight: docs/protocol.md, Refill and claim on complete). `items` is a JSON array of 1-64 objects
@@ -417,6 +702,9 @@ DECLARE
   v_item   record;
   v_run    text;
   v_leases awp.lease[];
+  v_gitems integer[];
+  v_gleases awp.lease[];
+  v_k      integer;
   v_state  text;
   v_msg    text;
   v_detail text;
@@ -447,6 +735,23 @@ BEGIN
   LOOP
     PERFORM pg_advisory_xact_lock(hashtextextended(v_run, 0));
   END LOOP;
+  IF jsonb_array_length(p_items) >= 2 THEN   -- the common group set-based (awp._complete_and_refill_group)
+    BEGIN
+      SELECT array_agg(g.item), array_agg(g.lease) INTO v_gitems, v_gleases FROM awp._complete_and_refill_group(p_items) g;
+    EXCEPTION WHEN SQLSTATE 'AWGRP' OR SQLSTATE 'AWSES' OR SQLSTATE 'AWLST' OR SQLSTATE 'AWCNF' OR SQLSTATE 'AWREQ' THEN
+      v_gitems := NULL;   -- rolled back: the items are settled one by one below, each with its exact answer
+    END;
+    IF v_gitems IS NOT NULL THEN
+      FOR v_k IN 1 .. cardinality(v_gitems) LOOP
+        item := v_gitems[v_k];
+        error := NULL;
+        lease := v_gleases[v_k];
+        RETURN NEXT;
+      END LOOP;
+      PERFORM awp._notify_pending();
+      RETURN;
+    END IF;
+  END IF;
   FOR v_item IN
     SELECT o::integer AS o, e->>'worker_id' AS worker_id, e->>'session_token' AS session_token,
            e->>'dispatch_id' AS dispatch_id, e->>'lease_token' AS lease_token, e->'result' AS result,
@@ -457,10 +762,8 @@ BEGIN
     item := v_item.o;
     error := NULL;
     BEGIN
-      IF (v_item.slots)::numeric <> trunc((v_item.slots)::numeric) OR (v_item.slots)::numeric NOT BETWEEN 0 AND 1000
-         OR (jsonb_typeof(v_item.claim_seq) = 'number'
-             AND ((v_item.claim_seq)::numeric <> trunc((v_item.claim_seq)::numeric)
-                  OR (v_item.claim_seq)::numeric NOT BETWEEN 1 AND 9223372036854775807)) THEN
+      IF NOT awp._int_ok(v_item.slots, 0, 1000)
+         OR (jsonb_typeof(v_item.claim_seq) = 'number' AND NOT awp._int_ok(v_item.claim_seq, 1, 9223372036854775807)) THEN
         PERFORM awp._raise_invalid_request('invalid item', 'slots must be an integer 0-1000, claim_seq an integer >= 1');
       END IF;
       v_leases := ARRAY(SELECT c FROM awp._complete_and_claim(awp._session(v_item.worker_id, v_item.session_token, true),

@@ -1,0 +1,157 @@
+-- The group path of awp.complete_and_claim_many (awp._complete_and_refill_group, AWP issue 11): a group of
+-- hot-path items is settled set-based, and must write what the item loop writes, items in its order (worker_id,
+-- then position): the same rows, the same events in the same order with the same reasons, one revision. The
+-- reference is the same run shape settled by one awp.complete_and_claim per worker in that order.
+-- When the group path does not apply, nothing of it remains and every item gets its own answer.
+BEGIN;
+\ir _fixtures.sql.inc
+SELECT plan(20);
+
+SELECT tests.freeze('2026-01-01 00:00:00+00');
+-- Two runs of one shape, one per executor kind (so neither is in the other's fairness order): run g is settled
+-- by the group path, run s by single calls. d depends on a and comes before c in definition order, so which
+-- item is settled first decides who gets d (the order is what is tested). Concurrency 2, two workers each.
+CREATE FUNCTION pg_temp.tasks(p_kind text) RETURNS jsonb LANGUAGE sql AS $$
+  SELECT jsonb_agg(tests.task(k, CASE k WHEN 'd' THEN '{a}'::text[] ELSE '{}' END, jsonb_build_object('executor', p_kind))
+                   ORDER BY o)
+    FROM unnest('{a,b,d,c,e,f}'::text[]) WITH ORDINALITY AS u(k, o)
+$$;
+SELECT tests.make_run('g', pg_temp.tasks('mock'), 1) AS g_run \gset
+SELECT tests.make_run('s', pg_temp.tasks('python'), 1) AS s_run \gset
+CREATE TEMP TABLE w (run text, worker_id text, token text);
+INSERT INTO w SELECT :'g_run', r.* FROM tests.register_worker('g1', '{mock}', 1) r;
+INSERT INTO w SELECT :'g_run', r.* FROM tests.register_worker('g2', '{mock}', 1) r;
+INSERT INTO w SELECT :'s_run', r.* FROM tests.register_worker('s1', '{python}', 1) r;
+INSERT INTO w SELECT :'s_run', r.* FROM tests.register_worker('s2', '{python}', 1) r;
+-- held: each worker's current lease. In each run the first worker (worker_id order) holds a and the second b:
+-- the runs start with concurrency 1 and get 2 before the second claim, a millisecond later (two pending
+-- dispatches created at one instant would be claimed in dispatch_id order, at random). Both runs at the same
+-- instants, so that their events compare with their times.
+CREATE TEMP TABLE held (worker_id text PRIMARY KEY, dispatch_id text, lease_token text, task_key text);
+CREATE FUNCTION pg_temp.claim_all() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  x record;
+BEGIN
+  FOR rank IN 1 .. 2 LOOP
+    PERFORM tests.advance('1 millisecond');
+    UPDATE awp.runs SET concurrency = rank WHERE run_id IN (SELECT w.run FROM w);
+    FOR x IN SELECT * FROM (SELECT w.*, row_number() OVER (PARTITION BY w.run ORDER BY w.worker_id) AS n FROM w) y
+              WHERE y.n = rank ORDER BY y.run LOOP
+      INSERT INTO held SELECT x.worker_id, c.dispatch_id, c.lease_token, c.task_key FROM tests.claim_one(x.worker_id, x.token) c;
+    END LOOP;
+  END LOOP;
+END $$;
+SELECT pg_temp.claim_all();
+-- The items of run g's workers (position 1 = the worker that holds b, so the loop's order differs from it).
+CREATE FUNCTION pg_temp.items(p_run text, p_output jsonb DEFAULT '{"x": 1}') RETURNS jsonb LANGUAGE sql AS $$
+  SELECT jsonb_agg(jsonb_build_object('worker_id', w.worker_id, 'session_token', w.token, 'dispatch_id', h.dispatch_id,
+                                      'lease_token', h.lease_token, 'result', tests.result('success', p_output),
+                                      'slots', 1, 'claim_seq', NULL) ORDER BY h.task_key DESC)
+    FROM w JOIN held h USING (worker_id) WHERE w.run = p_run
+$$;
+-- The single calls for run s, in worker_id order; each worker's new lease is remembered.
+CREATE FUNCTION pg_temp.singles(p_run text) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  x record;
+  c record;
+BEGIN
+  FOR x IN SELECT w.worker_id, w.token, h.dispatch_id, h.lease_token FROM w JOIN held h USING (worker_id)
+            WHERE w.run = p_run ORDER BY w.worker_id LOOP
+    SELECT * INTO c FROM awp.complete_and_claim(x.worker_id, x.token, x.dispatch_id, x.lease_token,
+                                                tests.result('success', '{"x": 1}'), 1);
+    UPDATE held SET dispatch_id = c.dispatch_id, lease_token = c.lease_token, task_key = c.task_key
+     WHERE worker_id = x.worker_id;
+  END LOOP;
+END $$;
+-- A run's events with ids made comparable: dispatch ids by first appearance, workers by their rank in the run, the
+-- run's id as R.
+CREATE FUNCTION pg_temp.events(p_run text) RETURNS text[] LANGUAGE sql AS $$
+  WITH ev AS (SELECT e.* FROM awp.events e WHERE e.run_id = p_run),
+  ids AS (SELECT entity_key, row_number() OVER (ORDER BY min(sequence)) AS n FROM ev WHERE entity_type = 'dispatch'
+           GROUP BY entity_key),
+  ranks AS (SELECT worker_id, row_number() OVER (ORDER BY worker_id) AS n FROM w WHERE run = p_run)
+  SELECT array_agg(ev.entity_type || ':' || coalesce('D' || ids.n, nullif(ev.entity_key, p_run), 'R') || ':' || coalesce(ev.from_status, '-')
+                   || '>' || ev.to_status || ':'
+                   || coalesce((SELECT replace(ev.reason, r.worker_id, 'W' || r.n) FROM ranks r
+                                 WHERE strpos(ev.reason, r.worker_id) > 0), ev.reason)
+                   || '@' || ev.occurred_at ORDER BY ev.sequence)
+    FROM ev LEFT JOIN ids ON ev.entity_type = 'dispatch' AND ids.entity_key = ev.entity_key
+$$;
+CREATE FUNCTION pg_temp.rows(p_run text) RETURNS text[] LANGUAGE sql AS $$
+  SELECT array_agg(t.task_key || '=' || t.status || '/' || t.attempts || '/' || coalesce(a.status, '-') || '/'
+                   || coalesce(a.output::text, '-') || '/' || (t.finished_at IS NOT NULL) ORDER BY t.task_key)
+    FROM awp.tasks t LEFT JOIN awp.attempts a ON a.run_id = t.run_id AND a.task_key = t.task_key AND a.attempt = t.attempts
+   WHERE t.run_id = p_run
+$$;
+SELECT tests.end_tx();
+
+-- 1. The group path itself (called directly: it must apply, or this raises and the file fails).
+SELECT tests.rev(:'g_run') AS g_rev \gset
+SELECT pg_temp.items(:'g_run') AS g_items \gset
+CREATE TEMP TABLE got AS SELECT g.item, (g.lease).* FROM awp._complete_and_refill_group(:'g_items') g;
+SELECT is((SELECT count(*) FROM got), 2::bigint, 'the group path applies: a lease for each of the two items');
+SELECT is((SELECT array_agg(task_key ORDER BY item) FROM got), '{c,d}'::text[],
+          'item 1 (b''s worker, settled second) gets c; item 2 (a''s worker, first) gets d, which a''s completion made ready');
+SELECT is((SELECT array_agg(upstream ORDER BY item) FROM got), ARRAY['{}', '{"a": {"x": 1}}']::jsonb[],
+          'd''s lease carries a''s output');
+UPDATE held h SET dispatch_id = g.dispatch_id, lease_token = g.lease_token, task_key = g.task_key
+  FROM got g WHERE h.worker_id = (:'g_items'::jsonb)->(g.item - 1)->>'worker_id';
+SELECT tests.end_tx();
+SELECT pg_temp.singles(:'s_run');
+SELECT tests.end_tx();
+SELECT is(pg_temp.events(:'g_run'), pg_temp.events(:'s_run'),
+          'the same events as one call per worker in worker_id order: order, reasons, times');
+SELECT is(pg_temp.rows(:'g_run'), pg_temp.rows(:'s_run'), 'the same task and attempt rows');
+SELECT is(tests.rev(:'g_run'), :g_rev::bigint + 1, 'one revision for the whole group');
+SELECT ok(tests.sequences_contiguous(:'g_run'), 'sequences stay contiguous');
+SELECT is((SELECT array_agg(d.worker_id || '/' || d.status || '/' || (d.lease_token_hash = awp._hash(g.lease_token))
+                            || '/' || d.fencing_token ORDER BY g.item)
+             FROM got g JOIN awp.dispatches d USING (dispatch_id)),
+          (SELECT array_agg(((:'g_items'::jsonb)->(g.item - 1)->>'worker_id') || '/leased/true/' || g.fencing_token
+                            ORDER BY g.item) FROM got g),
+          'each new dispatch is leased to its item''s worker, with the token and fencing token handed out');
+SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold');
+
+-- 2. Through awp.complete_and_claim_many: the next two completions (refills e and f) as the single calls.
+SELECT pg_temp.items(:'g_run') AS g_items \gset
+CREATE TEMP TABLE got2 AS SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(:'g_items') m;
+SELECT is((SELECT count(*) FROM got2 WHERE error IS NULL AND dispatch_id IS NOT NULL), 2::bigint,
+          'complete_and_claim_many answers each item with its lease');
+SELECT is((SELECT array_agg(task_key ORDER BY task_key) FROM got2), '{e,f}'::text[], 'e and f are leased');
+UPDATE held h SET dispatch_id = g.dispatch_id, lease_token = g.lease_token, task_key = g.task_key
+  FROM got2 g WHERE h.worker_id = (:'g_items'::jsonb)->(g.item - 1)->>'worker_id';
+SELECT tests.end_tx();
+SELECT pg_temp.singles(:'s_run');
+SELECT tests.end_tx();
+SELECT is(pg_temp.events(:'g_run'), pg_temp.events(:'s_run'), 'still the same events as the single calls');
+
+-- 3. A group whose refill is not possible for every item (two unfinished tasks left, both in the group: the run
+--    ends) is not the group path's: the items are settled one by one, as the single calls.
+SELECT throws_ok(format('SELECT * FROM awp._complete_and_refill_group(%L)', pg_temp.items(:'g_run')), 'AWGRP', NULL,
+                 'the group path refuses the run''s last tasks (AWGRP, a private code)');
+SELECT is((SELECT count(*) FROM awp.complete_and_claim_many(pg_temp.items(:'g_run')) m WHERE m.error IS NULL AND (m.lease).dispatch_id IS NULL),
+          2::bigint, 'both items applied, no lease (nothing is left)');
+SELECT tests.end_tx();
+SELECT pg_temp.singles(:'s_run');
+SELECT tests.end_tx();
+SELECT is(tests.run_status(:'g_run'), 'succeeded', 'run g succeeded');
+SELECT is(pg_temp.events(:'g_run'), pg_temp.events(:'s_run'), 'the whole history equals the single calls''');
+
+-- 4. A refused item in a group: the group is rolled back, each item gets its own answer.
+SELECT tests.make_run('h', jsonb_build_array(tests.task('a'), tests.task('b'), tests.task('c'), tests.task('d')), 1) AS h_run \gset
+DELETE FROM w; DELETE FROM held;
+INSERT INTO w SELECT :'h_run', r.* FROM tests.register_worker('h1', '{mock}', 1) r;
+INSERT INTO w SELECT :'h_run', r.* FROM tests.register_worker('h2', '{mock}', 1) r;
+SELECT pg_temp.claim_all();
+SELECT tests.end_tx();
+UPDATE held SET lease_token = 'wrong' WHERE task_key = 'a';
+CREATE TEMP TABLE got3 AS SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(pg_temp.items(:'h_run')) m;
+SELECT is((SELECT error->>'sqlstate' FROM got3 WHERE item = 2), 'AWLST', 'the item with a wrong lease token: lease_lost');
+SELECT is((SELECT task_key FROM got3 WHERE item = 1), 'c', 'the other item is applied and refilled');
+SELECT is(tests.task_statuses(:'h_run'), '{a=running,b=succeeded,c=running,d=ready}'::text[],
+          'nothing of the rolled-back group remains: a still runs');
+SELECT ok(tests.sequences_contiguous(:'h_run') AND (SELECT count(*) FROM awp.check_invariants()) = 0,
+          'sequences contiguous, invariants hold');
+
+SELECT * FROM finish();
+ROLLBACK;
