@@ -365,6 +365,16 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._raise_leadership_lost(text, text) IS 'Raises leadership lost (AWLDR, internal).';
 
+-- awp._raise_group_not_applicable(detail): AWGRP, internal (never a client's answer): the group path of
+-- awp.complete_and_claim_many (awp._complete_and_refill_group) does not apply to this group; the caller rolls it
+-- back and settles the items one by one.
+CREATE OR REPLACE FUNCTION awp._raise_group_not_applicable(p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = '' AS $$
+BEGIN
+  RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_group_not_applicable(text) IS 'Raises group path not applicable (AWGRP, internal).';
+
 -- awp._wake(channel, payload): a NOTIFY hint (delivered at commit). Tables stay the truth.
 -- Channels: awp_dispatch (sent by awp._notify_pending: one per dispatch left pending),
 --           awp_coordinator (capacity freed, new run, completion, cancel, new worker).

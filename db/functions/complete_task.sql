@@ -527,7 +527,7 @@ BEGIN
                             OR jsonb_typeof(e->'result') IS DISTINCT FROM 'object'
                             OR e->'result'->>'kind' IS DISTINCT FROM 'success')
      OR (SELECT count(DISTINCT e->>'worker_id') FROM jsonb_array_elements(p_items) e) <> v_n THEN
-    RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+    PERFORM awp._raise_group_not_applicable('the items are not all one-slot successes of distinct workers');
   END IF;
   FOR x IN
     SELECT o::integer AS o, e->>'worker_id' AS worker_id, e->>'session_token' AS session_token,
@@ -538,13 +538,13 @@ BEGIN
   LOOP
     w := awp._session(x.worker_id, x.session_token, true);   -- AWSES as its own call
     IF w.status <> 'active' THEN
-      RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+      PERFORM awp._raise_group_not_applicable('a worker that is not active');
     END IF;
     PERFORM awp._check_result(x.result);                      -- AWREQ as its own call
     SELECT d.run_id, d.task_key, d.attempt INTO t FROM awp.dispatches d
      WHERE d.dispatch_id = x.dispatch_id AND d.status = 'leased' AND awp._holds_lease(d, x.worker_id, x.lease_token);
     IF NOT FOUND OR t.run_id IS DISTINCT FROM coalesce(v_run, t.run_id) THEN   -- not held, or another run
-      RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+      PERFORM awp._raise_group_not_applicable('a dispatch not held with that token, or of another run');
     END IF;
     v_run := t.run_id;
     c_key := c_key || t.task_key;
@@ -566,7 +566,7 @@ BEGIN
      OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (v_kinds))
      OR EXISTS (SELECT 1 FROM awp._fairness_order(v_kinds) f WHERE f.run_id <> v_run)
      OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_run AND y.status IN ('queued', 'running')) > r.concurrency THEN
-    RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+    PERFORM awp._raise_group_not_applicable('the run ends, another run or a pending dispatch is first in line, or the run has no room');
   END IF;
 
   -- The completions: the checks of the hot path's dispatch UPDATE (awp._complete_and_refill), split by table so
@@ -581,7 +581,7 @@ BEGIN
    WHERE y.ctid = ANY (awp._task_rows(v_run, c_key)) AND y.status IS NOT DISTINCT FROM 'running'
      AND y.attempts = c_att[array_position(c_key, y.task_key)];
   IF coalesce(cardinality(c_deps), 0) <> v_n THEN
-    RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+    PERFORM awp._raise_group_not_applicable('a task not current');
   END IF;
   UPDATE awp.dispatches d SET status = 'completed', result_hash = v_hash[array_position(v_did, d.dispatch_id)],
                               finished_at = v_now
@@ -592,7 +592,7 @@ BEGIN
      AND d.attempt = c_att[array_position(v_did, d.dispatch_id)];
   GET DIAGNOSTICS v_k = ROW_COUNT;
   IF v_k <> v_n THEN
-    RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+    PERFORM awp._raise_group_not_applicable('a lease not current');
   END IF;
   UPDATE awp.attempts a
      SET status = 'succeeded', finished_at = v_now, output = v_res[array_position(c_key, a.task_key)]->'output',
@@ -602,7 +602,7 @@ BEGIN
      AND a.dispatch_id = v_did[array_position(c_key, a.task_key)];
   GET DIAGNOSTICS v_k = ROW_COUNT;
   IF v_k <> v_n THEN
-    RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+    PERFORM awp._raise_group_not_applicable('an attempt not current');
   END IF;
 
   -- Per item, in order: its dependants made ready, then its refill (the first ready task not yet refilled).
@@ -624,13 +624,13 @@ BEGIN
     END IF;
     t := awp._first_ready(v_run, w.executor_kinds, f_key);
     IF t.task_key IS NULL THEN
-      RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+      PERFORM awp._raise_group_not_applicable('no ready task left for an item');
     END IF;
     PERFORM awp._claim_is_alive(w, s, v_now);
     SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
     v_up := CASE WHEN cardinality(t.depends_on) = 0 THEN '{}'::jsonb ELSE awp._upstream(v_run, t.depends_on) END;
     IF cardinality(t.depends_on) > 8 AND octet_length(v_up::text) > awp._limit_lease_payload_bytes() THEN
-      RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP';
+      PERFORM awp._raise_group_not_applicable('a lease over the payload limit');
     END IF;
     f_key := f_key || t.task_key;
     f_exec := f_exec || t.executor;
@@ -693,6 +693,9 @@ COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb) IS 'The group path of 
 -- item's 1-based position, error NULL), one row (item, error {"sqlstate", "message", "detail"}) per refused
 -- item, and one row (item, NULL, NULL) for an item that was applied but got no lease. Raises AWREQ for a
 -- malformed array. One revision of each run touched (one transaction).
+-- A group of hot-path items is settled set-based first (awp._complete_and_refill_group, the group path: the same
+-- rows and events, one statement per table); any other group is rolled back to a subtransaction's start and its
+-- items are settled one by one.
 -- Locks: the advisory locks of the items' runs in run_id order (as awp._queue_for_runs), then per item in
 -- (worker_id, position) order its worker row and the locks of awp.complete_and_claim.
 CREATE OR REPLACE FUNCTION awp.complete_and_claim_many(p_items jsonb)

@@ -41,6 +41,7 @@ SQL_COMMENT = re.compile(r"--[^\n]*|^COMMENT ON .*$", re.MULTILINE)
 # SQLSTATEs that never reach a client, so errors.py does not map them: the caller inside the platform handles them.
 INTERNAL_SQLSTATES = {
     "AWLDR": "leadership lost: a fenced coordinator pass, heartbeat or retention batch (db/functions/leadership.sql)",
+    "AWGRP": "the group path does not apply: complete_and_claim_many settles the items one by one (complete_task.sql)",
 }
 API_ERROR_LITERAL = re.compile(r"\bApiError\(\s*(?P<status>\d{3})\s*,\s*\"(?P<code>[a-z_]+)\"")
 
