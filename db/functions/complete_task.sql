@@ -471,11 +471,14 @@ COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready t
 -- Otherwise it raises (AWGRP, or the error an item's own call raises): the caller rolls the group back (a
 -- subtransaction) and settles the items one by one, which gives every item its exact answer. AWGRP never
 -- leaves the database. Returns (item position, lease) per item. The caller holds the run's advisory lock.
+-- plan_cache_mode = force_generic_plan: for the statements that read by TID, a custom plan looks cheaper than the
+-- generic one (the planner evaluates the ctid functions' arrays), so the plan cache would plan them again on every
+-- call; measured at 2 items per group, that took the saving from 4% to 18% of the backend's CPU per item.
 -- Locks: the worker rows in worker_id order (awp._session), the run row, the dispatch rows (UPDATE), the
 -- attempt rows, the task rows: the order of the item loop.
 CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb)
 RETURNS TABLE (item integer, lease awp.lease)
-LANGUAGE plpgsql SET search_path = '' SET plan_cache_mode = force_generic_plan AS $$   -- see below
+LANGUAGE plpgsql SET search_path = '' SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
   v_n     integer := jsonb_array_length(p_items);
   v_run   text;
@@ -571,10 +574,10 @@ BEGIN
 
   -- The completions: the checks of the hot path's dispatch UPDATE (awp._complete_and_refill), split by table so
   -- that each statement reads its few rows by TID (awp._task_rows): joined, the planner probed the three tables
-  -- through their indexes in its own order, filtering every unfinished task of the run. The statuses are tested
-  -- (and the dispatch's run) with IS NOT DISTINCT FROM, the same for these NOT NULL columns, so that no index on
-  -- them (every running attempt, every dispatch of the run) looks cheaper than the TID scan. A row that fails a check makes a
-  -- count fall short: a lease not current, whose item's own call says why.
+  -- through their indexes in its own order, filtering every unfinished task of the run. The statuses (and the
+  -- dispatch's run) are tested with IS NOT DISTINCT FROM, the same for these NOT NULL columns, so that no index
+  -- on them (every running attempt, every dispatch of the run) looks cheaper than the TID scan. A row that fails
+  -- a check makes a count fall short: a lease not current, whose item's own call says why.
   v_now := awp._now();
   SELECT array_agg(y.dependants::text ORDER BY array_position(c_key, y.task_key)) INTO c_deps
     FROM awp.tasks y
