@@ -83,20 +83,32 @@ class RunGroups:
             return await item.future
         self._waiting[run_id] = []
         try:
-            return await self._single(args)
-        finally:
+            rows = await self._single(args)
+        except BaseException:
             self._next(run_id)
+            raise
+        await self._hand_on(run_id)
+        return rows
 
-    def _next(self, run_id: str) -> None:
-        """The call in flight for ``run_id`` ended: send what waited meanwhile, or mark the run idle."""
+    async def _hand_on(self, run_id: str) -> None:
+        """The call in flight for ``run_id`` returned: the next group goes to the database before this call's
+        answers are written. All of a run's calls queue behind each other, so the gateway's work on one group's
+        answers (the handlers' responses) is taken out of that queue: one event-loop step is yielded, in which the
+        new group's task sends its query (an idle pool connection and an idle lock are taken without waiting)."""
+        if self._next(run_id):
+            await asyncio.sleep(0)
+
+    def _next(self, run_id: str) -> bool:
+        """The call in flight for ``run_id`` ended: send what waited meanwhile (True), or mark the run idle."""
         held = self._waiting.get(run_id)
         if not held:
             self._waiting.pop(run_id, None)
-            return
+            return False
         group, self._waiting[run_id] = held[:MAX_GROUP], held[MAX_GROUP:]
         task = asyncio.get_running_loop().create_task(self._send(run_id, group))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
+        return True
 
     async def _send(self, run_id: str, group: list[Item]) -> None:
         try:
@@ -107,22 +119,24 @@ class RunGroups:
                 if self.on_group is not None:
                     self.on_group(len(group))
         except BaseException as e:  # the whole call failed: every item waited for the same run
+            self._next(run_id)
             for item in group:
                 if not item.future.done():
                     item.future.set_exception(e)
             if not isinstance(e, Exception):
                 raise
         else:
-            for position, item in enumerate(group, start=1):
-                if item.future.done():  # its request was cancelled (the worker hung up)
-                    continue
-                answer = results.get(position, [])
-                if isinstance(answer, ItemError):
-                    item.future.set_exception(answer)
-                else:
-                    item.future.set_result(answer)
-        finally:
-            self._next(run_id)
+            try:
+                await self._hand_on(run_id)
+            finally:  # answered even when this task is cancelled in that step
+                for position, item in enumerate(group, start=1):
+                    if item.future.done():  # its request was cancelled (the worker hung up)
+                        continue
+                    answer = results.get(position, [])
+                    if isinstance(answer, ItemError):
+                        item.future.set_exception(answer)
+                    else:
+                        item.future.set_result(answer)
 
     @staticmethod
     def _split(rows: list[Row]) -> dict[int, list[Row] | ItemError]:

@@ -9,6 +9,7 @@ call made alone), the grouped completions share one transaction (one run revisio
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import pytest
 from sync_support import gateway_lock_waiters
 from worker_support import apply, mock_task, start_run
 
+from awp.grouping import RunGroups
 from awp_testing.cluster import one
 from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, wait_until
 
@@ -123,3 +125,50 @@ def test_one_runs_completions_in_flight_together_are_grouped_and_answered_each_a
             one(c, "SELECT status FROM awp.dispatches WHERE dispatch_id = %s", [leases[-1]["dispatch_id"]])[0]
             == "leased"
         ), "the refused item changed nothing"
+
+
+def test_the_held_calls_go_to_the_database_before_the_call_before_them_is_answered() -> None:
+    """All of a run's calls queue behind each other, so the gateway hands the run on at once: when a call
+    returns, the group held meanwhile is sent (its database call started) before the returning call's caller
+    gets its answer, and the group's answers likewise before the next group's callers. The database calls are
+    stand-in coroutines here: what is tested is the order of the gateway's own steps (awp.grouping)."""
+    order: list[tuple[str, str]] = []
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def single(args: dict[str, Any]) -> list[dict[str, Any]]:
+            order.append(("sent", args["dispatch_id"]))
+            if args["dispatch_id"] == "d1":
+                await release.wait()
+            return [{"dispatch_id": "next-" + args["dispatch_id"], "run_id": "r"}]
+
+        async def many(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            order.append(("sent", "+".join(i["dispatch_id"] for i in items)))
+            if items[0]["dispatch_id"] == "d2":
+                await release.wait()
+            return [
+                {"item": n, "error": None, "dispatch_id": "next-" + i["dispatch_id"], "run_id": "r"}
+                for n, i in enumerate(items, start=1)
+            ]
+
+        groups = RunGroups(single, many)
+        groups.remember([{"dispatch_id": d, "run_id": "r"} for d in ("d1", "d2", "d3", "d4", "d5")])
+
+        async def call(dispatch_id: str) -> None:
+            rows = await groups.complete_and_claim({"dispatch_id": dispatch_id})
+            assert rows[0]["dispatch_id"] == "next-" + dispatch_id
+            order.append(("answered", dispatch_id))
+
+        first = asyncio.create_task(call("d1"))
+        await asyncio.sleep(0)
+        held = [asyncio.create_task(call(d)) for d in ("d2", "d3")]
+        await asyncio.sleep(0)
+        release.set()  # d1 returns while d2 and d3 are held; d2+d3 return while d4 and d5 are held
+        later = [asyncio.create_task(call(d)) for d in ("d4", "d5")]
+        await asyncio.gather(first, *held, *later)
+
+    asyncio.run(main())
+    assert order.index(("sent", "d2+d3")) < order.index(("answered", "d1")), order
+    assert order.index(("sent", "d4+d5")) < min(order.index(("answered", "d2")), order.index(("answered", "d3"))), order
+    assert {d for kind, d in order if kind == "answered"} == {"d1", "d2", "d3", "d4", "d5"}, order
