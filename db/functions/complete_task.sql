@@ -532,6 +532,21 @@ BEGIN
      OR (SELECT count(DISTINCT e->>'worker_id') FROM jsonb_array_elements(p_items) e) <> v_n THEN
     PERFORM awp._raise_group_not_applicable('the items are not all one-slot successes of distinct workers');
   END IF;
+  -- Where every refill would go: checked before any lock, so that a group of one of several runs with ready work
+  -- (they take turns) costs two probes, not the item checks. The workers' kinds are read unlocked here and
+  -- compared below with their locked rows.
+  SELECT d.run_id INTO v_run FROM awp.dispatches d WHERE d.dispatch_id = p_items->0->>'dispatch_id';
+  v_kinds := ARRAY(SELECT DISTINCT k.kind
+                     FROM jsonb_array_elements(p_items) e
+                     CROSS JOIN LATERAL (SELECT y.executor_kinds FROM awp.workers y WHERE y.worker_id = e->>'worker_id'
+                                          LIMIT 1) y
+                     CROSS JOIN LATERAL unnest(y.executor_kinds) AS k(kind)
+                    ORDER BY 1);
+  IF v_run IS NULL
+     OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (v_kinds))
+     OR EXISTS (SELECT 1 FROM awp._fairness_order(v_kinds) f WHERE f.run_id <> v_run) THEN
+    PERFORM awp._raise_group_not_applicable('another run or a pending dispatch is first in line');
+  END IF;
   FOR x IN
     SELECT o::integer AS o, e->>'worker_id' AS worker_id, e->>'session_token' AS session_token,
            e->>'dispatch_id' AS dispatch_id, e->>'lease_token' AS lease_token, e->'result' AS result,
@@ -546,7 +561,7 @@ BEGIN
     PERFORM awp._check_result(x.result);                      -- AWREQ as its own call
     SELECT d.run_id, d.task_key, d.attempt INTO t FROM awp.dispatches d
      WHERE d.dispatch_id = x.dispatch_id AND d.status = 'leased' AND awp._holds_lease(d, x.worker_id, x.lease_token);
-    IF NOT FOUND OR t.run_id IS DISTINCT FROM coalesce(v_run, t.run_id) THEN   -- not held, or another run
+    IF NOT FOUND OR t.run_id IS DISTINCT FROM v_run THEN   -- not held, or another run
       PERFORM awp._raise_group_not_applicable('a dispatch not held with that token, or of another run');
     END IF;
     v_run := t.run_id;
@@ -560,16 +575,16 @@ BEGIN
     v_res := v_res || x.result;
     v_cseq := v_cseq || x.claim_seq;
     v_wrow := v_wrow || w;
-    v_kinds := v_kinds || w.executor_kinds;
+    IF NOT w.executor_kinds <@ v_kinds THEN   -- not the kinds read above
+      PERFORM awp._raise_group_not_applicable('a worker''s executor kinds changed');
+    END IF;
   END LOOP;
   SELECT y.concurrency, y.workflow_id, y.workflow_version, y.input INTO r FROM awp.runs y
    WHERE y.run_id = v_run AND y.status = 'running' AND y.cancel_requested_at IS NULL AND y.unfinished_tasks > v_n
      FOR UPDATE;
   IF NOT FOUND
-     OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (v_kinds))
-     OR EXISTS (SELECT 1 FROM awp._fairness_order(v_kinds) f WHERE f.run_id <> v_run)
      OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_run AND y.status IN ('queued', 'running')) > r.concurrency THEN
-    PERFORM awp._raise_group_not_applicable('the run ends, another run or a pending dispatch is first in line, or the run has no room');
+    PERFORM awp._raise_group_not_applicable('the run ends or has no room');
   END IF;
 
   -- The completions: the checks of the hot path's dispatch UPDATE (awp._complete_and_refill), split by table so

@@ -5,7 +5,7 @@
 -- When the group path does not apply, nothing of it remains and every item gets its own answer.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(20);
+SELECT plan(23);
 
 SELECT tests.freeze('2026-01-01 00:00:00+00');
 -- Two runs of one shape, one per executor kind (so neither is in the other's fairness order): run g is settled
@@ -138,20 +138,41 @@ SELECT is(tests.run_status(:'g_run'), 'succeeded', 'run g succeeded');
 SELECT is(pg_temp.events(:'g_run'), pg_temp.events(:'s_run'), 'the whole history equals the single calls''');
 
 -- 4. A refused item in a group: the group is rolled back, each item gets its own answer.
-SELECT tests.make_run('h', jsonb_build_array(tests.task('a'), tests.task('b'), tests.task('c'), tests.task('d')), 1) AS h_run \gset
+SELECT tests.make_run('h', jsonb_build_array(tests.task('a'), tests.task('b'), tests.task('c'), tests.task('d'),
+                                             tests.task('e')), 1) AS h_run \gset
 DELETE FROM w; DELETE FROM held;
 INSERT INTO w SELECT :'h_run', r.* FROM tests.register_worker('h1', '{mock}', 1) r;
 INSERT INTO w SELECT :'h_run', r.* FROM tests.register_worker('h2', '{mock}', 1) r;
 SELECT pg_temp.claim_all();
 SELECT tests.end_tx();
-UPDATE held SET lease_token = 'wrong' WHERE task_key = 'a';
-CREATE TEMP TABLE got3 AS SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(pg_temp.items(:'h_run')) m;
+SELECT pg_temp.items(:'h_run') AS h_items \gset
+CREATE TEMP TABLE got3 AS   -- item 2 (a's worker) with a wrong lease token
+  SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(jsonb_set(:'h_items', '{1,lease_token}', '"wrong"')) m;
 SELECT is((SELECT error->>'sqlstate' FROM got3 WHERE item = 2), 'AWLST', 'the item with a wrong lease token: lease_lost');
 SELECT is((SELECT task_key FROM got3 WHERE item = 1), 'c', 'the other item is applied and refilled');
-SELECT is(tests.task_statuses(:'h_run'), '{a=running,b=succeeded,c=running,d=ready}'::text[],
+SELECT is(tests.task_statuses(:'h_run'), '{a=running,b=succeeded,c=running,d=ready,e=ready}'::text[],
           'nothing of the rolled-back group remains: a still runs');
 SELECT ok(tests.sequences_contiguous(:'h_run') AND (SELECT count(*) FROM awp.check_invariants()) = 0,
           'sequences contiguous, invariants hold');
+UPDATE held h SET dispatch_id = g.dispatch_id, lease_token = g.lease_token, task_key = g.task_key
+  FROM got3 g WHERE g.item = 1 AND h.worker_id = (:'h_items'::jsonb)->0->>'worker_id';
+SELECT tests.end_tx();
+
+-- 5. Another run with ready work of the workers' kinds: the refills go there in fairness order (they take
+--    turns), which is the item loop's to decide; the group path steps aside (before it locks anything).
+SELECT tests.make_run('k', jsonb_build_array(tests.task('x'), tests.task('y')), 1) AS k_run \gset
+-- x is claimed by a worker of its own (no pending dispatch is left to claim), then k gets room for y.
+SELECT * FROM tests.register_worker('k1', '{mock}', 1) \gset k1_
+SELECT task_key AS k1_task FROM tests.claim_one(:'k1_worker_id', :'k1_token') \gset
+UPDATE awp.runs SET concurrency = 2 WHERE run_id = :'k_run';
+SELECT is(:'k1_task' || '/' || (SELECT count(*) FROM awp._claim_candidates), 'x/0',
+          'run k: x runs, y is ready, no dispatch waits to be claimed');
+SELECT pg_temp.items(:'h_run') AS h_items \gset
+SELECT throws_ok(format('SELECT * FROM awp._complete_and_refill_group(%L)', :'h_items'), 'AWGRP', NULL,
+                 'the group path refuses a group while another run has ready work of those kinds');
+SELECT is((SELECT array_agg((m.lease).run_id ORDER BY (m.lease).run_id) FROM awp.complete_and_claim_many(:'h_items') m),
+          (SELECT array_agg(x ORDER BY x) FROM unnest(ARRAY[:'h_run', :'k_run']) x),
+          'the item loop refills one slot from run k (first in fairness order), then one from run h: they take turns');
 
 SELECT * FROM finish();
 ROLLBACK;
