@@ -450,6 +450,41 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready task of a run for these executor kinds, not in except (locked).';
 
+-- awp._group_path_run(items): the first test of the group path (awp._complete_and_refill_group), without locks and
+-- without raising (a refused group costs a rolled-back subtransaction, measured at about a third of the group's
+-- cost: complete_and_claim_many asks this first). The items' run and their workers' executor kinds (read unlocked;
+-- the group path compares them with the locked rows) when they are >= 2 one-slot successes of distinct workers
+-- (valid claim_seq) and every refill would go to that run: no pending dispatch of those kinds waits to be claimed
+-- and no other run has ready work of those kinds (runs take turns: the item loop's to settle). NULLs otherwise.
+-- The run is the first item's dispatch's; the group path checks every item's. Locks: none.
+CREATE OR REPLACE FUNCTION awp._group_path_run(p_items jsonb, OUT run_id text, OUT kinds text[])
+LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+BEGIN
+  IF jsonb_array_length(p_items) < 2 OR EXISTS (
+       SELECT 1 FROM jsonb_array_elements(p_items) e
+        WHERE NOT awp._int_ok(e->'slots', 1, 1)
+           OR (jsonb_typeof(e->'claim_seq') <> 'null' AND NOT awp._int_ok(e->'claim_seq', 1, 9223372036854775807))
+           OR jsonb_typeof(e->'result') IS DISTINCT FROM 'object'
+           OR e->'result'->>'kind' IS DISTINCT FROM 'success')
+     OR (SELECT count(DISTINCT e->>'worker_id') FROM jsonb_array_elements(p_items) e) <> jsonb_array_length(p_items) THEN
+    RETURN;
+  END IF;
+  SELECT d.run_id INTO run_id FROM awp.dispatches d WHERE d.dispatch_id = p_items->0->>'dispatch_id';
+  kinds := ARRAY(SELECT DISTINCT k.kind
+                   FROM jsonb_array_elements(p_items) e
+                   CROSS JOIN LATERAL (SELECT y.executor_kinds FROM awp.workers y WHERE y.worker_id = e->>'worker_id'
+                                        LIMIT 1) y
+                   CROSS JOIN LATERAL unnest(y.executor_kinds) AS k(kind)
+                  ORDER BY 1);
+  IF run_id IS NULL
+     OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (kinds))
+     OR EXISTS (SELECT 1 FROM awp._fairness_order(kinds) f WHERE f.run_id <> _group_path_run.run_id) THEN
+    run_id := NULL;
+    kinds := NULL;
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._group_path_run(jsonb) IS 'The run of a group the group path may settle (and its workers'' kinds), or NULL; no locks, no errors.';
+
 -- awp._complete_and_refill_group(items): the group path of awp.complete_and_claim_many (AWP issue 11): the common
 -- group, where every item is a hot-path call (awp._complete_and_refill) of a worker asking for one slot back, is
 -- settled set-based: one statement per table for the whole group where the item loop runs one per item (each
@@ -460,12 +495,13 @@ COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready t
 -- then the refill leased straight to the item's worker (awp._lease_refill: the first ready task of the run in
 -- definition order of the worker's kinds, not yet refilled in this group); the events in that order, the run's
 -- row written once (awp._write_log), one revision. It applies only when that sequential outcome is plain:
---   - at least 2 items, of distinct workers, each with slots 1 (and a valid claim_seq) and a 'success' result,
---     each for a dispatch its worker holds with that lease token, all of one run;
---   - each worker active with a valid session; each result valid (AWREQ otherwise, as its own call);
---   - the run running, no cancel requested, more unfinished tasks than items (none of them is the run's last);
---   - every refill would go to this run: no pending dispatch of the workers' kinds waits to be claimed, no other
---     run has a ready task of those kinds, and the run has room (its queued + running tasks <= concurrency);
+--   - awp._group_path_run names the run (>= 2 one-slot successes of distinct workers, every refill going to that
+--     run); the caller passes its answer as p_run and p_kinds (a direct call, without them, asks it here);
+--   - each item for a dispatch its worker holds with that lease token, in that run;
+--   - each worker active with a valid session and the kinds read there; each result valid (AWREQ otherwise, as
+--     its own call);
+--   - the run running, no cancel requested, more unfinished tasks than items (none of them is the run's last),
+--     and room (its queued + running tasks <= concurrency);
 --   - every lease current (as the hot path's dispatch UPDATE), every item gets a refill, no lease over the
 --     payload limit.
 -- Otherwise it raises (AWGRP, or the error an item's own call raises): the caller rolls the group back (a
@@ -476,7 +512,8 @@ COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready t
 -- call; measured at 2 items per group, that took the saving from 4% to 18% of the backend's CPU per item.
 -- Locks: the worker rows in worker_id order (awp._session), the run row, the dispatch rows (UPDATE), the
 -- attempt rows, the task rows: the order of the item loop.
-CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb)
+CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb, p_run text DEFAULT NULL,
+                                                          p_kinds text[] DEFAULT NULL)
 RETURNS TABLE (item integer, lease awp.lease)
 LANGUAGE plpgsql SET search_path = '' SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -488,7 +525,7 @@ DECLARE
   x       record;
   t       record;
   w       awp.workers;
-  v_kinds text[] := '{}';
+  v_kinds text[];
   v_pos   integer[] := '{}';   -- per item, in the item loop's order: its position in p_items
   v_wid   text[] := '{}';      --   its worker
   v_did   text[] := '{}';      --   its dispatch and lease token
@@ -523,29 +560,14 @@ DECLARE
   e_to    text[] := '{}';
   e_why   text[] := '{}';
 BEGIN
-  -- The items' shape: checked without locks; anything else is the item loop's.
-  IF v_n < 2 OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e
-                         WHERE NOT awp._int_ok(e->'slots', 1, 1)
-                            OR (jsonb_typeof(e->'claim_seq') <> 'null' AND NOT awp._int_ok(e->'claim_seq', 1, 9223372036854775807))
-                            OR jsonb_typeof(e->'result') IS DISTINCT FROM 'object'
-                            OR e->'result'->>'kind' IS DISTINCT FROM 'success')
-     OR (SELECT count(DISTINCT e->>'worker_id') FROM jsonb_array_elements(p_items) e) <> v_n THEN
-    PERFORM awp._raise_group_not_applicable('the items are not all one-slot successes of distinct workers');
-  END IF;
-  -- Where every refill would go: checked before any lock, so that a group of one of several runs with ready work
-  -- (they take turns) costs two probes, not the item checks. The workers' kinds are read unlocked here and
-  -- compared below with their locked rows.
-  SELECT d.run_id INTO v_run FROM awp.dispatches d WHERE d.dispatch_id = p_items->0->>'dispatch_id';
-  v_kinds := ARRAY(SELECT DISTINCT k.kind
-                     FROM jsonb_array_elements(p_items) e
-                     CROSS JOIN LATERAL (SELECT y.executor_kinds FROM awp.workers y WHERE y.worker_id = e->>'worker_id'
-                                          LIMIT 1) y
-                     CROSS JOIN LATERAL unnest(y.executor_kinds) AS k(kind)
-                    ORDER BY 1);
-  IF v_run IS NULL
-     OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (v_kinds))
-     OR EXISTS (SELECT 1 FROM awp._fairness_order(v_kinds) f WHERE f.run_id <> v_run) THEN
-    PERFORM awp._raise_group_not_applicable('another run or a pending dispatch is first in line');
+  IF p_run IS NULL THEN   -- a direct call: the caller's test, here
+    SELECT g.run_id, g.kinds INTO v_run, v_kinds FROM awp._group_path_run(p_items) g;
+    IF v_run IS NULL THEN
+      PERFORM awp._raise_group_not_applicable('not a group of hot-path items whose refills all go to their run');
+    END IF;
+  ELSE
+    v_run := p_run;
+    v_kinds := p_kinds;
   END IF;
   FOR x IN
     SELECT o::integer AS o, e->>'worker_id' AS worker_id, e->>'session_token' AS session_token,
@@ -699,7 +721,7 @@ BEGIN
       FROM unnest(f_id, f_tok, f_key, f_exec, f_act, f_in, f_att, f_dl, f_exp, f_fence, f_up)
            WITH ORDINALITY AS u(id, tok, task_key, exec, act, inp, att, dl, exp, fence, up, i);
 END $$;
-COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb) IS 'The group path of complete_and_claim_many: a group of hot-path items settled set-based (raises AWGRP when it does not apply).';
+COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb, text, text[]) IS 'The group path of complete_and_claim_many: a group of hot-path items settled set-based (raises AWGRP when it does not apply).';
 
 -- awp.complete_and_claim_many(items): several workers' awp.complete_and_claim calls in one transaction (the
 -- gateway groups the claim-on-complete requests of one run that arrive while one of that run's calls is in
@@ -725,6 +747,8 @@ DECLARE
   v_leases awp.lease[];
   v_gitems integer[];
   v_gleases awp.lease[];
+  v_grun   text;
+  v_gkinds text[];
   v_k      integer;
   v_state  text;
   v_msg    text;
@@ -756,9 +780,11 @@ BEGIN
   LOOP
     PERFORM pg_advisory_xact_lock(hashtextextended(v_run, 0));
   END LOOP;
-  IF jsonb_array_length(p_items) >= 2 THEN   -- the common group set-based (awp._complete_and_refill_group)
+  SELECT g.run_id, g.kinds INTO v_grun, v_gkinds FROM awp._group_path_run(p_items) g;
+  IF v_grun IS NOT NULL THEN   -- the common group set-based (awp._complete_and_refill_group)
     BEGIN
-      SELECT array_agg(g.item), array_agg(g.lease) INTO v_gitems, v_gleases FROM awp._complete_and_refill_group(p_items) g;
+      SELECT array_agg(g.item), array_agg(g.lease) INTO v_gitems, v_gleases
+        FROM awp._complete_and_refill_group(p_items, v_grun, v_gkinds) g;
     EXCEPTION WHEN SQLSTATE 'AWGRP' OR SQLSTATE 'AWSES' OR SQLSTATE 'AWLST' OR SQLSTATE 'AWCNF' OR SQLSTATE 'AWREQ' THEN
       v_gitems := NULL;   -- rolled back: the items are settled one by one below, each with its exact answer
     END;
