@@ -224,6 +224,26 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases up to slots pending dispatches to a checked worker (the body of claim_tasks).';
 
+-- awp._first_ready(run, kinds, except): the task a refill of the run takes for a worker of these executor kinds:
+-- its first ready task in definition order, other than those in `except` (refilled earlier in the same group),
+-- locked FOR UPDATE; all fields NULL when there is none. The one definition of a refill's choice, for
+-- awp._lease_refill and the group path (awp._complete_and_refill_group).
+-- enable_sort = off: see awp._dispatch_one (only here: a plan that sorts under it costs more than jit_above_cost
+-- and is compiled on every call).
+CREATE OR REPLACE FUNCTION awp._first_ready(p_run_id text, p_kinds text[], p_except text[],
+                                            OUT task_key text, OUT executor text, OUT action text, OUT input jsonb,
+                                            OUT attempts integer, OUT timeout_ms integer, OUT depends_on text[])
+LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$
+BEGIN
+  SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on
+    INTO task_key, executor, action, input, attempts, timeout_ms, depends_on
+    FROM awp.tasks y
+   WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds) AND y.task_key <> ALL (p_except)
+   ORDER BY y.ordinal LIMIT 1
+     FOR UPDATE;
+END $$;
+COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready task of a run for these executor kinds, not in except (locked).';
+
 -- awp._lease_refill(worker, claim_seq[, now, run, succeeded_task, the completion's events]): refill straight to the
 -- completing worker (docs/protocol.md, Refill and claim on complete). A completion that also claims frees a slot of
 -- its own worker and asks for it back: the refill of that slot (awp._refill_slot: the first run in fairness order
@@ -278,12 +298,8 @@ BEGIN
       CONTINUE WHEN NOT FOUND   -- the task that succeeded in this call is not written yet: it counts out
                  OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_run AND y.status IN ('queued', 'running'))
                     - CASE WHEN v_run = p_run THEN 1 ELSE 0 END >= r.concurrency;
-      SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on INTO t
-        FROM awp.tasks y
-       WHERE y.run_id = v_run AND y.status = 'ready' AND y.executor = ANY (w.executor_kinds)
-       ORDER BY y.ordinal LIMIT 1
-         FOR UPDATE;
-      CONTINUE WHEN NOT FOUND;
+      t := awp._first_ready(v_run, w.executor_kinds, '{}');
+      CONTINUE WHEN t.task_key IS NULL;
       v_key := t.task_key;
       EXIT;
     END LOOP;

@@ -431,25 +431,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._dispatch_rows(text[]) IS 'The row versions (ctid) of some dispatches, by primary-key probes.';
 
--- awp._first_ready(run, kinds, except): the task a refill of the run takes for a worker of these executor kinds:
--- its first ready task in definition order, other than those in `except` (refilled earlier in the same group),
--- locked FOR UPDATE; all fields NULL when there is none. For awp._complete_and_refill_group.
--- enable_sort = off: see awp._dispatch_one (only here: a plan that sorts under it costs more than jit_above_cost
--- and is compiled on every call).
-CREATE OR REPLACE FUNCTION awp._first_ready(p_run_id text, p_kinds text[], p_except text[],
-                                            OUT task_key text, OUT executor text, OUT action text, OUT input jsonb,
-                                            OUT attempts integer, OUT timeout_ms integer, OUT depends_on text[])
-LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$
-BEGIN
-  SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on
-    INTO task_key, executor, action, input, attempts, timeout_ms, depends_on
-    FROM awp.tasks y
-   WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds) AND y.task_key <> ALL (p_except)
-   ORDER BY y.ordinal LIMIT 1
-     FOR UPDATE;
-END $$;
-COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready task of a run for these executor kinds, not in except (locked).';
-
 -- awp._group_path_run(items): the first test of the group path (awp._complete_and_refill_group), without locks and
 -- without raising (a refused group costs a rolled-back subtransaction, measured at about a third of the group's
 -- cost: complete_and_claim_many asks this first). The items' run and their workers' executor kinds (read unlocked;
