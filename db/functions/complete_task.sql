@@ -432,8 +432,9 @@ END $$;
 COMMENT ON FUNCTION awp._dispatch_rows(text[]) IS 'The row versions (ctid) of some dispatches, by primary-key probes.';
 
 -- awp._group_path_run(items): the first test of the group path (awp._complete_and_refill_group), without locks and
--- without raising (a refused group costs a rolled-back subtransaction, measured at about a third of the group's
--- cost: complete_and_claim_many asks this first). The items' run and their workers' executor kinds (read unlocked;
+-- without raising: complete_and_claim_many asks it before it opens the group's subtransaction, so the common
+-- refusal (runs taking turns) neither locks nor raises (measured: such a group costs what the item loop alone
+-- costs, 1.244 vs 1.253 ms per item). The items' run and their workers' executor kinds (read unlocked;
 -- the group path compares them with the locked rows) when they are >= 2 one-slot successes of distinct workers
 -- (valid claim_seq) and every refill would go to that run: no pending dispatch of those kinds waits to be claimed
 -- and no other run has ready work of those kinds (runs take turns: the item loop's to settle). NULLs otherwise.
