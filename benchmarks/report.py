@@ -521,7 +521,24 @@ def side_by_side(results: dict[str, Any]) -> Table:
         "(also the backends that exited), the worker processes, the gateway (with its coordinator) per HTTP request",
         "of any route in the window. The reference's CPU is not measured.",
     ]
+    pairs = _pair_ratios(awp, peer)
+    if pairs:
+        t.notes.append(
+            "AWP's and procrastinate's repetitions alternate (procrastinate, AWP, AWP, procrastinate, ...; AWP's "
+            "workers stopped during procrastinate's): AWP / procrastinate per pair "
+            + ", ".join(f"{r:.2f}" for r in pairs)
+            + "."
+        )
     return t
+
+
+def _pair_ratios(awp: dict[str, Any] | None, peer: dict[str, Any]) -> list[float]:
+    """AWP / peer per pair of alternating repetitions (benchmarks/run.py, step 2); [] if they did not alternate."""
+    if not awp or not awp.get("beside_peer") or peer.get("status") != "measured":
+        return []
+    mine = [r["tasks_per_s"] for r in awp.get("repetitions", [])]
+    theirs = [r["tasks_per_s"] for r in peer.get("repetitions", [])]
+    return [a / p for a, p in zip(mine, theirs, strict=False) if p]
 
 
 def cpu_table(results: dict[str, Any]) -> Table:

@@ -9,9 +9,13 @@ One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated databas
 
 1. the reference: a plain-SQL SKIP LOCKED claim + complete loop run by pgbench (1, 4 and 8 clients), in a
    database of its own;
-2. the peer: procrastinate (``peer_procrastinate.py``) in a separate fresh database of the same cluster,
-   N no-op jobs deferred up front, 4 worker processes x concurrency 1 (AWP's shape of step 3, 4 workers);
-3. one run of N independent mock tasks (``sleep_ms`` 0), run concurrency = workers, 1 / 4 / 16 workers;
+2. side by side, their repetitions alternating (peer, AWP, AWP, peer, peer, AWP, ...: this machine's speed
+   drifts within minutes, so a ratio of figures measured minutes apart says more about the machine than about
+   the systems): the peer, procrastinate (``peer_procrastinate.py``) in a separate fresh database of the same
+   cluster, N no-op jobs deferred up front, 4 worker processes x concurrency 1; and AWP in that shape, one run of
+   N mock tasks on 4 workers (after an untimed warm-up run). AWP's workers are stopped during the peer's
+   repetitions; its gateway stays up, idle (its coordinator's pass once a second is the only other load);
+3. one run of N independent mock tasks (``sleep_ms`` 0), run concurrency = workers, 1 / 16 workers (4: step 2);
 4. 8 runs of 125 tasks at once, 16 and 4 workers;
 5. idle latency: one 1-task run at a time → time to claim and to finish;
 6. batching: 4 workers with ``--concurrency 16`` on one big run;
@@ -49,6 +53,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -274,35 +279,33 @@ class Bench:
     # ---- scenarios ---------------------------------------------------------------------------------------
 
     def throughput(self, label: str, wid: str, runs: int, tasks_per_run: int, repeats: int) -> dict[str, Any]:
-        reps = []
-        total = runs * tasks_per_run
         if self.profile:
             self.conn.execute("SELECT pg_stat_statements_reset()")
-        for i in range(repeats):
-            time.sleep(0.3)  # let the previous repetition's tail (last completions, long-polls) settle
-            before = self.snapshot()
-            run_ids = self.start_runs(wid, runs)
-            rows = self.wait_runs(run_ids, timeout=max(120.0, total / 10))
-            m = self.measured(before, total)
-            span = (max(r["finished_at"] for r in rows) - min(r["started_at"] for r in rows)).total_seconds()
-            m["span_s"] = span
-            m["tasks_per_s"] = total / span if span > 0 else 0.0
-            m["submit_to_start_ms"] = statistics.median(
-                (r["started_at"] - r["created_at"]).total_seconds() * 1000 for r in rows
-            )
-            reps.append(m)
-            log.info(
-                "  %s, repetition %d/%d: %.0f tasks/s (%d tasks in %.2fs)",
-                label,
-                i + 1,
-                repeats,
-                m["tasks_per_s"],
-                total,
-                span,
-            )
+        reps = [self.repetition(label, wid, runs, tasks_per_run, f"{i + 1}/{repeats}") for i in range(repeats)]
+        return self.summary(label, reps, runs, tasks_per_run)
+
+    def repetition(self, label: str, wid: str, runs: int, tasks_per_run: int, which: str) -> dict[str, Any]:
+        """One repetition of a throughput scenario: ``runs`` runs of ``wid`` at once, on the workers running now."""
+        total = runs * tasks_per_run
+        time.sleep(0.3)  # let the previous repetition's tail (last completions, long-polls) settle
+        before = self.snapshot()
+        run_ids = self.start_runs(wid, runs)
+        rows = self.wait_runs(run_ids, timeout=max(120.0, total / 10))
+        m = self.measured(before, total)
+        span = (max(r["finished_at"] for r in rows) - min(r["started_at"] for r in rows)).total_seconds()
+        m["span_s"] = span
+        m["tasks_per_s"] = total / span if span > 0 else 0.0
+        m["submit_to_start_ms"] = statistics.median(
+            (r["started_at"] - r["created_at"]).total_seconds() * 1000 for r in rows
+        )
+        log.info("  %s, repetition %s: %.0f tasks/s (%d tasks in %.2fs)", label, which, m["tasks_per_s"], total, span)
+        return m
+
+    def summary(self, label: str, reps: list[dict[str, Any]], runs: int, tasks_per_run: int) -> dict[str, Any]:
+        """The repetitions of a throughput scenario summed up; its invariants checked (and its profile)."""
         summary = summarize(label, reps, runs, tasks_per_run)
         if self.profile:
-            summary["profile"] = self.top_statements(total * repeats)
+            summary["profile"] = self.top_statements(runs * tasks_per_run * len(reps))
         summary["invariants"] = self.invariants(label)
         return summary
 
@@ -558,10 +561,17 @@ def _median_or_none(values: list[float | None]) -> float | None:
 
 
 def measure_peer(
-    plan: Plan, peer_dsn: str | None, datadir: Path | None, workdir: Path, reaper: Reaper
+    plan: Plan,
+    peer_dsn: str | None,
+    datadir: Path | None,
+    workdir: Path,
+    reaper: Reaper,
+    beside: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """procrastinate in AWP's 4-worker single-run shape (see peer_procrastinate.py); never a silent skip:
-    ``status`` is ``measured``, ``not installed`` or ``failed`` (with ``error``)."""
+    ``status`` is ``measured``, ``not installed`` or ``failed`` (with ``error``). ``beside(i)`` runs AWP's
+    repetition i of that shape: after the peer's in even pairs, before it in odd ones (peer, AWP, AWP, peer,
+    ...), so that a drift of the machine's speed weighs on both alike."""
     jobs = plan.single_tasks
     out: dict[str, Any] = {
         "name": "procrastinate",
@@ -589,6 +599,8 @@ def measure_peer(
     try:
         peer_procrastinate.apply_schema(peer_dsn)
         for i in range(plan.repeats):
+            if beside is not None and i % 2 == 1:
+                beside(i)
             r = peer_procrastinate.run_once(
                 reaper,
                 peer_dsn,
@@ -611,6 +623,8 @@ def measure_peer(
                 r["span_s"],
                 r["jobs_per_worker"],
             )
+            if beside is not None and i % 2 == 0:
+                beside(i)
     except Exception as exc:
         log.exception("peer: procrastinate measurement FAILED")
         return out | {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "repetitions": reps}
@@ -720,14 +734,37 @@ def run_plan(
     reference.drop(ref_dsn)
     results["reference"] = ref
 
-    # Before awp serve starts: PostgreSQL's CPU in the peer's window is then the peer's alone.
-    results["peer"] = measure_peer(plan, peer_dsn, datadir, workdir, reaper)
-
     b.gateway.start()
     log.info("awp serve on %s; workers: real `awp worker` processes", b.gateway.base_url)
     throughput = []
     try:
+        # Side by side with the peer, repetitions alternating (docstring, step 2). AWP's workers are stopped during
+        # the peer's repetitions, so PostgreSQL's CPU in the peer's window is the peer's, but for the idle
+        # gateway's coordinator passes (once a second).
+        n_side = plan.peer_workers
+        side_label = f"1 run x {plan.single_tasks} tasks, {n_side} workers"
+        side_wid = b.workflow(f"bench-single-{plan.single_tasks}-c{n_side}", plan.single_tasks, n_side)
+        warm_wid = b.workflow(f"bench-warm-up-c{n_side}", 200, n_side)
+        b.pool.resize(n_side, plan.peer_concurrency)
+        b.repetition("warm-up (not measured)", warm_wid, 1, 200, "1/1")
+        side_reps: list[dict[str, Any]] = []
+
+        def awp_beside(i: int) -> None:
+            b.pool.resize(n_side, plan.peer_concurrency)
+            side_reps.append(b.repetition(side_label, side_wid, 1, plan.single_tasks, f"{i + 1}/{plan.repeats}"))
+            b.pool.resize(0)
+
+        b.pool.resize(0)
+        if b.profile:
+            b.conn.execute("SELECT pg_stat_statements_reset()")
+        results["peer"] = measure_peer(plan, peer_dsn, datadir, workdir, reaper, awp_beside)
+        while len(side_reps) < plan.repeats:  # the peer was not measured (or failed): AWP's repetitions alone
+            awp_beside(len(side_reps))
+        side = b.summary(side_label, side_reps, 1, plan.single_tasks) | {"workers": n_side, "beside_peer": True}
         for n in plan.single_workers:
+            if n == n_side and plan.peer_concurrency == 1:
+                throughput.append(side)
+                continue
             b.pool.resize(n, 1)
             wid = b.workflow(f"bench-single-{plan.single_tasks}-c{n}", plan.single_tasks, n)
             label = f"1 run x {plan.single_tasks} tasks, {n} worker{'s' if n > 1 else ''}"
