@@ -70,7 +70,7 @@ demo: setup  ## start the local database, control plane and workers, and run a s
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]' && touch $@
 
-bench: setup $(BENCH_STAMP)  ## full benchmark (about 5 min); results, table and chart go to benchmarks/results/
+bench: setup $(BENCH_STAMP)  ## full benchmark (about 6 min); results, table and chart go to benchmarks/results/
 	$(BIN)/python benchmarks/run.py
 
 bench-quick: setup $(BENCH_STAMP)  ## a reduced benchmark (under 2 min), for a smoke test

@@ -1,6 +1,6 @@
 """``make bench`` / ``make bench-quick``: AWP's throughput, latency and recovery, beside this machine's limit.
 
-    .venv/bin/python benchmarks/run.py            # full: every figure 3 times (about 10 minutes)
+    .venv/bin/python benchmarks/run.py            # full: every figure 3 times, side by side 5 (about 6 minutes)
     .venv/bin/python benchmarks/run.py --quick    # reduced sizes, for a smoke test (under 2 minutes)
     .venv/bin/python benchmarks/run.py --quick --profile   # + pg_stat_statements top statements per scenario
 
@@ -99,6 +99,7 @@ class Plan:
     ref_rows: int
     peer_workers: int  # procrastinate: processes x concurrency, on single_tasks jobs (AWP's 4-worker shape)
     peer_concurrency: int
+    side_repeats: int  # of the side-by-side figures (AWP and the peer, alternating): the ratio that matters most
     # I/O-bound (issue 18): io_tasks mock tasks of io_sleep_ms each on io_workers x io_concurrency slots, default
     # settings; the ideal is io_tasks x io_sleep_ms / slots
     io_tasks: int = 2000
@@ -127,12 +128,14 @@ FULL = Plan(
     ref_rows=300_000,
     peer_workers=4,
     peer_concurrency=1,
+    side_repeats=5,
 )
 
 QUICK = replace(
     FULL,
     name="quick",
     repeats=2,
+    side_repeats=2,
     single_tasks=200,
     multi_tasks=25,
     batch_tasks=2000,
@@ -598,7 +601,7 @@ def measure_peer(
     reps: list[dict[str, Any]] = []
     try:
         peer_procrastinate.apply_schema(peer_dsn)
-        for i in range(plan.repeats):
+        for i in range(plan.side_repeats):
             if beside is not None and i % 2 == 1:
                 beside(i)
             r = peer_procrastinate.run_once(
@@ -617,7 +620,7 @@ def measure_peer(
             log.info(
                 "  procrastinate, repetition %d/%d: %.0f jobs/s (%d jobs in %.2fs; jobs per worker %s)",
                 i + 1,
-                plan.repeats,
+                plan.side_repeats,
                 r["tasks_per_s"],
                 jobs,
                 r["span_s"],
@@ -751,14 +754,15 @@ def run_plan(
 
         def awp_beside(i: int) -> None:
             b.pool.resize(n_side, plan.peer_concurrency)
-            side_reps.append(b.repetition(side_label, side_wid, 1, plan.single_tasks, f"{i + 1}/{plan.repeats}"))
+            which = f"{i + 1}/{plan.side_repeats}"
+            side_reps.append(b.repetition(side_label, side_wid, 1, plan.single_tasks, which))
             b.pool.resize(0)
 
         b.pool.resize(0)
         if b.profile:
             b.conn.execute("SELECT pg_stat_statements_reset()")
         results["peer"] = measure_peer(plan, peer_dsn, datadir, workdir, reaper, awp_beside)
-        while len(side_reps) < plan.repeats:  # the peer was not measured (or failed): AWP's repetitions alone
+        while len(side_reps) < plan.side_repeats:  # the peer was not measured (or failed): AWP's repetitions alone
             awp_beside(len(side_reps))
         side = b.summary(side_label, side_reps, 1, plan.single_tasks) | {"workers": n_side, "beside_peer": True}
         for n in plan.single_workers:
@@ -846,7 +850,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     plan = QUICK if args.quick else FULL
     if args.repeats:
-        plan = replace(plan, repeats=args.repeats)
+        plan = replace(plan, repeats=args.repeats, side_repeats=args.repeats)
 
     def interrupted(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
