@@ -7,8 +7,8 @@
 -- evaluated at the insert, not at commit): awp._append_events stores its run's state before it inserts, so
 -- events appended and left unflushed have queued the flush; awp._write_log (the hot paths) inserts with the
 -- state empty and queues nothing. Without the WHEN, each of the 8 events of a completion with its refill
--- queued a trigger call run at commit: measured (backend CPU per item, two databases interleaved) 2-6% of the
--- group path's and single path's cost in three runs out of four, no difference in the fourth.
+-- queued a trigger call run at commit: measured (backend CPU per item, two databases interleaved) 4-6% of the
+-- group path's and the single path's cost in three runs out of five, no difference in the other two.
 DROP TRIGGER IF EXISTS events_flush_log_state ON awp.events;
 CREATE CONSTRAINT TRIGGER events_flush_log_state
   AFTER INSERT ON awp.events DEFERRABLE INITIALLY DEFERRED
