@@ -77,6 +77,7 @@ RESULTS = HERE / "results"
 
 DEFAULT_LEASE_MS = 15000
 DEFAULT_HEARTBEAT_MS = 5000
+WARM_UP_TASKS = 200  # AWP's untimed run before the side-by-side repetitions (fresh backends, plan caches)
 
 
 @dataclass(frozen=True)
@@ -744,12 +745,12 @@ def run_plan(
         # Side by side with the peer, repetitions alternating (docstring, step 2). AWP's workers are stopped during
         # the peer's repetitions, so PostgreSQL's CPU in the peer's window is the peer's, but for the idle
         # gateway's coordinator passes (once a second).
-        n_side = plan.peer_workers
+        n_side, slots = plan.peer_workers, plan.peer_workers * plan.peer_concurrency
         side_label = f"1 run x {plan.single_tasks} tasks, {n_side} workers"
-        side_wid = b.workflow(f"bench-single-{plan.single_tasks}-c{n_side}", plan.single_tasks, n_side)
-        warm_wid = b.workflow(f"bench-warm-up-c{n_side}", 200, n_side)
+        side_wid = b.workflow(f"bench-single-{plan.single_tasks}-c{slots}", plan.single_tasks, slots)
+        warm_wid = b.workflow(f"bench-warm-up-c{slots}", WARM_UP_TASKS, slots)
         b.pool.resize(n_side, plan.peer_concurrency)
-        b.repetition("warm-up (not measured)", warm_wid, 1, 200, "1/1")
+        b.repetition("warm-up (not measured)", warm_wid, 1, WARM_UP_TASKS, "1/1")
         side_reps: list[dict[str, Any]] = []
 
         def awp_beside(i: int) -> None:

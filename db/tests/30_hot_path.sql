@@ -212,26 +212,25 @@ SELECT * FROM tests.register_worker('w5', '{mock}', 1) \gset w5_
 SELECT tests.dispatch_all();
 SELECT * FROM awp.claim_tasks(:'w5_worker_id', :'w5_token', 1) \gset f1_
 SELECT tests.end_tx();
-SET CONSTRAINTS awp.events_flush_log_state IMMEDIATE;   -- runs the flushes this file's earlier calls queued
-SET CONSTRAINTS awp.events_flush_log_state DEFERRED;
-CREATE FUNCTION pg_temp.flushes() RETURNS bigint LANGUAGE sql AS $$
-  SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions
-   WHERE schemaname = 'awp' AND funcname = '_log_flush_at_commit'
-$$;
-SELECT pg_temp.flushes() AS flushes0 \gset
+-- pg_temp.flush_now(): runs the flushes queued so far (the trigger made immediate, then deferred again) and
+-- returns how many have run in this transaction.
+CREATE FUNCTION pg_temp.flush_now() RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+  SET CONSTRAINTS awp.events_flush_log_state IMMEDIATE;
+  SET CONSTRAINTS awp.events_flush_log_state DEFERRED;
+  RETURN (SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions
+           WHERE schemaname = 'awp' AND funcname = '_log_flush_at_commit');
+END $$;
+SELECT pg_temp.flush_now() AS flushes0 \gset
 SELECT is((SELECT task_key FROM awp.complete_and_claim(:'w5_worker_id', :'w5_token', :'f1_dispatch_id', :'f1_lease_token',
                                                        tests.result(), 1)),
           'f2', 'setup: f1 completed on the hot path, f2 leased');
-SET CONSTRAINTS awp.events_flush_log_state IMMEDIATE;   -- runs the flushes queued since
-SET CONSTRAINTS awp.events_flush_log_state DEFERRED;
-SELECT is(pg_temp.flushes() - :flushes0, 0::bigint, 'the hot path''s events queued no deferred flush');
+SELECT is(pg_temp.flush_now() - :flushes0, 0::bigint, 'the hot path''s events queued no deferred flush');
 SELECT tests.end_tx();
 SELECT last_sequence AS fseq, tests.rev(:'frun') AS frev FROM awp.runs WHERE run_id = :'frun' \gset
 SELECT awp._append_events(:'frun', '{task,task}', '{f2,f2}', '{running,running}', '{running,running}', '{t8,t8}');
 SELECT isnt(current_setting('awp.log_state', true), '', 'setup: two events appended, the run''s state left unflushed');
-SET CONSTRAINTS awp.events_flush_log_state IMMEDIATE;
-SET CONSTRAINTS awp.events_flush_log_state DEFERRED;
-SELECT is(pg_temp.flushes() - :flushes0, 2::bigint, 'each of those events queued the flush');
+SELECT is(pg_temp.flush_now() - :flushes0, 2::bigint, 'each of those events queued the flush');
 SELECT is((SELECT ARRAY[last_sequence - :fseq, revision - :frev] FROM awp.runs WHERE run_id = :'frun'),
           '{2,1}'::bigint[], 'the first wrote the run''s row: its last sequence and revision moved');
 SELECT is(current_setting('awp.log_state', true), '', 'and emptied the state');
