@@ -1,6 +1,6 @@
 -- Private helpers that settle attempts, tasks and runs. Shared by complete_task, the reaper and
 -- cancel convergence. Every caller already holds the run's row lock (lock order: Run, then
--- Dispatch, then Task/Attempt rows of that run).
+-- Dispatch, then Task rows of that run).
 
 -- awp._settle_run(run): when no task of the run can still change, the run becomes
 -- `succeeded` (every task succeeded, and its output is set) or `failed`. Returns the run's status.
@@ -103,7 +103,9 @@ END $$;
 COMMENT ON FUNCTION awp._unlock_dependants(text, text[], timestamptz) IS 'Counts a success against the waiting dependants of a task; returns those that became ready.';
 
 -- awp._end_attempt(run, task, attempt, attempt_status, retryable, output, error_code,
---                  error_message, reason, counted): settles a running attempt and then its task:
+--                  error_message, reason, counted, dispatch_status, result_hash): settles a running attempt
+-- (with its dispatch, whose row it is: the dispatch becomes dispatch_status -- completed with result_hash,
+-- expired -- in the same UPDATE; NULL leaves the dispatch's status alone) and then its task:
 --   succeeded                 -> task succeeded, dependants whose dependencies all succeeded become ready;
 --   failed/timed_out/interrupted/not_received, retryable and attempts left
 --                             -> task waiting_retry (ready_at = now + interval_ms; now when not counted);
@@ -115,7 +117,8 @@ COMMENT ON FUNCTION awp._unlock_dependants(text, text[], timestamptz) IS 'Counts
 CREATE OR REPLACE FUNCTION awp._end_attempt(p_run_id text, p_task_key text, p_attempt integer,
                                             p_attempt_status text, p_retryable boolean,
                                             p_output jsonb, p_error_code text, p_error_message text,
-                                            p_reason text, p_counted boolean DEFAULT true)
+                                            p_reason text, p_counted boolean DEFAULT true,
+                                            p_dispatch_status text DEFAULT NULL, p_result_hash bytea DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
@@ -127,10 +130,16 @@ DECLARE
 BEGIN
   SELECT * INTO t FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = p_task_key FOR UPDATE;
   v_free := NOT p_counted AND t.uncounted_attempts < 100;
-  UPDATE awp.attempts a
-     SET status = p_attempt_status, finished_at = v_now, output = p_output,
+  -- The attempt is its dispatch's row (0010_fold_attempts), written once with the dispatch's own end: a second
+  -- UPDATE of a row this transaction wrote runs its foreign-key checks again, and the one on worker_id takes
+  -- FOR KEY SHARE on the worker's row, where that worker's heartbeat (FOR UPDATE) would wait for this commit.
+  UPDATE awp.dispatches x
+     SET status = coalesce(p_dispatch_status, x.status),
+         finished_at = CASE WHEN p_dispatch_status IS NULL THEN x.finished_at ELSE v_now END,
+         result_hash = coalesce(p_result_hash, x.result_hash),
+         attempt_status = p_attempt_status, attempt_finished_at = v_now, output = p_output,
          error_code = p_error_code, error_message = p_error_message, counted = NOT v_free
-   WHERE a.run_id = p_run_id AND a.task_key = p_task_key AND a.attempt = p_attempt AND a.status = 'running';
+   WHERE x.run_id = p_run_id AND x.task_key = p_task_key AND x.attempt = p_attempt AND x.attempt_status = 'running';
 
   IF p_attempt_status = 'succeeded' THEN
     v_to := 'succeeded';
@@ -164,7 +173,7 @@ BEGIN
   PERFORM awp._settle_run(p_run_id);
   RETURN v_to;
 END $$;
-COMMENT ON FUNCTION awp._end_attempt(text, text, integer, text, boolean, jsonb, text, text, text, boolean) IS 'Settles a running attempt (counted against max_attempts or not), its task (retry/fail/succeed, unlock or skip dependants) and the run.';
+COMMENT ON FUNCTION awp._end_attempt(text, text, integer, text, boolean, jsonb, text, text, text, boolean, text, bytea) IS 'Settles a running attempt (counted against max_attempts or not), its task (retry/fail/succeed, unlock or skip dependants) and the run.';
 
 -- awp._converge_cancel(run): converges a run whose cancellation was requested: pending and
 -- leased dispatches canceled, running attempts canceled, unfinished tasks canceled, run canceled.
@@ -176,33 +185,35 @@ DECLARE
   v_status text;
   v_keys   text[];
   v_from   text[];
+  v_attempts text[];
 BEGIN
   SELECT r.status INTO v_status FROM awp.runs r
    WHERE r.run_id = p_run_id AND r.cancel_requested_at IS NOT NULL AND r.status IN ('pending', 'running');
   IF NOT FOUND THEN
     RETURN false;
   END IF;
+  -- A leased dispatch's running attempt is canceled with it, in the same UPDATE (the attempt is the dispatch's
+  -- row: 0010_fold_attempts; see awp._end_attempt for why a row is written once).
   WITH l AS (
-    SELECT d.dispatch_id, d.status FROM awp.dispatches d
+    SELECT d.dispatch_id, d.status, d.attempt_status FROM awp.dispatches d
      WHERE d.run_id = p_run_id AND d.status IN ('pending', 'leased')
      ORDER BY d.dispatch_id FOR UPDATE
   ), u AS (
-    UPDATE awp.dispatches d SET status = 'canceled', finished_at = v_now
+    UPDATE awp.dispatches d
+       SET status = 'canceled', finished_at = v_now,
+           attempt_status = CASE WHEN l.attempt_status = 'running' THEN 'canceled' ELSE d.attempt_status END,
+           attempt_finished_at = CASE WHEN l.attempt_status = 'running' THEN v_now ELSE d.attempt_finished_at END
       FROM l WHERE d.dispatch_id = l.dispatch_id
-    RETURNING d.dispatch_id, l.status AS from_status
+    RETURNING d.dispatch_id, l.status AS from_status,
+              CASE WHEN l.attempt_status = 'running' THEN d.task_key || '#' || d.attempt END AS attempt_key
   )
-  SELECT array_agg(u.dispatch_id ORDER BY u.dispatch_id), array_agg(u.from_status ORDER BY u.dispatch_id)
-    INTO v_keys, v_from FROM u;
+  SELECT array_agg(u.dispatch_id ORDER BY u.dispatch_id), array_agg(u.from_status ORDER BY u.dispatch_id),
+         array_agg(u.attempt_key ORDER BY u.attempt_key) FILTER (WHERE u.attempt_key IS NOT NULL)
+    INTO v_keys, v_from, v_attempts FROM u;
   PERFORM awp._append_events_alike(p_run_id, 'dispatch', v_keys, v_from, 'canceled', 'run canceled');
-
-  WITH u AS (
-    UPDATE awp.attempts a SET status = 'canceled', finished_at = v_now
-     WHERE a.run_id = p_run_id AND a.status = 'running'
-    RETURNING a.task_key || '#' || a.attempt AS k
-  )
-  SELECT array_agg(u.k ORDER BY u.k) INTO v_keys FROM u;
-  PERFORM awp._append_events_alike(p_run_id, 'attempt', v_keys,
-                                   array_fill('running'::text, ARRAY[coalesce(cardinality(v_keys), 0)]), 'canceled', 'run canceled');
+  PERFORM awp._append_events_alike(p_run_id, 'attempt', v_attempts,
+                                   array_fill('running'::text, ARRAY[coalesce(cardinality(v_attempts), 0)]),
+                                   'canceled', 'run canceled');
 
   WITH l AS (
     SELECT t.task_key, t.status, t.ordinal FROM awp.tasks t

@@ -201,11 +201,9 @@ BEGIN
     UPDATE awp.dispatches d
        SET status = 'leased', worker_id = v_worker_id, lease_token_hash = awp._hash(v_token),
            attempt = v_att, fencing_token = v_fence, leased_at = v_now,
-           lease_expires_at = v_exp, attempt_deadline = v_dl, claim_seq = p_claim_seq
+           lease_expires_at = v_exp, attempt_deadline = v_dl, claim_seq = p_claim_seq,
+           attempt_status = 'running'   -- attempt v_att starts (awp.attempts: 0010_fold_attempts)
      WHERE d.dispatch_id = c.dispatch_id;
-    INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token,
-                              started_at, deadline)
-    VALUES (c.run_id, c.task_key, v_att, c.dispatch_id, v_worker_id, v_fence, v_now, v_dl);
     UPDATE awp.tasks t SET status = 'running', attempts = v_att, updated_at = v_now
      WHERE t.run_id = c.run_id AND t.task_key = c.task_key;
     PERFORM awp._append_events(c.run_id, '{dispatch,task,attempt}', ARRAY[c.dispatch_id, c.task_key, c.task_key || '#' || v_att],
@@ -313,11 +311,9 @@ BEGIN
     SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
     INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id,
                                 lease_token_hash, attempt, fencing_token, leased_at, lease_expires_at,
-                                attempt_deadline, claim_seq)
+                                attempt_deadline, claim_seq, attempt_status)
     VALUES (v_id, v_run, t.task_key, t.executor, v_now, 'leased', w.worker_id, awp._hash(v_token), v_att, v_fence,
-            v_now, v_exp, v_dl, p_claim_seq);
-    INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
-    VALUES (v_run, t.task_key, v_att, v_id, w.worker_id, v_fence, v_now, v_dl);
+            v_now, v_exp, v_dl, p_claim_seq, 'running');
     f_type := CASE WHEN r.status = 'pending' THEN '{run}'::text[] ELSE '{}' END || '{task,dispatch,dispatch,task,attempt}'::text[];
     f_key := CASE WHEN r.status = 'pending' THEN ARRAY[v_run] ELSE '{}' END
              || ARRAY[t.task_key, v_id, v_id, t.task_key, t.task_key || '#' || v_att];
@@ -391,14 +387,11 @@ DECLARE
   v_msg text := format('the outputs of this task''s dependencies are %s bytes, over the %s-byte lease payload limit',
                        p_bytes, awp._limit_lease_payload_bytes());
 BEGIN
-  UPDATE awp.dispatches d
-     SET status = 'completed', finished_at = awp._now(),
-         result_hash = awp._result_hash(jsonb_build_object('kind', 'permanent_failure',
-                                                           'error_code', 'lease_payload_too_large', 'error_message', v_msg))
-   WHERE d.dispatch_id = p_dispatch_id;
   PERFORM awp._append_event(p_run_id, 'dispatch', p_dispatch_id, 'leased', 'completed', 'upstream over the lease payload limit');
-  PERFORM awp._end_attempt(p_run_id, p_task_key, p_attempt, 'failed', false, NULL,
-                           'lease_payload_too_large', v_msg, 'upstream over the lease payload limit');
+  PERFORM awp._end_attempt(p_run_id, p_task_key, p_attempt, 'failed', false, NULL,   -- the dispatch completes with it
+                           'lease_payload_too_large', v_msg, 'upstream over the lease payload limit', true, 'completed',
+                           awp._result_hash(jsonb_build_object('kind', 'permanent_failure', 'error_code',
+                                                               'lease_payload_too_large', 'error_message', v_msg)));
   PERFORM awp._wake('awp_coordinator', 'completed');
 END $$;
 COMMENT ON FUNCTION awp._fail_oversize_lease(text, text, text, integer, integer) IS 'Fails an attempt whose upstream outputs are over the lease payload limit, before it is handed out.';

@@ -75,14 +75,12 @@ BEGIN
     PERFORM awp._raise_lease_lost('the attempt is no longer current');
   END IF;
 
-  UPDATE awp.dispatches x SET status = 'completed', result_hash = v_hash, finished_at = v_now
-   WHERE x.dispatch_id = p_dispatch_id;
   PERFORM awp._append_event(r.run_id, 'dispatch', d.dispatch_id, 'leased', 'completed', 'completed by ' || p_worker_id);
-  PERFORM awp._end_attempt(r.run_id, d.task_key, d.attempt,
+  PERFORM awp._end_attempt(r.run_id, d.task_key, d.attempt,   -- the dispatch completed with its attempt
                            CASE v_kind WHEN 'success' THEN 'succeeded' ELSE 'failed' END,
                            v_kind = 'temporary_failure',
                            p_result->'output', p_result->>'error_code', p_result->>'error_message',
-                           v_kind);
+                           v_kind, true, 'completed', v_hash);
   -- Refill: the slot this completion frees gets a dispatch at once, for the next run in fairness order
   -- (awp._refill_slot). The coordinator is woken when that was not possible, or
   -- when a success unlocked dependants while some worker still has room (a fan-out: more new work
@@ -319,7 +317,7 @@ COMMENT ON FUNCTION awp._complete_and_claim(awp.workers, text, text, jsonb, inte
 -- Outcomes: 'leased' (lease set), 'completed' (no refill leased to the worker: the caller refills as after
 -- awp._lease_refill), 'skipped'. fan_out: the task has dependants (see awp._wake_for_fan_out).
 -- The caller holds the worker row. Locks: as awp._complete_task (the run's advisory lock, Run, Dispatch,
--- Task/Attempt), then as awp._lease_refill.
+-- Task), then as awp._lease_refill.
 CREATE OR REPLACE FUNCTION awp._complete_and_refill(w awp.workers, p_dispatch_id text, p_lease_token text,
                                                     p_result jsonb, p_claim_seq bigint,
                                                     OUT outcome text, OUT lease awp.lease, OUT fan_out boolean)
@@ -360,23 +358,21 @@ BEGIN
     RETURN;
   END IF;
   v_now := awp._now();
-  UPDATE awp.dispatches x SET status = 'completed', result_hash = v_hash, finished_at = v_now
-    FROM awp.attempts a, awp.tasks y
+  -- The completion (awp._end_attempt for a success: the attempt is the dispatch row's, 0010_fold_attempts); the
+  -- task's own row is written by awp._lease_refill.
+  UPDATE awp.dispatches x
+     SET status = 'completed', result_hash = v_hash, finished_at = v_now,
+         attempt_status = 'succeeded', attempt_finished_at = v_now, output = p_result->'output',
+         error_code = p_result->>'error_code', error_message = p_result->>'error_message', counted = true
+    FROM awp.tasks y
    WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND awp._holds_lease(x, w.worker_id, p_lease_token)
-     AND v_now < x.attempt_deadline AND v_now < x.lease_expires_at
-     AND a.run_id = x.run_id AND a.task_key = x.task_key AND a.attempt = x.attempt
-     AND a.dispatch_id = x.dispatch_id AND a.status = 'running'
+     AND v_now < x.attempt_deadline AND v_now < x.lease_expires_at AND x.attempt_status = 'running'
      AND y.run_id = x.run_id AND y.task_key = x.task_key AND y.attempts = x.attempt AND y.status = 'running'
   RETURNING x.task_key, x.attempt, y.dependants INTO d;
   IF NOT FOUND THEN
     RETURN;
   END IF;
 
-  -- The completion (awp._end_attempt for a success); the task's own row is written by awp._lease_refill.
-  UPDATE awp.attempts a
-     SET status = 'succeeded', finished_at = v_now, output = p_result->'output',
-         error_code = p_result->>'error_code', error_message = p_result->>'error_message', counted = true
-   WHERE a.run_id = v_run AND a.task_key = d.task_key AND a.attempt = d.attempt;
   e_type := '{dispatch,attempt,task}';
   e_key := ARRAY[p_dispatch_id, d.task_key || '#' || d.attempt, d.task_key];
   e_from := '{leased,running,running}';
@@ -398,7 +394,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._complete_and_refill(awp.workers, text, text, jsonb, bigint) IS 'The hot path of complete_and_claim (a current success, then the refill leased to the worker); skipped (nothing written) otherwise.';
 
--- awp._task_rows(run, keys), awp._attempt_rows(run, keys, attempts), awp._dispatch_rows(ids): the current row
+-- awp._task_rows(run, keys), awp._dispatch_rows(ids): the current row
 -- versions (ctid) of these rows, by one primary-key probe per key (LIMIT 1 keeps it a probe). For the group
 -- path's writes of a few known rows of one run, whose lock the caller holds: WHERE ctid = ANY (f(...)) is a TID
 -- scan whatever the statistics say, where key = ANY (keys) was planned as a scan of the whole run (measured: every
@@ -412,16 +408,6 @@ BEGIN
                                     WHERE x.run_id = p_run_id AND x.task_key = u.task_key LIMIT 1) p);
 END $$;
 COMMENT ON FUNCTION awp._task_rows(text, text[]) IS 'The row versions (ctid) of some tasks of a run, by primary-key probes.';
-
-CREATE OR REPLACE FUNCTION awp._attempt_rows(p_run_id text, p_keys text[], p_attempts integer[]) RETURNS tid[]
-LANGUAGE plpgsql STABLE SET search_path = '' AS $$
-BEGIN
-  RETURN ARRAY(SELECT p.ctid FROM unnest(p_keys, p_attempts) AS u(task_key, attempt)
-               CROSS JOIN LATERAL (SELECT x.ctid FROM awp.attempts x
-                                    WHERE x.run_id = p_run_id AND x.task_key = u.task_key AND x.attempt = u.attempt
-                                    LIMIT 1) p);
-END $$;
-COMMENT ON FUNCTION awp._attempt_rows(text, text[], integer[]) IS 'The row versions (ctid) of some attempts of a run, by primary-key probes.';
 
 CREATE OR REPLACE FUNCTION awp._dispatch_rows(p_ids text[]) RETURNS tid[]
 LANGUAGE plpgsql STABLE SET search_path = '' AS $$
@@ -492,8 +478,8 @@ COMMENT ON FUNCTION awp._group_path_run(jsonb) IS 'The run of a group the group 
 -- plan_cache_mode = force_generic_plan: for the statements that read by TID, a custom plan looks cheaper than the
 -- generic one (the planner evaluates the ctid functions' arrays), so the plan cache would plan them again on every
 -- call; measured at 2 items per group, that took the saving from 4% to 18% of the backend's CPU per item.
--- Locks: the worker rows in worker_id order (awp._session), the run row, the dispatch rows (UPDATE), the
--- attempt rows, the task rows: the order of the item loop.
+-- Locks: the worker rows in worker_id order (awp._session), the run row, the dispatch rows (UPDATE: their
+-- attempts are on them), the task rows: the order of the item loop.
 CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb, p_run text DEFAULT NULL,
                                                           p_kinds text[] DEFAULT NULL)
 RETURNS TABLE (item integer, lease awp.lease)
@@ -592,10 +578,10 @@ BEGIN
   END IF;
 
   -- The completions: the checks of the hot path's dispatch UPDATE (awp._complete_and_refill), split by table so
-  -- that each statement reads its few rows by TID (awp._task_rows): joined, the planner probed the three tables
+  -- that each statement reads its few rows by TID (awp._task_rows): joined, the planner probed the tables
   -- through their indexes in its own order, filtering every unfinished task of the run. The statuses (and the
-  -- dispatch's run) are tested with IS NOT DISTINCT FROM, the same for these NOT NULL columns, so that no index
-  -- on them (every running attempt, every dispatch of the run) looks cheaper than the TID scan. A row that fails
+  -- dispatch's run) are tested with IS NOT DISTINCT FROM, in a WHERE the same as =, so that no index on them
+  -- (every running attempt, every dispatch of the run) looks cheaper than the TID scan. A row that fails
   -- a check makes a count fall short: a lease not current, whose item's own call says why.
   v_now := awp._now();
   SELECT array_agg(y.dependants::text ORDER BY array_position(c_key, y.task_key)) INTO c_deps
@@ -606,25 +592,20 @@ BEGIN
     PERFORM awp._raise_group_not_applicable('a task not current');
   END IF;
   UPDATE awp.dispatches d SET status = 'completed', result_hash = v_hash[array_position(v_did, d.dispatch_id)],
-                              finished_at = v_now
+                              finished_at = v_now, attempt_status = 'succeeded', attempt_finished_at = v_now,
+                              output = v_res[array_position(v_did, d.dispatch_id)]->'output',
+                              error_code = v_res[array_position(v_did, d.dispatch_id)]->>'error_code',
+                              error_message = v_res[array_position(v_did, d.dispatch_id)]->>'error_message',
+                              counted = true
    WHERE d.ctid = ANY (awp._dispatch_rows(v_did)) AND d.status IS NOT DISTINCT FROM 'leased'
      AND awp._holds_lease(d, v_wid[array_position(v_did, d.dispatch_id)], v_ltok[array_position(v_did, d.dispatch_id)])
      AND v_now < d.attempt_deadline AND v_now < d.lease_expires_at
+     AND d.attempt_status IS NOT DISTINCT FROM 'running'
      AND d.run_id IS NOT DISTINCT FROM v_run AND d.task_key = c_key[array_position(v_did, d.dispatch_id)]
      AND d.attempt = c_att[array_position(v_did, d.dispatch_id)];
   GET DIAGNOSTICS v_k = ROW_COUNT;
   IF v_k <> v_n THEN
     PERFORM awp._raise_group_not_applicable('a lease not current');
-  END IF;
-  UPDATE awp.attempts a
-     SET status = 'succeeded', finished_at = v_now, output = v_res[array_position(c_key, a.task_key)]->'output',
-         error_code = v_res[array_position(c_key, a.task_key)]->>'error_code',
-         error_message = v_res[array_position(c_key, a.task_key)]->>'error_message', counted = true
-   WHERE a.ctid = ANY (awp._attempt_rows(v_run, c_key, c_att)) AND a.status IS NOT DISTINCT FROM 'running'
-     AND a.dispatch_id = v_did[array_position(c_key, a.task_key)];
-  GET DIAGNOSTICS v_k = ROW_COUNT;
-  IF v_k <> v_n THEN
-    PERFORM awp._raise_group_not_applicable('an attempt not current');
   END IF;
 
   -- Per item, in order: its dependants made ready, then its refill (the first ready task not yet refilled).
@@ -676,14 +657,11 @@ BEGIN
   -- The refills' rows, then the tasks (completed and refilled: one UPDATE), then the run's row and events once.
   INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id,
                               lease_token_hash, attempt, fencing_token, leased_at, lease_expires_at,
-                              attempt_deadline, claim_seq)
+                              attempt_deadline, claim_seq, attempt_status)
   SELECT u.id, v_run, u.task_key, u.exec, v_now, 'leased', u.worker_id, awp._hash(u.tok), u.att, u.fence,
-         v_now, u.exp, u.dl, u.cseq
+         v_now, u.exp, u.dl, u.cseq, 'running'
     FROM unnest(f_id, f_key, f_exec, v_wid, f_tok, f_att, f_fence, f_exp, f_dl, v_cseq)
          AS u(id, task_key, exec, worker_id, tok, att, fence, exp, dl, cseq);
-  INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token, started_at, deadline)
-  SELECT v_run, u.task_key, u.att, u.id, u.worker_id, u.fence, v_now, u.dl
-    FROM unnest(f_key, f_att, f_id, v_wid, f_fence, f_dl) AS u(task_key, att, id, worker_id, fence, dl);
   UPDATE awp.tasks y
      SET status = CASE WHEN y.task_key = ANY (c_key) THEN 'succeeded' ELSE 'running' END,
          attempts = CASE WHEN y.task_key = ANY (c_key) THEN y.attempts ELSE f_att[array_position(f_key, y.task_key)] END,
@@ -829,7 +807,7 @@ COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' com
 -- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array).
 -- Locks: the advisory locks of the items' runs in run_id order (awp._queue_for_runs, before the worker
 -- row), then the worker row, then the runs of the items in run_id order (each as complete_task: Run,
--- then Dispatch, then Task/Attempt), then as claim_tasks. Sorting by run keeps two batches that touch
+-- then Dispatch, then Task), then as claim_tasks. Sorting by run keeps two batches that touch
 -- the same runs from deadlocking.
 CREATE OR REPLACE FUNCTION awp.complete_tasks(p_worker_id text, p_session_token text, p_results jsonb,
                                               p_slots integer DEFAULT 0, p_claim_seq bigint DEFAULT NULL)

@@ -4,7 +4,7 @@
 -- Locks: the coordinator_leader row (a pass with a term), then the settings row, then worker rows
 -- (offline marking, before any run lock), then due schedule rows (firing
 -- schedules, db/functions/schedules.sql), then per run: Run, then its Dispatches, then its
--- Task/Attempt rows. Runs busy in another transaction are skipped (SKIP LOCKED) and picked up by
+-- Task rows. Runs busy in another transaction are skipped (SKIP LOCKED) and picked up by
 -- the next pass.
 
 -- awp.mark_offline_workers(): active/draining workers silent for offline_after_heartbeats
@@ -99,7 +99,6 @@ BEGIN
     IF d.uncounted = 'not_received' THEN
       v_to := 'not_received';
     END IF;
-    UPDATE awp.dispatches x SET status = 'expired', finished_at = v_now WHERE x.dispatch_id = d.dispatch_id;
     PERFORM awp._append_event(d.run_id, 'dispatch', d.dispatch_id, 'leased', 'expired',
                               CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
                                         WHEN 'not_received' THEN 'not received by its worker'
@@ -114,7 +113,7 @@ BEGIN
                              CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
                                        WHEN 'not_received' THEN 'not received by its worker' ELSE 'lease expired' END
                              || CASE WHEN d.uncounted = 'outage' THEN ' after an outage' ELSE '' END,
-                             d.uncounted IS NULL);
+                             d.uncounted IS NULL, 'expired');   -- the dispatch expires with its attempt
     v_n := v_n + 1;
   END LOOP;
   PERFORM awp._log_flush();

@@ -18,7 +18,7 @@
 -- rows with FOR UPDATE SKIP LOCKED (a run that another transaction holds is left for the next batch),
 -- then the run's dispatches, tasks, attempts and events (nobody else locks them once the run is
 -- terminal), then worker rows with FOR UPDATE SKIP LOCKED. Nothing here ever waits for a worker or run
--- lock, so the project's order (settings, worker, schedule, run, dispatch, task/attempt) cannot deadlock
+-- lock, so the project's order (settings, worker, schedule, run, dispatch, task) cannot deadlock
 -- with it, and a batch holds its locks only for its own short duration.
 
 -- awp._prune_batch(cutoff, max_runs, max_tasks, max_workers, max_keys): one bounded batch: at most
@@ -83,10 +83,8 @@ BEGIN
                FOR UPDATE SKIP LOCKED) x;
   END IF;
   IF v_runs IS NOT NULL THEN
-    DELETE FROM awp.attempts a WHERE a.run_id = ANY (v_runs);
-    GET DIAGNOSTICS n_att = ROW_COUNT;
-    DELETE FROM awp.dispatches d WHERE d.run_id = ANY (v_runs);
-    GET DIAGNOSTICS n_disp = ROW_COUNT;
+    WITH x AS (DELETE FROM awp.dispatches d WHERE d.run_id = ANY (v_runs) RETURNING d.attempt_status)
+    SELECT count(*), count(x.attempt_status) INTO n_disp, n_att FROM x;   -- attempts: the leased dispatches
     DELETE FROM awp.tasks t WHERE t.run_id = ANY (v_runs);
     GET DIAGNOSTICS n_tasks = ROW_COUNT;
     DELETE FROM awp.events e WHERE e.run_id = ANY (v_runs);
@@ -100,13 +98,12 @@ BEGIN
     GET DIAGNOSTICS n_runs = ROW_COUNT;
   END IF;
 
-  -- Workers that ended before the cutoff and that no dispatch or attempt references any more
-  -- (workers_ended_idx, dispatches_worker_idx, attempts_worker_idx).
+  -- Workers that ended before the cutoff and that no dispatch (nor so its attempt) references any more
+  -- (workers_ended_idx, dispatches_worker_idx).
   WITH w AS (
     SELECT x.worker_id FROM awp.workers x
      WHERE x.status IN ('stopped', 'offline') AND coalesce(x.stopped_at, x.offline_at) < p_cutoff
        AND NOT EXISTS (SELECT 1 FROM awp.dispatches d WHERE d.worker_id = x.worker_id)
-       AND NOT EXISTS (SELECT 1 FROM awp.attempts a WHERE a.worker_id = x.worker_id)
      ORDER BY coalesce(x.stopped_at, x.offline_at)
      LIMIT p_max_workers
        FOR UPDATE SKIP LOCKED

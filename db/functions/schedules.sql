@@ -9,7 +9,7 @@
 -- at or after awp._wall_bound(t), and "the last fire time at or before t" the last one before it.
 --
 -- Lock order of the project with schedules: settings -> worker -> schedule -> run -> dispatch ->
--- task/attempt. awp.fire_schedules locks schedule rows (SKIP LOCKED) and then starts runs.
+-- task. awp.fire_schedules locks schedule rows (SKIP LOCKED) and then starts runs.
 
 -- ---------------------------------------------------------------- cron expressions
 

@@ -2,12 +2,18 @@
 -- and the shape of every function (comment, search_path, SECURITY DEFINER, the signatures of README.md's SQL API).
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(107);
+SELECT plan(111);
 
 -- ---------------------------------------------------------------- tables
 SELECT has_table('awp', t, 'table awp.' || t || ' exists')
-  FROM unnest(ARRAY['settings', 'workflows', 'workflow_versions', 'runs', 'tasks', 'attempts',
+  FROM unnest(ARRAY['settings', 'workflows', 'workflow_versions', 'runs', 'tasks',
                     'events', 'workers', 'dispatches']) t;
+-- An attempt is stored on its dispatch (0010_fold_attempts); awp.attempts reads them as the old table did.
+SELECT has_view('awp', 'attempts', 'awp.attempts is a view of the leased dispatches');
+SELECT is(ARRAY(SELECT attname::text FROM pg_attribute WHERE attrelid = 'awp.attempts'::regclass AND attnum > 0
+                 ORDER BY attnum),
+          '{run_id,task_key,attempt,dispatch_id,worker_id,fencing_token,status,started_at,deadline,finished_at,output,error_code,error_message,counted}',
+          'awp.attempts has the attempt columns, in the old table''s order');
 SELECT has_sequence('awp', 'fencing_token_seq', 'the fencing token sequence exists');
 
 -- ---------------------------------------------------------------- named checks
@@ -20,7 +26,8 @@ SELECT ok(EXISTS (SELECT 1 FROM pg_constraint c JOIN pg_class t ON t.oid = c.con
                ('tasks', 'task_status_is_valid'), ('tasks', 'task_finished_iff_terminal'),
                ('tasks', 'task_waiting_retry_has_ready_at'), ('tasks', 'task_ready_has_no_pending_deps'),
                ('tasks', 'task_running_has_attempt'), ('tasks', 'task_attempts_in_range'),
-               ('attempts', 'attempt_status_is_valid'), ('attempts', 'attempt_finished_iff_settled'),
+               ('dispatches', 'attempt_status_is_valid'), ('dispatches', 'attempt_finished_iff_settled'),
+               ('dispatches', 'attempt_iff_leased'), ('dispatches', 'attempt_columns_only_with_attempt'),
                ('dispatches', 'dispatch_status_is_valid'), ('dispatches', 'dispatch_leased_has_lease'),
                ('dispatches', 'dispatch_pending_has_no_lease'), ('dispatches', 'dispatch_lease_within_deadline'),
                ('dispatches', 'dispatch_completed_has_result'), ('dispatches', 'dispatch_finished_iff_final'),
@@ -43,8 +50,10 @@ SELECT ok((SELECT indisunique FROM pg_index WHERE indexrelid = 'awp.dispatches_o
           'dispatches_one_live_per_task_uq is unique');
 SELECT ok((SELECT indpred IS NOT NULL FROM pg_index WHERE indexrelid = 'awp.dispatches_one_live_per_task_uq'::regclass),
           'dispatches_one_live_per_task_uq is partial');
-SELECT col_is_pk('awp', 'attempts', ARRAY['run_id', 'task_key', 'attempt'], 'attempts are keyed by (run, task, number)');
-SELECT has_index('awp', 'attempts', 'attempts_one_running_per_task_uq', 'one running attempt per task index exists');
+SELECT is(pg_get_indexdef('awp.dispatches_attempt_uq'::regclass),
+          'CREATE UNIQUE INDEX dispatches_attempt_uq ON awp.dispatches USING btree (run_id, task_key, attempt)',
+          'attempts are unique by (run, task, number)');
+SELECT has_index('awp', 'dispatches', 'attempts_one_running_per_task_uq', 'one running attempt per task index exists');
 SELECT has_index('awp', 'dispatches', 'dispatches_fencing_token_uq', 'fencing tokens are unique');
 
 -- A live scenario to break: one leased task `a`, one ready task `b`.
@@ -62,11 +71,12 @@ SELECT throws_ok(format($$INSERT INTO awp.dispatches (dispatch_id, run_id, task_
 SELECT lives_ok(format($$INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, finished_at)
                          VALUES ('dsp_old', %L, %L, 'mock', now(), 'canceled', now())$$, :'run', :'l_task_key'),
                 'a finished dispatch next to the live one is allowed (the index is partial)');
-SELECT throws_ok(format($$INSERT INTO awp.attempts (run_id, task_key, attempt, dispatch_id, worker_id, fencing_token,
-                                                    status, started_at, deadline, finished_at)
-                         VALUES (%L, %L, 1, 'dsp_old', %L, 999999, 'canceled', now(), now(), now())$$,
-                        :'run', :'l_task_key', :'w1_worker_id'),
+SELECT throws_ok($$UPDATE awp.dispatches SET attempt = 1, attempt_status = 'canceled', attempt_finished_at = now()
+                    WHERE dispatch_id = 'dsp_old'$$,
                  '23505', NULL, 'a second attempt with the same number is rejected');
+SELECT throws_ok($$UPDATE awp.dispatches SET attempt_status = 'canceled', attempt_finished_at = now()
+                    WHERE dispatch_id = 'dsp_old'$$,
+                 '23514', NULL, 'an attempt without a number (a dispatch never leased) is rejected');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET fencing_token = %s WHERE dispatch_id = 'dsp_old'$$, :'l_fencing_token'),
                  '23505', NULL, 'a fencing token can never be issued twice');
 

@@ -62,7 +62,7 @@ SELECT cmp_ok((SELECT tuples FROM read_rows WHERE relname = 'dispatches'), '<=',
 DELETE FROM awp.runs WHERE run_id IN (SELECT run_id FROM awp.runs WHERE run_id LIKE 'run_old%' LIMIT 500);
 SELECT is(awp.metrics_snapshot()->'runs'->>'succeeded', '19500', 'a DELETE of runs is counted');
 SET CONSTRAINTS ALL IMMEDIATE;  -- the deferred events trigger fires now: TRUNCATE needs none pending
-TRUNCATE awp.events, awp.attempts, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE;
+TRUNCATE awp.events, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE;
 SELECT is(awp.metrics_snapshot()->'runs', '{}'::jsonb, 'TRUNCATE empties the run counts');
 SELECT is(awp.metrics_snapshot()->'workers', '{}'::jsonb, 'TRUNCATE empties the worker counts');
 

@@ -2,9 +2,10 @@
 database agree on (AWP issue 13).
 
 The database enforces the limits (``awp._check_result`` in db/functions/complete_task.sql, and the CHECK
-constraints of ``awp.attempts``); the gateway reads bodies with the strict reader of :mod:`awp.jsonio` (at most
-:data:`awp.parsing.BODY_LIMIT` bytes) and checks a result's shape against :data:`RESULT_KINDS`; the worker runs
-:func:`check_result` on every result before sending it, so that what it sends is what the server accepts.
+constraints of the attempt columns of ``awp.dispatches``, which ``awp.attempts`` reads); the gateway reads bodies
+with the strict reader of :mod:`awp.jsonio` (at most :data:`awp.parsing.BODY_LIMIT` bytes) and checks a result's
+shape against :data:`RESULT_KINDS`; the worker runs :func:`check_result` on every result before sending it, so
+that what it sends is what the server accepts.
 python/tests/test_result_limits.py reads the limits from the database's catalog and compares them with the
 constants here, and compares :func:`jsonb_text_size` with PostgreSQL's own measure.
 

@@ -10,7 +10,7 @@ import psycopg
 from awp.db import DispatchListener
 from awp_testing.cluster import one
 
-EMPTY = "TRUNCATE awp.events, awp.attempts, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE"
+EMPTY = "TRUNCATE awp.events, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE"
 
 
 async def _woken(listener: DispatchListener, n: int, timeout: float) -> list[bool]:

@@ -50,10 +50,10 @@ def check_constraint(conn: psycopg.Connection, table: str, name: str) -> str:
 # (limit, table, CHECK constraint, its definition with the limit as the one group)
 CHECKS = [
     ("input_bytes", "awp.schedules", "schedule_input_size", r"CHECK \(\(octet_length\(\(input\)::text\) <= (\d+)\)\)"),
-    ("error_code_chars", "awp.attempts", "attempt_error_code_length", r"CHECK \(\(length\(error_code\) <= (\d+)\)\)"),
+    ("error_code_chars", "awp.dispatches", "attempt_error_code_length", r"CHECK \(\(length\(error_code\) <= (\d+)\)\)"),
     (
         "error_message_bytes",
-        "awp.attempts",
+        "awp.dispatches",
         "attempt_error_message_length",
         r"CHECK \(\(octet_length\(error_message\) <= (\d+)\)\)",
     ),

@@ -30,7 +30,7 @@ def connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
 def db(db_dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
     """A superuser connection on a database emptied of runs and workers, with default settings."""
     with connect(db_dsn) as c:
-        c.execute("TRUNCATE awp.events, awp.attempts, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE")
+        c.execute("TRUNCATE awp.events, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE")
         c.execute(
             "SELECT awp.configure(lease_duration_ms => 15000, heartbeat_interval_ms => 5000,"
             " offline_after_heartbeats => 3, dispatch_limit => 100)"

@@ -43,8 +43,10 @@ def function_source(conn: psycopg.Connection, signature: str) -> str:
 
 
 def constraint(conn: psycopg.Connection, name: str) -> str:
+    # The attempt's columns are stored on its dispatch (db/migrations/0010_fold_attempts.sql).
     sql = (
-        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = %s AND conrelid = 'awp.attempts'::regclass"
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+        " WHERE conname = %s AND conrelid = 'awp.dispatches'::regclass"
     )
     return str(scalar(conn, sql, (name,)))
 
