@@ -105,7 +105,7 @@ COMMENT ON FUNCTION awp._unlock_dependants(text, text[], timestamptz) IS 'Counts
 -- awp._end_attempt(run, task, attempt, attempt_status, retryable, output, error_code,
 --                  error_message, reason, counted, dispatch_status, result_hash): settles a running attempt
 -- (with its dispatch, whose row it is: the dispatch becomes dispatch_status -- completed with result_hash,
--- expired -- in the same UPDATE; NULL leaves the dispatch's status alone) and then its task:
+-- or expired with none -- in the same UPDATE) and then its task:
 --   succeeded                 -> task succeeded, dependants whose dependencies all succeeded become ready;
 --   failed/timed_out/interrupted/not_received, retryable and attempts left
 --                             -> task waiting_retry (ready_at = now + interval_ms; now when not counted);
@@ -117,8 +117,8 @@ COMMENT ON FUNCTION awp._unlock_dependants(text, text[], timestamptz) IS 'Counts
 CREATE OR REPLACE FUNCTION awp._end_attempt(p_run_id text, p_task_key text, p_attempt integer,
                                             p_attempt_status text, p_retryable boolean,
                                             p_output jsonb, p_error_code text, p_error_message text,
-                                            p_reason text, p_counted boolean DEFAULT true,
-                                            p_dispatch_status text DEFAULT NULL, p_result_hash bytea DEFAULT NULL)
+                                            p_reason text, p_counted boolean, p_dispatch_status text,
+                                            p_result_hash bytea)
 RETURNS text
 LANGUAGE plpgsql SET search_path = '' AS $$
 DECLARE
@@ -134,9 +134,7 @@ BEGIN
   -- UPDATE of a row this transaction wrote runs its foreign-key checks again, and the one on worker_id takes
   -- FOR KEY SHARE on the worker's row, where that worker's heartbeat (FOR UPDATE) would wait for this commit.
   UPDATE awp.dispatches x
-     SET status = coalesce(p_dispatch_status, x.status),
-         finished_at = CASE WHEN p_dispatch_status IS NULL THEN x.finished_at ELSE v_now END,
-         result_hash = coalesce(p_result_hash, x.result_hash),
+     SET status = p_dispatch_status, finished_at = v_now, result_hash = p_result_hash,
          attempt_status = p_attempt_status, attempt_finished_at = v_now, output = p_output,
          error_code = p_error_code, error_message = p_error_message, counted = NOT v_free
    WHERE x.run_id = p_run_id AND x.task_key = p_task_key AND x.attempt = p_attempt AND x.attempt_status = 'running';

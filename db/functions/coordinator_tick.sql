@@ -113,7 +113,7 @@ BEGIN
                              CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
                                        WHEN 'not_received' THEN 'not received by its worker' ELSE 'lease expired' END
                              || CASE WHEN d.uncounted = 'outage' THEN ' after an outage' ELSE '' END,
-                             d.uncounted IS NULL, 'expired');   -- the dispatch expires with its attempt
+                             d.uncounted IS NULL, 'expired', NULL);   -- the dispatch expires with its attempt
     v_n := v_n + 1;
   END LOOP;
   PERFORM awp._log_flush();

@@ -98,7 +98,7 @@ def test_every_attempt_moves_onto_its_dispatch_and_reads_back_the_same(db_at_000
             "SELECT attempt, status, dispatch_id, output, error_code FROM awp.task_attempts('run1', 'a')"
         ).fetchall()
         assert history == [(1, "not_received", "d1", None, "not_received"), (2, "succeeded", "d2", {"rows": 3}, None)]
-        # The moved running attempt is still the one a completion settles: it is held by its dispatch's lease.
+        # The attempt that was running is still running, on its still leased dispatch.
         assert conn.execute(
             "SELECT status FROM awp.attempts WHERE run_id = 'run1' AND task_key = 'b' AND attempt = 1"
         ).fetchone() == ("running",)
