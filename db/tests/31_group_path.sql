@@ -5,7 +5,7 @@
 -- When the group path does not apply, nothing of it remains and every item gets its own answer.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(23);
+SELECT plan(27);
 
 SELECT tests.freeze('2026-01-01 00:00:00+00');
 -- Two runs of one shape, one per executor kind (so neither is in the other's fairness order): run g is settled
@@ -173,6 +173,33 @@ SELECT throws_ok(format('SELECT * FROM awp._complete_and_refill_group(%L)', :'h_
 SELECT is((SELECT array_agg((m.lease).run_id ORDER BY (m.lease).run_id) FROM awp.complete_and_claim_many(:'h_items') m),
           (SELECT array_agg(x ORDER BY x) FROM unnest(ARRAY[:'h_run', :'k_run']) x),
           'the item loop refills one slot from run k (first in fairness order), then one from run h: they take turns');
+
+-- 6. A lease that expired (the reaper has not settled it yet) in a group: the group path's single write of the
+--    dispatches (a MERGE: the completions matched, the refills inserted) completes only current leases, and a
+--    completion it did not write must undo the whole group, refills included. The items are then settled one by
+--    one: that item lease_lost, the other applied and refilled. Own kind and run (runs h and k have ready work).
+SELECT tests.make_run('m', jsonb_build_array(tests.task('a', '{}', '{"executor": "python"}'),
+                                             tests.task('b', '{}', '{"executor": "python"}'),
+                                             tests.task('c', '{}', '{"executor": "python"}'),
+                                             tests.task('d', '{}', '{"executor": "python"}')), 1) AS m_run \gset
+DELETE FROM w; DELETE FROM held;
+INSERT INTO w SELECT :'m_run', r.* FROM tests.register_worker('m1', '{python}', 1) r;
+INSERT INTO w SELECT :'m_run', r.* FROM tests.register_worker('m2', '{python}', 1) r;
+SELECT pg_temp.claim_all();
+SELECT tests.end_tx();
+SELECT pg_temp.items(:'m_run') AS m_items \gset
+UPDATE awp.dispatches SET lease_expires_at = awp._now()   -- item 2 (a's worker): its lease expires now
+ WHERE dispatch_id = (SELECT dispatch_id FROM held WHERE task_key = 'a' AND worker_id IN (SELECT worker_id FROM w));
+SELECT throws_ok(format('SELECT * FROM awp._complete_and_refill_group(%L)', :'m_items'), 'AWGRP', NULL,
+                 'the group path refuses a group with an expired lease');
+CREATE TEMP TABLE got4 AS SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(:'m_items') m;
+SELECT is((SELECT error->>'sqlstate' || ' ' || (error->>'detail') FROM got4 WHERE item = 2), 'AWLST the lease has expired',
+          'the item with the expired lease: lease_lost, as its own call');
+SELECT is((SELECT task_key FROM got4 WHERE item = 1), 'c', 'the other item is applied and refilled');
+SELECT ok(tests.task_statuses(:'m_run') = '{a=running,b=succeeded,c=running,d=ready}'::text[]
+          AND (SELECT count(*) FROM awp.dispatches WHERE run_id = :'m_run') = 3
+          AND tests.sequences_contiguous(:'m_run') AND (SELECT count(*) FROM awp.check_invariants()) = 0,
+          'nothing of the refused group remains: a still runs, one refill; sequences contiguous, invariants hold');
 
 SELECT * FROM finish();
 ROLLBACK;
