@@ -259,9 +259,11 @@ COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready t
 -- the run's lock): it is written here with the refill's row, one MERGE on awp.dispatches (completed with its
 -- attempt as awp._end_attempt does for a success) instead of an UPDATE and an INSERT. Each run touched is then
 -- written once with its events (awp._write_log). The general path (after awp._complete_task) passes the worker
--- and claim_seq alone. enable_seqscan = off: the MERGE joins its two rows to awp.dispatches by primary key, and
--- with the table small (a fresh database) the planner preferred scanning it all, a plan the plan cache kept as
--- the table grew (measured: +30% per completion at 2,400 dispatches); no statement here should scan a table.
+-- and claim_seq alone. enable_seqscan, enable_material, enable_hashjoin, enable_mergejoin = off: the MERGE joins
+-- its two rows to awp.dispatches by primary key, one index probe each; with the table small (a fresh database, or
+-- one analyzed while small) the planner preferred to scan all of it (filtered, or materialized), a plan the plan
+-- cache kept as the table grew (measured: +30% per completion at 2,400 dispatches). No statement here should scan
+-- a table.
 -- Locks: as awp._refill_slot (runs without waiting: awp._try_run, then the task row), then the completed dispatch
 -- (the caller holds its run), then as awp._claim.
 CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint, p_now timestamptz DEFAULT NULL,
@@ -271,7 +273,8 @@ CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint, 
                                              p_reasons text[] DEFAULT '{}', p_done text DEFAULT NULL,
                                              p_done_hash bytea DEFAULT NULL, p_done_result jsonb DEFAULT NULL)
 RETURNS SETOF awp.lease
-LANGUAGE plpgsql SET search_path = '' SET enable_sort = off SET enable_seqscan = off AS $$   -- sort: awp._dispatch_one
+LANGUAGE plpgsql SET search_path = '' SET enable_sort = off SET enable_seqscan = off SET enable_material = off
+                 SET enable_hashjoin = off SET enable_mergejoin = off AS $$   -- sort: see awp._dispatch_one
 DECLARE
   v_now   timestamptz := coalesce(p_now, awp._now());
   s       awp.settings;

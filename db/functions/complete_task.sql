@@ -475,9 +475,11 @@ COMMENT ON FUNCTION awp._group_path_run(jsonb) IS 'The run of a group the group 
 -- plan_cache_mode = force_generic_plan: for the statements that read by TID, a custom plan looks cheaper than the
 -- generic one (the planner evaluates the ctid functions' arrays), so the plan cache would plan them again on every
 -- call; measured at 2 items per group, that took the saving from 4% to 18% of the backend's CPU per item.
--- enable_hashjoin, enable_mergejoin = off: the MERGE joins its few source rows to awp.dispatches by primary key;
--- with the table small (a fresh database) the planner preferred a hash join over a scan of the whole table, and
--- the generic plan kept it as the table grew. (A join on ctid is no TID scan in a MERGE: it filtered every row.)
+-- enable_seqscan, enable_material, enable_hashjoin, enable_mergejoin = off: the MERGE joins its few source rows
+-- to awp.dispatches by primary key, one index probe per row; with the table small (a fresh database, or one
+-- analyzed while small) the planner preferred to scan all of it (hashed, materialized or filtered), and the
+-- generic plan kept that scan as the table grew. No statement here should scan a table. (A join on ctid is no TID
+-- scan in a MERGE: it filters.)
 -- Locks: the worker rows in worker_id order (awp._session), the run row, the dependants made ready and the tasks
 -- refilled (awp._unlock_dependants, awp._first_ready, per item in order), the dispatch rows (the MERGE: the
 -- completed ones with their attempts, and the refills'), then the completed tasks. The run's lock is held
@@ -486,8 +488,8 @@ COMMENT ON FUNCTION awp._group_path_run(jsonb) IS 'The run of a group the group 
 CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb, p_run text DEFAULT NULL,
                                                           p_kinds text[] DEFAULT NULL)
 RETURNS TABLE (item integer, lease awp.lease)
-LANGUAGE plpgsql SET search_path = '' SET plan_cache_mode = force_generic_plan SET enable_hashjoin = off
-                 SET enable_mergejoin = off AS $$
+LANGUAGE plpgsql SET search_path = '' SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
+                 SET enable_material = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
 DECLARE
   v_n     integer := jsonb_array_length(p_items);
   v_run   text;
