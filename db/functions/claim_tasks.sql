@@ -259,11 +259,10 @@ COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready t
 -- the run's lock): it is written here with the refill's row, one MERGE on awp.dispatches (completed with its
 -- attempt as awp._end_attempt does for a success) instead of an UPDATE and an INSERT. Each run touched is then
 -- written once with its events (awp._write_log). The general path (after awp._complete_task) passes the worker
--- and claim_seq alone. enable_seqscan, enable_material, enable_hashjoin, enable_mergejoin = off: the MERGE joins
--- its two rows to awp.dispatches by primary key, one index probe each; with the table small (a fresh database, or
--- one analyzed while small) the planner preferred to scan all of it (filtered, or materialized), a plan the plan
--- cache kept as the table grew (measured: +30% per completion at 2,400 dispatches). No statement here should scan
--- a table.
+-- and claim_seq alone. The MERGE reads awp.dispatches by primary key only (its ON clause names both ids), planned
+-- with enable_seqscan off (set around it): with the table small (a fresh database, or one analyzed while small) the
+-- planner preferred to scan all of it, a plan the plan cache kept as the table grew (measured: +30% per completion
+-- at 2,400 dispatches); see awp._complete_and_refill_group for why not on the whole function.
 -- Locks: as awp._refill_slot (runs without waiting: awp._try_run, then the task row), then the completed dispatch
 -- (the caller holds its run), then as awp._claim.
 CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint, p_now timestamptz DEFAULT NULL,
@@ -273,14 +272,14 @@ CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint, 
                                              p_reasons text[] DEFAULT '{}', p_done text DEFAULT NULL,
                                              p_done_hash bytea DEFAULT NULL, p_done_result jsonb DEFAULT NULL)
 RETURNS SETOF awp.lease
-LANGUAGE plpgsql SET search_path = '' SET enable_sort = off SET enable_seqscan = off SET enable_material = off
-                 SET enable_hashjoin = off SET enable_mergejoin = off AS $$   -- sort: see awp._dispatch_one
+LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$   -- see awp._dispatch_one
 DECLARE
   v_now   timestamptz := coalesce(p_now, awp._now());
   s       awp.settings;
   v_run   text;
   v_key   text;   -- the task refilled and its executor (NULL: none)
   v_exec  text;
+  v_seqscan text := current_setting('enable_seqscan');
   r       record;
   t       record;
   v_id    text;
@@ -324,9 +323,10 @@ BEGIN
     SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
   END IF;
   IF p_done IS NOT NULL THEN   -- the hot path's completion, with the refill's row when there is one
+    PERFORM set_config('enable_seqscan', 'off', true);   -- for planning the MERGE (see above)
     MERGE INTO awp.dispatches x
     USING (VALUES (p_done, true), (v_id, false)) AS m(id, done)
-       ON x.dispatch_id = m.id
+       ON x.dispatch_id = m.id AND x.dispatch_id IN (p_done, v_id)
     WHEN MATCHED AND m.done THEN
       UPDATE SET status = 'completed', result_hash = p_done_hash, finished_at = v_now, attempt_status = 'succeeded',
                  attempt_finished_at = v_now, output = p_done_result->'output',
@@ -337,6 +337,7 @@ BEGIN
               fencing_token, leased_at, lease_expires_at, attempt_deadline, claim_seq, attempt_status)
       VALUES (v_id, v_run, v_key, v_exec, v_now, 'leased', w.worker_id, awp._hash(v_token), v_att,
               v_fence, v_now, v_exp, v_dl, p_claim_seq, 'running');   -- v_key, v_exec: t is unset without a refill
+    PERFORM set_config('enable_seqscan', v_seqscan, true);
   ELSIF v_key IS NOT NULL THEN
     INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id,
                                 lease_token_hash, attempt, fencing_token, leased_at, lease_expires_at,

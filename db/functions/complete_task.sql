@@ -475,11 +475,12 @@ COMMENT ON FUNCTION awp._group_path_run(jsonb) IS 'The run of a group the group 
 -- plan_cache_mode = force_generic_plan: for the statements that read by TID, a custom plan looks cheaper than the
 -- generic one (the planner evaluates the ctid functions' arrays), so the plan cache would plan them again on every
 -- call; measured at 2 items per group, that took the saving from 4% to 18% of the backend's CPU per item.
--- enable_seqscan, enable_material, enable_hashjoin, enable_mergejoin = off: the MERGE joins its few source rows
--- to awp.dispatches by primary key, one index probe per row; with the table small (a fresh database, or one
--- analyzed while small) the planner preferred to scan all of it (hashed, materialized or filtered), and the
--- generic plan kept that scan as the table grew. No statement here should scan a table. (A join on ctid is no TID
--- scan in a MERGE: it filters.)
+-- The MERGE reads awp.dispatches by primary key only (its ON clause names the completed dispatches' ids), and is
+-- planned with enable_seqscan off: with the table small (a fresh database, or one analyzed while small) the planner
+-- preferred to scan all of it (hashed, materialized or filtered), and the generic plan kept that scan as the table
+-- grew. The setting is the MERGE's alone (set around it): on the whole function it reached the statements that
+-- must scan (the settings row), whose forced plans then cost more than jit_above_cost and were compiled on every
+-- call (measured: 5 ms per call). (A join on ctid is no TID scan in a MERGE: it filters.)
 -- Locks: the worker rows in worker_id order (awp._session), the run row, the dependants made ready and the tasks
 -- refilled (awp._unlock_dependants, awp._first_ready, per item in order), the dispatch rows (the MERGE: the
 -- completed ones with their attempts, and the refills'), then the completed tasks. The run's lock is held
@@ -488,8 +489,7 @@ COMMENT ON FUNCTION awp._group_path_run(jsonb) IS 'The run of a group the group 
 CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb, p_run text DEFAULT NULL,
                                                           p_kinds text[] DEFAULT NULL)
 RETURNS TABLE (item integer, lease awp.lease)
-LANGUAGE plpgsql SET search_path = '' SET plan_cache_mode = force_generic_plan SET enable_seqscan = off
-                 SET enable_material = off SET enable_hashjoin = off SET enable_mergejoin = off AS $$
+LANGUAGE plpgsql SET search_path = '' SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
   v_n     integer := jsonb_array_length(p_items);
   v_run   text;
@@ -534,6 +534,7 @@ DECLARE
   e_from  text[] := '{}';
   e_to    text[] := '{}';
   e_why   text[] := '{}';
+  v_seqscan text := current_setting('enable_seqscan');
 BEGIN
   IF p_run IS NULL THEN   -- a direct call: the caller's test, here
     SELECT g.run_id, g.kinds INTO v_run, v_kinds FROM awp._group_path_run(p_items) g;
@@ -644,6 +645,7 @@ BEGIN
   -- The dispatches in one MERGE: each completion (matched by its id: the checks of the hot path's dispatch UPDATE,
   -- awp._complete_and_refill) completed with its attempt, each refill (not matched: a new id) inserted leased.
   -- Every source row is written or the count falls short: a lease not current, whose item's own call says why.
+  PERFORM set_config('enable_seqscan', 'off', true);   -- for planning the MERGE (see above)
   MERGE INTO awp.dispatches d
   USING (SELECT true AS done, c.id, c.worker_id, c.tok, c.hash, c.res, c.task_key, c.att, NULL::text AS exec,
                 NULL::bigint AS fence, NULL::timestamptz AS exp, NULL::timestamptz AS dl, NULL::bigint AS cseq
@@ -653,7 +655,7 @@ BEGIN
          SELECT false, u.id, u.worker_id, u.tok, NULL, NULL, u.task_key, u.att, u.exec, u.fence, u.exp, u.dl, u.cseq
            FROM unnest(f_id, v_wid, f_tok, f_key, f_att, f_exec, f_fence, f_exp, f_dl, v_cseq)
                 AS u(id, worker_id, tok, task_key, att, exec, fence, exp, dl, cseq)) m
-     ON d.dispatch_id = m.id
+     ON d.dispatch_id = m.id AND d.dispatch_id = ANY (v_did)
   WHEN MATCHED AND m.done AND d.status IS NOT DISTINCT FROM 'leased' AND awp._holds_lease(d, m.worker_id, m.tok)
        AND v_now < d.attempt_deadline AND v_now < d.lease_expires_at
        AND d.attempt_status IS NOT DISTINCT FROM 'running'
@@ -667,6 +669,7 @@ BEGIN
     VALUES (m.id, v_run, m.task_key, m.exec, v_now, 'leased', m.worker_id, awp._hash(m.tok), m.att, m.fence,
             v_now, m.exp, m.dl, m.cseq, 'running');
   GET DIAGNOSTICS v_k = ROW_COUNT;
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
   IF v_k <> 2 * v_n THEN
     PERFORM awp._raise_group_not_applicable('a lease not current');
   END IF;
