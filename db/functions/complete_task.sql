@@ -410,7 +410,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._task_rows(text, text[]) IS 'The row versions (ctid) of some tasks of a run, by primary-key probes.';
 
-
 -- awp._group_path_run(items): the first test of the group path (awp._complete_and_refill_group), without locks and
 -- without raising: complete_and_claim_many asks it before it opens the group's subtransaction, so the common
 -- refusal (runs taking turns) neither locks nor raises (measured: such a group costs what the item loop alone
