@@ -311,8 +311,9 @@ COMMENT ON FUNCTION awp._complete_and_claim(awp.workers, text, text, jsonb, inte
 --     and cancel request are tested where its row is locked);
 --   - the completed dispatch is written with the refill's (awp._lease_refill: one MERGE, where an UPDATE and an
 --     INSERT each paid a write's fixed cost on the table with the most constraints; measured, backend CPU per
---     completion, two databases alternating: -5% to -8%), the completed task's row with the refilled one, and
---     each run's row once with all its events (awp._write_log), not step by step through awp.log_state.
+--     completion, two databases alternating: -2% to -8% in four runs), the completed task's row with the
+--     refilled one, and each run's row once with all its events (awp._write_log), not step by step through
+--     awp.log_state.
 -- When any check fails it writes nothing and answers 'skipped': the caller then takes the general path, which
 -- raises the exact error (AWLST, AWCNF) or answers an idempotent repeat. So do a temporary or permanent failure
 -- and the run's last unfinished task (the run settles). An invalid result raises AWREQ here, as there.
@@ -453,7 +454,8 @@ COMMENT ON FUNCTION awp._group_path_run(jsonb) IS 'The run of a group the group 
 -- again, its foreign-key checks -- that a group of k items pays once instead of k times). The dispatches get one
 -- MERGE: the completions (matched, updated) and the refills (not matched, inserted) in one statement, where an
 -- UPDATE and an INSERT paid that part twice on the table with the most constraints (measured, backend CPU per
--- item, two databases alternating: -5% to -7% at 2 and 4 items per group).
+-- item, two databases alternating: -5% to -7% at 2 and 4 items per group before its plan was pinned as below;
+-- about even with the UPDATE and INSERT after).
 -- It writes exactly what the item loop writes, items taken in its order (worker_id, then position): per item the
 -- completion (dispatch completed, attempt and task succeeded), its dependants made ready (awp._unlock_dependants),
 -- then the refill leased straight to the item's worker (awp._lease_refill: the first ready task of the run in
