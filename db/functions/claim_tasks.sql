@@ -279,7 +279,7 @@ DECLARE
   v_run   text;
   v_key   text;   -- the task refilled and its executor (NULL: none)
   v_exec  text;
-  v_seqscan text := current_setting('enable_seqscan');
+  v_seqscan text;   -- the session's enable_seqscan, restored after the MERGE
   r       record;
   t       record;
   v_id    text;
@@ -323,6 +323,7 @@ BEGIN
     SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
   END IF;
   IF p_done IS NOT NULL THEN   -- the hot path's completion, with the refill's row when there is one
+    v_seqscan := current_setting('enable_seqscan');
     PERFORM set_config('enable_seqscan', 'off', true);   -- for planning the MERGE (see above)
     MERGE INTO awp.dispatches x
     USING (VALUES (p_done, true), (v_id, false)) AS m(id, done)

@@ -42,6 +42,16 @@ BEGIN
   END LOOP;
 END $$;
 SELECT pg_temp.claim_all();
+-- pg_temp.two_holders(run, prefix, kind): w and held start over with two new workers of one slot of that kind, the
+-- first holding a, the second b (pg_temp.claim_all).
+CREATE FUNCTION pg_temp.two_holders(p_run text, p_prefix text, p_kind text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  DELETE FROM w;
+  DELETE FROM held;
+  INSERT INTO w SELECT p_run, r.* FROM tests.register_worker(p_prefix || '1', ARRAY[p_kind], 1) r;
+  INSERT INTO w SELECT p_run, r.* FROM tests.register_worker(p_prefix || '2', ARRAY[p_kind], 1) r;
+  PERFORM pg_temp.claim_all();
+END $$;
 -- The items of run g's workers (position 1 = the worker that holds b, so the loop's order differs from it).
 CREATE FUNCTION pg_temp.items(p_run text, p_output jsonb DEFAULT '{"x": 1}') RETURNS jsonb LANGUAGE sql AS $$
   SELECT jsonb_agg(jsonb_build_object('worker_id', w.worker_id, 'session_token', w.token, 'dispatch_id', h.dispatch_id,
@@ -140,10 +150,7 @@ SELECT is(pg_temp.events(:'g_run'), pg_temp.events(:'s_run'), 'the whole history
 -- 4. A refused item in a group: the group is rolled back, each item gets its own answer.
 SELECT tests.make_run('h', jsonb_build_array(tests.task('a'), tests.task('b'), tests.task('c'), tests.task('d'),
                                              tests.task('e')), 1) AS h_run \gset
-DELETE FROM w; DELETE FROM held;
-INSERT INTO w SELECT :'h_run', r.* FROM tests.register_worker('h1', '{mock}', 1) r;
-INSERT INTO w SELECT :'h_run', r.* FROM tests.register_worker('h2', '{mock}', 1) r;
-SELECT pg_temp.claim_all();
+SELECT pg_temp.two_holders(:'h_run', 'h', 'mock');
 SELECT tests.end_tx();
 SELECT pg_temp.items(:'h_run') AS h_items \gset
 CREATE TEMP TABLE got3 AS   -- item 2 (a's worker) with a wrong lease token
@@ -178,18 +185,13 @@ SELECT is((SELECT array_agg((m.lease).run_id ORDER BY (m.lease).run_id) FROM awp
 --    dispatches (a MERGE: the completions matched, the refills inserted) completes only current leases, and a
 --    completion it did not write must undo the whole group, refills included. The items are then settled one by
 --    one: that item lease_lost, the other applied and refilled. Own kind and run (runs h and k have ready work).
-SELECT tests.make_run('m', jsonb_build_array(tests.task('a', '{}', '{"executor": "python"}'),
-                                             tests.task('b', '{}', '{"executor": "python"}'),
-                                             tests.task('c', '{}', '{"executor": "python"}'),
-                                             tests.task('d', '{}', '{"executor": "python"}')), 1) AS m_run \gset
-DELETE FROM w; DELETE FROM held;
-INSERT INTO w SELECT :'m_run', r.* FROM tests.register_worker('m1', '{python}', 1) r;
-INSERT INTO w SELECT :'m_run', r.* FROM tests.register_worker('m2', '{python}', 1) r;
-SELECT pg_temp.claim_all();
+SELECT tests.make_run('m', (SELECT jsonb_agg(tests.task(k, '{}', '{"executor": "python"}') ORDER BY k)
+                             FROM unnest('{a,b,c,d}'::text[]) k), 1) AS m_run \gset
+SELECT pg_temp.two_holders(:'m_run', 'm', 'python');
 SELECT tests.end_tx();
 SELECT pg_temp.items(:'m_run') AS m_items \gset
 UPDATE awp.dispatches SET lease_expires_at = awp._now()   -- item 2 (a's worker): its lease expires now
- WHERE dispatch_id = (SELECT dispatch_id FROM held WHERE task_key = 'a' AND worker_id IN (SELECT worker_id FROM w));
+ WHERE dispatch_id = (SELECT dispatch_id FROM held WHERE task_key = 'a');
 SELECT throws_ok(format('SELECT * FROM awp._complete_and_refill_group(%L)', :'m_items'), 'AWGRP', NULL,
                  'the group path refuses a group with an expired lease');
 CREATE TEMP TABLE got4 AS SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(:'m_items') m;
