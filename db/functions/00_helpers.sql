@@ -1,16 +1,16 @@
 -- Private helpers shared by the public functions: time, ids, tokens, hashing, sessions, events, errors.
 -- None of them is granted to awp_gateway; they run inside the SECURITY DEFINER callers.
--- The one-line SQL helpers _ms, _new_id, _token and _hash have no SET search_path on purpose: they
--- name only pg_catalog objects (and public.gen_random_bytes, schema-qualified), so the planner can
--- inline them into the caller's cached plan instead of planning a function call each time they run
--- (a SET clause forbids inlining). db/tests/01_schema.sql lists them as the only exceptions.
+-- Like every private function they have no SET search_path (docs/architecture.md, "Functions and
+-- search_path"): they name only pg_catalog objects and schema-qualified ones (public.gen_random_bytes), and
+-- the planner inlines the one-line SQL helpers _ms, _new_id, _token and _hash into the caller's cached plan
+-- instead of planning a function call each time they run (a SET clause forbids inlining).
 
 -- awp._now(): the one clock. Database time (clock_timestamp), unless a test froze it with
 -- SET awp.test_now = '…' (pgTAP does; see db/tests). The frozen clock is honoured only in a test
 -- database (one with the pgtap extension, which migrations install nowhere else), so no client
 -- of a real database can move time for its leases. Takes no locks, raises nothing.
 CREATE OR REPLACE FUNCTION awp._now() RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE SET search_path = '' AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   v_frozen text := current_setting('awp.test_now', true);
 BEGIN
@@ -54,12 +54,12 @@ COMMENT ON FUNCTION awp._hash(text) IS 'SHA-256 of a secret token.';
 
 -- awp._executor_kinds(): the executor kinds a definition and a worker may name.
 CREATE OR REPLACE FUNCTION awp._executor_kinds() RETURNS text[]
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$ SELECT ARRAY['mock', 'python'] $$;
+LANGUAGE sql IMMUTABLE AS $$ SELECT ARRAY['mock', 'python'] $$;
 COMMENT ON FUNCTION awp._executor_kinds() IS 'The known executor kinds.';
 
 -- awp._settings(): the settings row.
 CREATE OR REPLACE FUNCTION awp._settings() RETURNS awp.settings
-LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
   s awp.settings;
 BEGIN
@@ -73,7 +73,7 @@ COMMENT ON FUNCTION awp._settings() IS 'The one settings row.';
 -- or an offline/stopped session; this check comes before every other check of a worker call.
 CREATE OR REPLACE FUNCTION awp._session(p_worker_id text, p_session_token text, p_lock boolean)
 RETURNS awp.workers
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   w awp.workers;
 BEGIN
@@ -105,7 +105,7 @@ COMMENT ON FUNCTION awp._session(text, text, boolean) IS 'Checks a worker sessio
 -- whose lock the caller holds. The revision is bumped once per transaction (runs.revision_xid).
 CREATE OR REPLACE FUNCTION awp._run_state(p_run_id text, OUT revision bigint, OUT last_sequence bigint,
                                           OUT unfinished_delta integer)
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_state text := coalesce(current_setting('awp.log_state', true), '');
   v_pos   integer := strpos(v_state, ';' || p_run_id || ',');
@@ -126,7 +126,7 @@ COMMENT ON FUNCTION awp._run_state(text) IS 'A run''s revision, last sequence an
 -- awp._run_state_put(run, revision, last_sequence, unfinished_delta): stores a run's entry.
 CREATE OR REPLACE FUNCTION awp._run_state_put(p_run_id text, p_revision bigint, p_last_sequence bigint,
                                               p_unfinished_delta integer) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_state text := coalesce(current_setting('awp.log_state', true), '');
   v_pos   integer := strpos(v_state, ';' || p_run_id || ',');
@@ -152,7 +152,7 @@ COMMENT ON FUNCTION awp._run_state_put(text, bigint, bigint, integer) IS 'Stores
 CREATE OR REPLACE FUNCTION awp._append_events(p_run_id text, p_types text[], p_keys text[], p_from text[],
                                               p_to text[], p_reasons text[])
 RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_n integer := coalesce(cardinality(p_keys), 0);
   st  record;
@@ -172,7 +172,7 @@ COMMENT ON FUNCTION awp._append_events(text, text[], text[], text[], text[], tex
 -- awp._unfinished_add(run, delta): changes the run's unfinished_tasks by delta, in the state (see
 -- above); awp._unfinished_tasks(run) reads the value as it is now. The caller holds the run's lock.
 CREATE OR REPLACE FUNCTION awp._unfinished_add(p_run_id text, p_delta integer) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   st record;
 BEGIN
@@ -187,7 +187,7 @@ COMMENT ON FUNCTION awp._unfinished_add(text, integer) IS 'Changes a run''s unfi
 -- unfinished tasks; one UPDATE per run) and clears the state. Cheap when nothing was logged.
 -- Locks: the run rows, which every caller of _append_events and _unfinished_add already holds.
 CREATE OR REPLACE FUNCTION awp._log_flush() RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_state text := current_setting('awp.log_state', true);
 BEGIN
@@ -225,7 +225,7 @@ COMMENT ON FUNCTION awp._log_flush_at_commit() IS 'Deferred trigger: flushes awp
 CREATE OR REPLACE FUNCTION awp._append_events_alike(p_run_id text, p_entity_type text, p_keys text[], p_from text[],
                                                     p_to text, p_reason text)
 RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_n integer := coalesce(cardinality(p_keys), 0);
 BEGIN
@@ -240,7 +240,7 @@ COMMENT ON FUNCTION awp._append_events_alike(text, text, text[], text[], text, t
 CREATE OR REPLACE FUNCTION awp._append_event(p_run_id text, p_entity_type text, p_key text, p_from text,
                                              p_to text, p_reason text)
 RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM awp._append_events(p_run_id, ARRAY[p_entity_type], ARRAY[p_key], ARRAY[p_from], ARRAY[p_to], ARRAY[p_reason]);
 END $$;
@@ -257,7 +257,7 @@ CREATE OR REPLACE FUNCTION awp._write_log(p_run_id text, p_types text[], p_keys 
                                           p_reasons text[], p_unfinished_delta integer, p_dispatched boolean,
                                           p_now timestamptz)
 RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_n    integer := coalesce(cardinality(p_keys), 0);
   v_xid  xid8 := pg_current_xact_id();
@@ -286,7 +286,7 @@ COMMENT ON FUNCTION awp._write_log(text, text[], text[], text[], text[], text[],
 
 -- awp._raise_invalid_request(message, detail): AWREQ (400 invalid_request): malformed or out-of-range input.
 CREATE OR REPLACE FUNCTION awp._raise_invalid_request(p_message text, p_detail text DEFAULT NULL) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWREQ', DETAIL = coalesce(p_detail, p_message);
 END $$;
@@ -294,7 +294,7 @@ COMMENT ON FUNCTION awp._raise_invalid_request(text, text) IS 'Raises invalid_re
 
 -- awp._raise_not_found(message, detail): AWNTF (404 not_found): an unknown run, task, workflow, worker, schedule.
 CREATE OR REPLACE FUNCTION awp._raise_not_found(p_message text, p_detail text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWNTF', DETAIL = p_detail;
 END $$;
@@ -302,7 +302,7 @@ COMMENT ON FUNCTION awp._raise_not_found(text, text) IS 'Raises not_found (AWNTF
 
 -- awp._raise_session_invalid(detail): AWSES (401 worker_session_invalid): the worker must register anew.
 CREATE OR REPLACE FUNCTION awp._raise_session_invalid(p_detail text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION 'worker session is invalid' USING ERRCODE = 'AWSES', DETAIL = p_detail;
 END $$;
@@ -310,7 +310,7 @@ COMMENT ON FUNCTION awp._raise_session_invalid(text) IS 'Raises worker_session_i
 
 -- awp._raise_protocol_unsupported(message, detail): AWPRO (400 worker_protocol_unsupported).
 CREATE OR REPLACE FUNCTION awp._raise_protocol_unsupported(p_message text, p_detail text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWPRO', DETAIL = p_detail;
 END $$;
@@ -318,7 +318,7 @@ COMMENT ON FUNCTION awp._raise_protocol_unsupported(text, text) IS 'Raises worke
 
 -- awp._raise_worker_draining(detail): AWDRN (409 worker_draining): a draining worker claims nothing new.
 CREATE OR REPLACE FUNCTION awp._raise_worker_draining(p_detail text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION 'worker is draining' USING ERRCODE = 'AWDRN', DETAIL = p_detail;
 END $$;
@@ -326,7 +326,7 @@ COMMENT ON FUNCTION awp._raise_worker_draining(text) IS 'Raises worker_draining 
 
 -- awp._raise_capacity_exceeded(detail): AWCAP (409 worker_capacity_exceeded): more slots asked than are free.
 CREATE OR REPLACE FUNCTION awp._raise_capacity_exceeded(p_detail text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION 'worker capacity exceeded' USING ERRCODE = 'AWCAP', DETAIL = p_detail;
 END $$;
@@ -334,7 +334,7 @@ COMMENT ON FUNCTION awp._raise_capacity_exceeded(text) IS 'Raises worker_capacit
 
 -- awp._raise_lease_lost(detail): AWLST (409 lease_lost): the lease is not (or no longer) this worker's to complete.
 CREATE OR REPLACE FUNCTION awp._raise_lease_lost(p_detail text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = p_detail;
 END $$;
@@ -342,7 +342,7 @@ COMMENT ON FUNCTION awp._raise_lease_lost(text) IS 'Raises lease_lost (AWLST).';
 
 -- awp._raise_result_conflict(detail): AWCNF (409 result_conflict): a completed lease reported with another result.
 CREATE OR REPLACE FUNCTION awp._raise_result_conflict(p_detail text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION 'result conflict' USING ERRCODE = 'AWCNF', DETAIL = p_detail;
 END $$;
@@ -350,7 +350,7 @@ COMMENT ON FUNCTION awp._raise_result_conflict(text) IS 'Raises result_conflict 
 
 -- awp._raise_idempotency_conflict(message, detail): AWIDM (409 idempotency_conflict): a key reused for another request.
 CREATE OR REPLACE FUNCTION awp._raise_idempotency_conflict(p_message text, p_detail text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWIDM', DETAIL = p_detail;
 END $$;
@@ -359,7 +359,7 @@ COMMENT ON FUNCTION awp._raise_idempotency_conflict(text, text) IS 'Raises idemp
 -- awp._raise_leadership_lost(message, detail): AWLDR, internal (never a client's answer): a fenced coordinator
 -- pass, heartbeat or retention batch whose term is over (db/functions/leadership.sql).
 CREATE OR REPLACE FUNCTION awp._raise_leadership_lost(p_message text, p_detail text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWLDR', DETAIL = p_detail;
 END $$;
@@ -369,7 +369,7 @@ COMMENT ON FUNCTION awp._raise_leadership_lost(text, text) IS 'Raises leadership
 -- awp.complete_and_claim_many (awp._complete_and_refill_group) does not apply to this group; the caller rolls it
 -- back and settles the items one by one.
 CREATE OR REPLACE FUNCTION awp._raise_group_not_applicable(p_detail text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP', DETAIL = p_detail;
 END $$;
@@ -379,7 +379,7 @@ COMMENT ON FUNCTION awp._raise_group_not_applicable(text) IS 'Raises group path 
 -- Channels: awp_dispatch (sent by awp._notify_pending: one per dispatch left pending),
 --           awp_coordinator (capacity freed, new run, completion, cancel, new worker).
 CREATE OR REPLACE FUNCTION awp._wake(p_channel text, p_payload text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM pg_notify(p_channel, coalesce(p_payload, ''));
 END $$;

@@ -30,7 +30,7 @@ COMMENT ON FUNCTION awp._fairness_order(text[]) IS 'The runs that may get a disp
 -- Takes no locks (a slightly stale budget only delays or slightly over-offers pending dispatches;
 -- claims re-check every worker's capacity under its lock).
 CREATE OR REPLACE FUNCTION awp._dispatch_budget(OUT global_free integer, OUT worker_free integer, OUT kinds jsonb)
-LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
   WITH live AS MATERIALIZED (   -- two arms so each uses its partial index, not a scan of all history
     SELECT d.status, d.executor_kind, d.worker_id FROM awp.dispatches d WHERE d.status = 'pending'
@@ -67,7 +67,7 @@ COMMENT ON FUNCTION awp._dispatch_budget() IS 'The dispatch budget now: global, 
 -- key and sorts every task of the run, finished ones included: measured 0.37 ms per call at 1,000
 -- tasks into a 2,000-task run, growing with the run, instead of a few microseconds.
 CREATE OR REPLACE FUNCTION awp._dispatch_one(p_run_id text, p_kinds jsonb) RETURNS text
-LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$
+LANGUAGE plpgsql SET enable_sort = off AS $$
 DECLARE
   r     record;
   t     record;
@@ -116,7 +116,7 @@ COMMENT ON FUNCTION awp._dispatch_one(text, jsonb) IS 'Creates one pending dispa
 -- creates dispatches, so a dispatch the same transaction already leased (complete_and_claim) wakes
 -- nobody. A hint only: waiting claims also re-check on their own.
 CREATE OR REPLACE FUNCTION awp._notify_pending() RETURNS integer
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_ids text := current_setting('awp.new_dispatches', true);
   v_n   integer;
@@ -141,7 +141,7 @@ COMMENT ON FUNCTION awp._notify_pending() IS 'Sends one NOTIFY awp_dispatch per 
 -- 125 tasks, 16 workers spent 2.6 ms per task waiting for run rows held by refills from other runs).
 -- Locks: as said; a run this transaction holds already is taken again at once.
 CREATE OR REPLACE FUNCTION awp._try_run(p_run_id text) RETURNS boolean
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   IF NOT pg_try_advisory_xact_lock(hashtextextended(p_run_id, 0)) THEN
     RETURN false;
@@ -159,7 +159,7 @@ COMMENT ON FUNCTION awp._try_run(text) IS 'Takes a run (advisory lock, then row)
 -- run concurrency is checked under the run's lock. Runs busy elsewhere are skipped (SKIP LOCKED).
 -- Returns true when a dispatch was created.
 CREATE OR REPLACE FUNCTION awp._refill_slot(p_worker awp.workers) RETURNS boolean
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_kinds jsonb;
   v_run   text;
@@ -183,7 +183,7 @@ COMMENT ON FUNCTION awp._refill_slot(awp.workers) IS 'Refills the slot a complet
 -- one UPDATE of the tasks, one of the run row (its place in the fairness order) and one _append_events,
 -- instead of n of each. The caller holds the run's row lock. Returns the number created.
 CREATE OR REPLACE FUNCTION awp._dispatch_many(p_run_id text, p_kinds text[], p_n integer) RETURNS integer
-LANGUAGE plpgsql SET search_path = '' SET enable_sort = off AS $$   -- see awp._dispatch_one
+LANGUAGE plpgsql SET enable_sort = off AS $$   -- see awp._dispatch_one
 DECLARE
   r      record;
   v_room integer;
@@ -244,7 +244,7 @@ COMMENT ON FUNCTION awp._dispatch_many(text, text[], integer) IS 'Creates up to 
 -- that worker runs (as n single refills would), and each run gets its share in one
 -- awp._dispatch_many call. Runs busy elsewhere are skipped (SKIP LOCKED). Returns the number created.
 CREATE OR REPLACE FUNCTION awp._refill_slots(p_worker awp.workers, p_n integer) RETURNS integer
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_runs  text[];
   v_share integer;

@@ -17,7 +17,7 @@
 CREATE OR REPLACE FUNCTION awp._complete_task(w awp.workers, p_dispatch_id text, p_lease_token text,
                                               p_result jsonb, p_refill boolean DEFAULT true)
 RETURNS boolean
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   p_worker_id text := w.worker_id;
   v_kind   text;
@@ -103,7 +103,7 @@ COMMENT ON FUNCTION awp._complete_task(awp.workers, text, text, jsonb, boolean) 
 -- (a fan-out: more new work than the one refilled slot). Not on every completion of a busy run, where a pass
 -- finds nothing to do. Locks: none.
 CREATE OR REPLACE FUNCTION awp._wake_for_fan_out(p_run_id text, p_task_key text, p_kind text) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
   IF p_kind = 'success'
      AND (SELECT cardinality(t.dependants) FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key) > 0
@@ -132,7 +132,7 @@ COMMENT ON FUNCTION awp.complete_task(text, text, text, text, jsonb) IS 'Reports
 -- complete) whichever path settled it. The one definition, for awp._complete_task, the hot path
 -- (awp._complete_and_refill) and awp._fail_oversize_lease. Locks: none.
 CREATE OR REPLACE FUNCTION awp._result_hash(p jsonb) RETURNS bytea
-LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
   RETURN sha256(convert_to(jsonb_build_object('kind', p->>'kind', 'output', p->'output', 'error_code', p->'error_code',
                                               'error_message', p->'error_message')::text, 'UTF8'));
@@ -144,7 +144,7 @@ COMMENT ON FUNCTION awp._result_hash(jsonb) IS 'The hash of a result that an ide
 -- run by awp._complete_task before the run lock (early reject) and under it (authoritative). Locks: none.
 CREATE OR REPLACE FUNCTION awp._holds_lease(d awp.dispatches, p_worker_id text, p_lease_token text)
 RETURNS boolean
-LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
   RETURN d.worker_id IS NOT DISTINCT FROM p_worker_id AND d.lease_token_hash IS NOT DISTINCT FROM awp._hash(p_lease_token);
 END $$;
@@ -159,7 +159,7 @@ COMMENT ON FUNCTION awp._holds_lease(awp.dispatches, text, text) IS 'Whether a d
 -- Locks: those advisory locks, in run_id order (as complete_tasks settles its items), nothing else.
 CREATE OR REPLACE FUNCTION awp._queue_for_runs(p_worker_id text, p_dispatch_ids text[], p_lease_tokens text[])
 RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_run text;
 BEGIN
@@ -186,7 +186,7 @@ COMMENT ON FUNCTION awp._queue_for_runs(text, text[], text[]) IS 'Takes the advi
 
 -- awp._check_result(result): AWREQ unless result is a valid, size-limited result object.
 CREATE OR REPLACE FUNCTION awp._check_result(p jsonb) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_bad text;
 BEGIN
@@ -254,7 +254,7 @@ COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, intege
 CREATE OR REPLACE FUNCTION awp._complete_and_claim(w awp.workers, p_dispatch_id text, p_lease_token text,
                                                    p_result jsonb, p_slots integer, p_claim_seq bigint)
 RETURNS SETOF awp.lease
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_free     integer;
   v_n        integer;
@@ -325,7 +325,7 @@ COMMENT ON FUNCTION awp._complete_and_claim(awp.workers, text, text, jsonb, inte
 CREATE OR REPLACE FUNCTION awp._complete_and_refill(w awp.workers, p_dispatch_id text, p_lease_token text,
                                                     p_result jsonb, p_claim_seq bigint,
                                                     OUT outcome text, OUT lease awp.lease, OUT fan_out boolean)
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_run   text;
   v_hash  bytea;
@@ -403,7 +403,7 @@ COMMENT ON FUNCTION awp._complete_and_refill(awp.workers, text, text, jsonb, big
 -- statement) and a join of unnest(keys) as a hash join. PL/pgSQL, not SQL: a SQL function that is not inlined
 -- plans its body again in every statement that calls it. Locks: none.
 CREATE OR REPLACE FUNCTION awp._task_rows(p_run_id text, p_keys text[]) RETURNS tid[]
-LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
   RETURN ARRAY(SELECT p.ctid FROM unnest(p_keys) AS u(task_key)
                CROSS JOIN LATERAL (SELECT x.ctid FROM awp.tasks x
@@ -420,7 +420,7 @@ COMMENT ON FUNCTION awp._task_rows(text, text[]) IS 'The row versions (ctid) of 
 -- and no other run has ready work of those kinds (runs take turns: the item loop's to settle). NULLs otherwise.
 -- The run is the first item's dispatch's; the group path checks every item's. Locks: none.
 CREATE OR REPLACE FUNCTION awp._group_path_run(p_items jsonb, OUT run_id text, OUT kinds text[])
-LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
   IF jsonb_array_length(p_items) < 2 OR EXISTS (
        SELECT 1 FROM jsonb_array_elements(p_items) e
@@ -490,7 +490,7 @@ COMMENT ON FUNCTION awp._group_path_run(jsonb) IS 'The run of a group the group 
 CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb, p_run text DEFAULT NULL,
                                                           p_kinds text[] DEFAULT NULL)
 RETURNS TABLE (item integer, lease awp.lease)
-LANGUAGE plpgsql SET search_path = '' SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
   v_n     integer := jsonb_array_length(p_items);
   v_run   text;

@@ -129,7 +129,7 @@ COMMENT ON FUNCTION awp.reap_expired_leases() IS 'Expires invalid leases (attemp
 -- as not received keeps that. Returns the number of leases resumed. Locks: the dispatches with SKIP LOCKED
 -- (a lease another transaction holds right now is being completed, renewed or released by its worker).
 CREATE OR REPLACE FUNCTION awp._resume_leases(p_last_pass timestamptz) RETURNS integer
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   s     awp.settings := awp._settings();
   v_now timestamptz := awp._now();
@@ -230,7 +230,7 @@ COMMENT ON FUNCTION awp.withdraw_orphan_dispatches() IS 'Withdraws pending dispa
 -- leased (coordinator passes, run starts) so two of them cannot both spend the last unit of a limit;
 -- it is taken before the budget is read. Runs are then locked with SKIP LOCKED.
 CREATE OR REPLACE FUNCTION awp._create_dispatches() RETURNS integer
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   b       record;
   v_kinds jsonb;

@@ -20,7 +20,7 @@ COMMENT ON FUNCTION awp._int_ok(jsonb, bigint, bigint) IS 'True when a JSON valu
 -- valid. It only checks: defaults are applied by awp.start_run, and the stored definition is the one given,
 -- so its hash is that of the given JSON. Locks: none.
 CREATE OR REPLACE FUNCTION awp._validate_definition(p jsonb) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_err    text;
   v_n      integer;

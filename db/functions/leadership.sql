@@ -11,13 +11,13 @@
 -- awp._coordinator_lock_key(): the key of the coordinator's session advisory lock ("AWP_COOR"; the same as
 -- LOCK_KEY in python/awp/coordinator.py). Locks: none.
 CREATE OR REPLACE FUNCTION awp._coordinator_lock_key() RETURNS bigint
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$ SELECT 4708320305520529234::bigint $$;
+LANGUAGE sql IMMUTABLE AS $$ SELECT 4708320305520529234::bigint $$;
 COMMENT ON FUNCTION awp._coordinator_lock_key() IS 'The key of the coordinator''s session advisory lock.';
 
 -- awp._coordinator_lock_holder(): the pid of the session that holds the coordinator's lock in this
 -- database, or NULL. Reads pg_locks (every role may). Locks: none.
 CREATE OR REPLACE FUNCTION awp._coordinator_lock_holder() RETURNS integer
-LANGUAGE sql VOLATILE SET search_path = '' AS $$
+LANGUAGE sql VOLATILE AS $$
   SELECT l.pid FROM pg_catalog.pg_locks l
    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
@@ -31,7 +31,7 @@ COMMENT ON FUNCTION awp._coordinator_lock_holder() IS 'The pid of the session ho
 -- awp.take_leadership. Locks: none.
 CREATE OR REPLACE FUNCTION awp._leadership_refused(p_reason text, l awp.coordinator_leader, p_lease integer,
                                                    p_remaining bigint, p_pid integer) RETURNS jsonb
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
+LANGUAGE sql IMMUTABLE AS $$
   SELECT jsonb_build_object('leader', false, 'reason', p_reason, 'term', l.term, 'holder', l.holder,
                             'pid', p_pid, 'lease_remaining_ms', p_remaining, 'leader_lease_ms', p_lease)
 $$;
@@ -119,7 +119,7 @@ COMMENT ON FUNCTION awp.take_leadership(text) IS 'One election step of a coordin
 -- Locks: the coordinator_leader row, FOR NO KEY UPDATE when p_session (passes and heartbeats renew it),
 -- else FOR KEY SHARE (retention batches, on a connection of their own, never wait for a pass).
 CREATE OR REPLACE FUNCTION awp._check_leader(p_term bigint, p_session boolean) RETURNS void
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   l awp.coordinator_leader;
 BEGIN

@@ -30,7 +30,7 @@ CREATE OR REPLACE FUNCTION awp._prune_batch(p_cutoff timestamptz, p_max_runs int
                                             p_max_tasks integer DEFAULT 5000, p_max_workers integer DEFAULT 200,
                                             p_max_keys integer DEFAULT 2000)
 RETURNS jsonb
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_cand    text[];
   v_found   integer;

@@ -11,7 +11,7 @@
 CREATE OR REPLACE FUNCTION awp._start_run(p_workflow_id text, p_version integer, p_idempotency_key text,
                                           p_input jsonb, p_schedule_id text)
 RETURNS text
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
   v_def    jsonb;
   v_ver    integer;
@@ -107,7 +107,7 @@ COMMENT ON FUNCTION awp.start_run(text, integer, text, jsonb) IS 'Starts a run o
 -- of jsonb text (the rule of a task's input); `what` names it in the message ('run input', 'schedule input').
 -- Locks: none.
 CREATE OR REPLACE FUNCTION awp._check_input(p_input jsonb, p_what text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE SET search_path = '' AS $$
+LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
   IF jsonb_typeof(p_input) IS DISTINCT FROM 'object' THEN
     PERFORM awp._raise_invalid_request('invalid ' || p_what, 'input must be a JSON object');
@@ -123,7 +123,7 @@ COMMENT ON FUNCTION awp._check_input(jsonb, text) IS 'Validates a run or schedul
 -- when none; AWIDM when that run was started with another input.
 CREATE OR REPLACE FUNCTION awp._existing_run(p_workflow_id text, p_idempotency_key text, p_input jsonb)
 RETURNS text
-LANGUAGE plpgsql STABLE SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
   v_run_id text;
   v_input  jsonb;

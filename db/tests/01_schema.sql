@@ -2,7 +2,7 @@
 -- and the shape of every function (comment, search_path, SECURITY DEFINER, the signatures of README.md's SQL API).
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(111);
+SELECT plan(112);
 
 -- ---------------------------------------------------------------- tables
 SELECT has_table('awp', t, 'table awp.' || t || ' exists')
@@ -117,20 +117,21 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace AND obj_description(p.oid, 'pg_proc') IS NULL
                  ORDER BY 1),
           '{}'::text[], 'every awp function has a COMMENT');
--- awp._int_ok, _ms, _new_id, _token, _hash and _fairness_order are exempt on purpose, and so are the limit
--- constants awp._limit_*() (SQL, IMMUTABLE, no argument): they name only pg_catalog objects (or
--- schema-qualified ones) and must stay inlinable (create_workflow_version.sql, 00_helpers.sql,
--- _dispatching.sql and 00_limits.sql say why); any other function without the SET fails here.
+-- search_path (docs/architecture.md, "Functions and search_path"): the functions anyone but their owner may execute
+-- are SECURITY DEFINER and set it (the next test); trigger functions set it too (they run at commit, or for a
+-- DBA's own statements); the private functions do not: they run only inside those callers (search_path '') or
+-- as their owner.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
-                 WHERE p.pronamespace = 'awp'::regnamespace
-                   AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)
-                   AND p.oid NOT IN ('awp._int_ok(jsonb, bigint, bigint)'::regprocedure, 'awp._ms(interval)'::regprocedure,
-                                     'awp._new_id(text)'::regprocedure, 'awp._token()'::regprocedure,
-                                     'awp._hash(text)'::regprocedure, 'awp._fairness_order(text[])'::regprocedure)
-                   AND NOT (p.proname LIKE '\_limit\_%' AND p.pronargs = 0 AND p.provolatile = 'i'
-                            AND p.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'sql'))
+                 WHERE p.pronamespace = 'awp'::regnamespace AND NOT p.prosecdef
+                   AND EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                                WHERE a.grantee <> p.proowner AND a.privilege_type = 'EXECUTE')
                  ORDER BY 1),
-          '{}'::text[], 'every awp function has SET search_path = ''''');
+          '{}'::text[], 'only SECURITY DEFINER functions may be executed by anyone but their owner');
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
+                 WHERE p.pronamespace = 'awp'::regnamespace AND p.prorettype = 'trigger'::regtype
+                   AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)
+                 ORDER BY 1),
+          '{}'::text[], 'every trigger function has SET search_path = ''''');
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace AND p.prosecdef
                    AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)),
