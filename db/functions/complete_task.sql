@@ -418,17 +418,21 @@ COMMENT ON FUNCTION awp._task_rows(text, text[]) IS 'The row versions (ctid) of 
 -- the group path compares them with the locked rows) when they are >= 2 one-slot successes of distinct workers
 -- (valid claim_seq) and every refill would go to that run: no pending dispatch of those kinds waits to be claimed
 -- and no other run has ready work of those kinds (runs take turns: the item loop's to settle). NULLs otherwise.
+-- p_one_worker: the items are one worker's batch (awp.complete_tasks): >= 1 of them, all of that worker, which
+-- gets back as many slots as it frees (where a group's workers are distinct, each freeing its one slot).
 -- The run is the first item's dispatch's; the group path checks every item's. Locks: none.
-CREATE OR REPLACE FUNCTION awp._group_path_run(p_items jsonb, OUT run_id text, OUT kinds text[])
+CREATE OR REPLACE FUNCTION awp._group_path_run(p_items jsonb, p_one_worker boolean DEFAULT false,
+                                               OUT run_id text, OUT kinds text[])
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-  IF jsonb_array_length(p_items) < 2 OR EXISTS (
+  IF jsonb_array_length(p_items) < (CASE WHEN p_one_worker THEN 1 ELSE 2 END) OR EXISTS (
        SELECT 1 FROM jsonb_array_elements(p_items) e
         WHERE NOT awp._int_ok(e->'slots', 1, 1)
            OR (jsonb_typeof(e->'claim_seq') <> 'null' AND NOT awp._int_ok(e->'claim_seq', 1, 9223372036854775807))
            OR jsonb_typeof(e->'result') IS DISTINCT FROM 'object'
            OR e->'result'->>'kind' IS DISTINCT FROM 'success')
-     OR (SELECT count(DISTINCT e->>'worker_id') FROM jsonb_array_elements(p_items) e) <> jsonb_array_length(p_items) THEN
+     OR (SELECT count(DISTINCT e->>'worker_id') FROM jsonb_array_elements(p_items) e)
+        <> (CASE WHEN p_one_worker THEN 1 ELSE jsonb_array_length(p_items) END) THEN
     RETURN;
   END IF;
   SELECT d.run_id INTO run_id FROM awp.dispatches d WHERE d.dispatch_id = p_items->0->>'dispatch_id';
@@ -445,11 +449,12 @@ BEGIN
     kinds := NULL;
   END IF;
 END $$;
-COMMENT ON FUNCTION awp._group_path_run(jsonb) IS 'The run of a group the group path may settle (and its workers'' kinds), or NULL; no locks, no errors.';
+COMMENT ON FUNCTION awp._group_path_run(jsonb, boolean) IS 'The run of a group the group path may settle (and its workers'' kinds), or NULL; no locks, no errors.';
 
 -- awp._complete_and_refill_group(items): the group path of awp.complete_and_claim_many (AWP issue 11): the common
 -- group, where every item is a hot-path call (awp._complete_and_refill) of a worker asking for one slot back, is
--- settled set-based: one statement per table for the whole group where the item loop runs one per item (each
+-- settled set-based (and so is the common batch of awp.complete_tasks, one worker's successes asking for every
+-- freed slot back: its items then name that one worker, each freeing a slot and getting it back refilled): one statement per table for the whole group where the item loop runs one per item (each
 -- write statement costs a fixed part -- executor start, the table's indexes opened and its CHECK constraints read
 -- again, its foreign-key checks -- that a group of k items pays once instead of k times). The dispatches get one
 -- MERGE: the completions (matched, updated) and the refills (not matched, inserted) in one statement, where an
@@ -622,7 +627,9 @@ BEGIN
     IF t.task_key IS NULL THEN
       PERFORM awp._raise_group_not_applicable('no ready task left for an item');
     END IF;
-    PERFORM awp._claim_is_alive(w, s, v_now);
+    IF v_k = 1 OR v_wid[v_k] <> v_wid[v_k - 1] THEN   -- once per worker (a batch's items are one worker's)
+      PERFORM awp._claim_is_alive(w, s, v_now);
+    END IF;
     SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
     f_key := f_key || t.task_key;
     f_exec := f_exec || t.executor;
@@ -709,6 +716,28 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb, text, text[]) IS 'The group path of complete_and_claim_many: a group of hot-path items settled set-based (raises AWGRP when it does not apply).';
 
+-- awp._group_path_or_nothing(items, run, kinds): awp._complete_and_refill_group in a subtransaction, for
+-- awp.complete_and_claim_many and awp.complete_tasks: its rows, or none when it does not apply (AWGRP) or an item's
+-- own call would be refused (AWSES, AWLST, AWCNF, AWREQ): then it is rolled back, nothing of it remains, and the
+-- caller settles the items one by one, each with its exact answer. Every item of a group it settles gets a lease,
+-- so no rows means refused. Locks: as awp._complete_and_refill_group.
+CREATE OR REPLACE FUNCTION awp._group_path_or_nothing(p_items jsonb, p_run text, p_kinds text[])
+RETURNS TABLE (item integer, lease awp.lease)
+LANGUAGE plpgsql AS $$
+DECLARE
+  v_items  integer[];
+  v_leases awp.lease[];
+BEGIN
+  BEGIN
+    SELECT array_agg(g.item ORDER BY g.item), array_agg(g.lease ORDER BY g.item) INTO v_items, v_leases
+      FROM awp._complete_and_refill_group(p_items, p_run, p_kinds) g;
+  EXCEPTION WHEN SQLSTATE 'AWGRP' OR SQLSTATE 'AWSES' OR SQLSTATE 'AWLST' OR SQLSTATE 'AWCNF' OR SQLSTATE 'AWREQ' THEN
+    RETURN;
+  END;
+  RETURN QUERY SELECT v_items[k], v_leases[k] FROM generate_subscripts(v_items, 1) AS k;
+END $$;
+COMMENT ON FUNCTION awp._group_path_or_nothing(jsonb, text, text[]) IS 'The group path in a subtransaction: its (item, lease) rows, or none (rolled back) when it does not apply.';
+
 -- awp.complete_and_claim_many(items): several workers' awp.complete_and_claim calls in one transaction (the
 -- gateway groups the claim-on-complete requests of one run that arrive while one of that run's calls is in
 -- flight: docs/protocol.md, Refill and claim on complete). `items` is a JSON array of 1-64 objects
@@ -768,13 +797,9 @@ BEGIN
   END LOOP;
   SELECT g.run_id, g.kinds INTO v_grun, v_gkinds FROM awp._group_path_run(p_items) g;
   IF v_grun IS NOT NULL THEN   -- the common group set-based (awp._complete_and_refill_group)
-    BEGIN
-      SELECT array_agg(g.item), array_agg(g.lease) INTO v_gitems, v_gleases
-        FROM awp._complete_and_refill_group(p_items, v_grun, v_gkinds) g;
-    EXCEPTION WHEN SQLSTATE 'AWGRP' OR SQLSTATE 'AWSES' OR SQLSTATE 'AWLST' OR SQLSTATE 'AWCNF' OR SQLSTATE 'AWREQ' THEN
-      v_gitems := NULL;   -- rolled back: the items are settled one by one below, each with its exact answer
-    END;
-    IF v_gitems IS NOT NULL THEN
+    SELECT array_agg(g.item), array_agg(g.lease) INTO v_gitems, v_gleases
+      FROM awp._group_path_or_nothing(p_items, v_grun, v_gkinds) g;
+    IF v_gitems IS NOT NULL THEN   -- else rolled back: the items are settled one by one below
       FOR v_k IN 1 .. cardinality(v_gitems) LOOP
         item := v_gitems[v_k];
         error := NULL;
@@ -831,10 +856,21 @@ COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' com
 --   {"results": [{"dispatch_id", "applied": true} | {"dispatch_id", "error": {"sqlstate", "message", "detail"}}],
 --    "leases": [lease objects: the columns of awp.lease]}
 -- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array).
+-- The common batch (every result a success of a dispatch of one run that the worker holds, the worker active and
+-- asking for at least as many slots as it frees, and every refill going to that run) is settled set-based first
+-- by the group path (awp._complete_and_refill_group, one worker's items): the same rows as the item loop, the
+-- completions, then each freed slot refilled and leased straight to the worker (as the refill and the claim
+-- would: nothing else waits to be claimed), then a claim for any further slots. Any other batch is rolled back to
+-- a subtransaction's start and settled item by item, which gives each its exact answer. Measured (one worker, one
+-- run, backend CPU per result, two databases alternating): 0.65 -> 0.23 ms at 16 results per call, 1.00 -> 0.45 at
+-- 4, 1.89 -> 1.21 at 1. What it writes is what the worker's results sent one by one with claim on complete would
+-- (awp.complete_and_claim each, in the order given: db/tests/32_batch_path.sql); the item loop writes the
+-- completions first, then the refills, then the claims (another order of the events, and a dependant made ready by
+-- a later result may be refilled before an earlier ready task).
 -- Locks: the advisory locks of the items' runs in run_id order (awp._queue_for_runs, before the worker
 -- row), then the worker row, then the runs of the items in run_id order (each as complete_task: Run,
 -- then Dispatch, then Task), then as claim_tasks. Sorting by run keeps two batches that touch
--- the same runs from deadlocking.
+-- the same runs from deadlocking. The group path locks as awp._complete_and_refill_group says.
 CREATE OR REPLACE FUNCTION awp.complete_tasks(p_worker_id text, p_session_token text, p_results jsonb,
                                               p_slots integer DEFAULT 0, p_claim_seq bigint DEFAULT NULL)
 RETURNS jsonb
@@ -849,6 +885,9 @@ DECLARE
   v_free   integer;
   v_leases jsonb := '[]';
   v_freed  integer := 0;
+  v_items  jsonb;
+  v_grun   text;
+  v_gkinds text[];
 BEGIN
   IF jsonb_typeof(p_results) IS DISTINCT FROM 'array' OR jsonb_array_length(p_results) NOT BETWEEN 1 AND awp._limit_batch_results()
      OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_results) e
@@ -866,6 +905,33 @@ BEGIN
     ARRAY(SELECT e->>'dispatch_id' FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o) ORDER BY o),
     ARRAY(SELECT e->>'lease_token' FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o) ORDER BY o));
   w := awp._session(p_worker_id, p_session_token, true);
+  IF p_slots >= jsonb_array_length(p_results) AND w.status = 'active' THEN   -- the group path (see above)
+    v_items := (SELECT jsonb_agg(jsonb_build_object('worker_id', p_worker_id, 'session_token', p_session_token,
+                                                    'dispatch_id', e->'dispatch_id', 'lease_token', e->'lease_token',
+                                                    'result', e->'result', 'slots', 1, 'claim_seq', p_claim_seq)
+                                 ORDER BY o)
+                  FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o));
+    SELECT g.run_id, g.kinds INTO v_grun, v_gkinds FROM awp._group_path_run(v_items, true) g;
+  END IF;
+  IF v_grun IS NOT NULL THEN
+    SELECT jsonb_agg(to_jsonb(g.lease) ORDER BY g.item) INTO v_leases
+      FROM awp._group_path_or_nothing(v_items, v_grun, v_gkinds) g;
+    IF v_leases IS NULL THEN   -- refused and rolled back: the items are settled one by one below
+      v_leases := '[]';
+      v_grun := NULL;
+    END IF;
+  END IF;
+  IF v_grun IS NOT NULL THEN
+    v_free := least(p_slots - jsonb_array_length(p_results), awp._free_slots(w));
+    IF v_free >= 1 THEN
+      v_leases := v_leases || (SELECT coalesce(jsonb_agg(to_jsonb(c)), '[]') FROM awp._claim(w, v_free, false, p_claim_seq) c);
+    END IF;
+    PERFORM awp._notify_pending();
+    RETURN jsonb_build_object(
+      'results', (SELECT jsonb_agg(jsonb_build_object('dispatch_id', e->>'dispatch_id', 'applied', true) ORDER BY o)
+                    FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o)),
+      'leases', v_leases);
+  END IF;
   FOR v_item IN
     SELECT e->>'dispatch_id' AS dispatch_id, e->>'lease_token' AS lease_token, e->'result' AS result
       FROM jsonb_array_elements(p_results) e

@@ -5,19 +5,15 @@
 -- When the group path does not apply, nothing of it remains and every item gets its own answer.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(27);
+\ir _group_fixtures.sql.inc
+SELECT plan(30);
 
 SELECT tests.freeze('2026-01-01 00:00:00+00');
 -- Two runs of one shape, one per executor kind (so neither is in the other's fairness order): run g is settled
 -- by the group path, run s by single calls. d depends on a and comes before c in definition order, so which
 -- item is settled first decides who gets d (the order is what is tested). Concurrency 2, two workers each.
-CREATE FUNCTION pg_temp.tasks(p_kind text) RETURNS jsonb LANGUAGE sql AS $$
-  SELECT jsonb_agg(tests.task(k, CASE k WHEN 'd' THEN '{a}'::text[] ELSE '{}' END, jsonb_build_object('executor', p_kind))
-                   ORDER BY o)
-    FROM unnest('{a,b,d,c,e,f}'::text[]) WITH ORDINALITY AS u(k, o)
-$$;
-SELECT tests.make_run('g', pg_temp.tasks('mock'), 1) AS g_run \gset
-SELECT tests.make_run('s', pg_temp.tasks('python'), 1) AS s_run \gset
+SELECT tests.make_run('g', tests.group_tasks('mock'), 1) AS g_run \gset
+SELECT tests.make_run('s', tests.group_tasks('python'), 1) AS s_run \gset
 CREATE TEMP TABLE w (run text, worker_id text, token text);
 INSERT INTO w SELECT :'g_run', r.* FROM tests.register_worker('g1', '{mock}', 1) r;
 INSERT INTO w SELECT :'g_run', r.* FROM tests.register_worker('g2', '{mock}', 1) r;
@@ -73,25 +69,9 @@ BEGIN
      WHERE worker_id = x.worker_id;
   END LOOP;
 END $$;
--- A run's events with ids made comparable: dispatch ids by first appearance, workers by their rank in the run, the
--- run's id as R.
+-- A run's events made comparable, its workers named by their rank (worker_id order).
 CREATE FUNCTION pg_temp.events(p_run text) RETURNS text[] LANGUAGE sql AS $$
-  WITH ev AS (SELECT e.* FROM awp.events e WHERE e.run_id = p_run),
-  ids AS (SELECT entity_key, row_number() OVER (ORDER BY min(sequence)) AS n FROM ev WHERE entity_type = 'dispatch'
-           GROUP BY entity_key),
-  ranks AS (SELECT worker_id, row_number() OVER (ORDER BY worker_id) AS n FROM w WHERE run = p_run)
-  SELECT array_agg(ev.entity_type || ':' || coalesce('D' || ids.n, nullif(ev.entity_key, p_run), 'R') || ':' || coalesce(ev.from_status, '-')
-                   || '>' || ev.to_status || ':'
-                   || coalesce((SELECT replace(ev.reason, r.worker_id, 'W' || r.n) FROM ranks r
-                                 WHERE strpos(ev.reason, r.worker_id) > 0), ev.reason)
-                   || '@' || ev.occurred_at ORDER BY ev.sequence)
-    FROM ev LEFT JOIN ids ON ev.entity_type = 'dispatch' AND ids.entity_key = ev.entity_key
-$$;
-CREATE FUNCTION pg_temp.rows(p_run text) RETURNS text[] LANGUAGE sql AS $$
-  SELECT array_agg(t.task_key || '=' || t.status || '/' || t.attempts || '/' || coalesce(a.status, '-') || '/'
-                   || coalesce(a.output::text, '-') || '/' || (t.finished_at IS NOT NULL) ORDER BY t.task_key)
-    FROM awp.tasks t LEFT JOIN awp.attempts a ON a.run_id = t.run_id AND a.task_key = t.task_key AND a.attempt = t.attempts
-   WHERE t.run_id = p_run
+  SELECT tests.comparable_events(p_run, ARRAY(SELECT w.worker_id FROM w WHERE w.run = p_run ORDER BY w.worker_id))
 $$;
 SELECT tests.end_tx();
 
@@ -111,7 +91,7 @@ SELECT pg_temp.singles(:'s_run');
 SELECT tests.end_tx();
 SELECT is(pg_temp.events(:'g_run'), pg_temp.events(:'s_run'),
           'the same events as one call per worker in worker_id order: order, reasons, times');
-SELECT is(pg_temp.rows(:'g_run'), pg_temp.rows(:'s_run'), 'the same task and attempt rows');
+SELECT is(tests.task_rows(:'g_run'), tests.task_rows(:'s_run'), 'the same task and attempt rows');
 SELECT is(tests.rev(:'g_run'), :g_rev::bigint + 1, 'one revision for the whole group');
 SELECT ok(tests.sequences_contiguous(:'g_run'), 'sequences stay contiguous');
 SELECT is((SELECT array_agg(d.worker_id || '/' || d.status || '/' || (d.lease_token_hash = awp._hash(g.lease_token))
@@ -122,11 +102,15 @@ SELECT is((SELECT array_agg(d.worker_id || '/' || d.status || '/' || (d.lease_to
           'each new dispatch is leased to its item''s worker, with the token and fencing token handed out');
 SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold');
 
--- 2. Through awp.complete_and_claim_many: the next two completions (refills e and f) as the single calls.
+-- 2. Through awp.complete_and_claim_many: the next two completions (refills e and f) as the single calls. Three
+--    seconds later: more than half a heartbeat interval, so each worker's claim is noted as its sign of life.
+SELECT tests.advance('3 seconds');
 SELECT pg_temp.items(:'g_run') AS g_items \gset
 CREATE TEMP TABLE got2 AS SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(:'g_items') m;
 SELECT is((SELECT count(*) FROM got2 WHERE error IS NULL AND dispatch_id IS NOT NULL), 2::bigint,
           'complete_and_claim_many answers each item with its lease');
+SELECT is((SELECT array_agg(x.last_heartbeat_at = awp._now()) FROM awp.workers x JOIN w USING (worker_id) WHERE w.run = :'g_run'),
+          '{t,t}'::boolean[], 'each worker of the group is noted alive (last_heartbeat_at now)');
 SELECT is((SELECT array_agg(task_key ORDER BY task_key) FROM got2), '{e,f}'::text[], 'e and f are leased');
 UPDATE held h SET dispatch_id = g.dispatch_id, lease_token = g.lease_token, task_key = g.task_key
   FROM got2 g WHERE h.worker_id = (:'g_items'::jsonb)->(g.item - 1)->>'worker_id';
@@ -163,6 +147,16 @@ SELECT ok(tests.sequences_contiguous(:'h_run') AND (SELECT count(*) FROM awp.che
           'sequences contiguous, invariants hold');
 UPDATE held h SET dispatch_id = g.dispatch_id, lease_token = g.lease_token, task_key = g.task_key
   FROM got3 g WHERE g.item = 1 AND h.worker_id = (:'h_items'::jsonb)->0->>'worker_id';
+SELECT tests.end_tx();
+-- An item with a wrong session token: the group path's session check raises AWSES inside; rolled back, that item
+-- is answered AWSES as its own call, the other applied and refilled.
+SELECT pg_temp.items(:'h_run') AS h_items \gset
+CREATE TEMP TABLE got5 AS   -- item 2 (a's worker again) with a wrong session token
+  SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(jsonb_set(:'h_items', '{1,session_token}', '"wrong"')) m;
+SELECT is((SELECT error->>'sqlstate' FROM got5 WHERE item = 2), 'AWSES', 'the item with a wrong session token: worker_session_invalid');
+SELECT is((SELECT task_key FROM got5 WHERE item = 1), 'd', 'the other item is applied and refilled');
+UPDATE held h SET dispatch_id = g.dispatch_id, lease_token = g.lease_token, task_key = g.task_key
+  FROM got5 g WHERE g.item = 1 AND h.worker_id = (:'h_items'::jsonb)->0->>'worker_id';
 SELECT tests.end_tx();
 
 -- 5. Another run with ready work of the workers' kinds: the refills go there in fairness order (they take
