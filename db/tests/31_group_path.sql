@@ -133,7 +133,7 @@ SELECT is(pg_temp.events(:'g_run'), pg_temp.events(:'s_run'), 'the whole history
 
 -- 4. A refused item in a group: the group is rolled back, each item gets its own answer.
 SELECT tests.make_run('h', jsonb_build_array(tests.task('a'), tests.task('b'), tests.task('c'), tests.task('d'),
-                                             tests.task('e')), 1) AS h_run \gset
+                                             tests.task('e'), tests.task('f'), tests.task('g')), 1) AS h_run \gset
 SELECT pg_temp.two_holders(:'h_run', 'h', 'mock');
 SELECT tests.end_tx();
 SELECT pg_temp.items(:'h_run') AS h_items \gset
@@ -141,7 +141,7 @@ CREATE TEMP TABLE got3 AS   -- item 2 (a's worker) with a wrong lease token
   SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(jsonb_set(:'h_items', '{1,lease_token}', '"wrong"')) m;
 SELECT is((SELECT error->>'sqlstate' FROM got3 WHERE item = 2), 'AWLST', 'the item with a wrong lease token: lease_lost');
 SELECT is((SELECT task_key FROM got3 WHERE item = 1), 'c', 'the other item is applied and refilled');
-SELECT is(tests.task_statuses(:'h_run'), '{a=running,b=succeeded,c=running,d=ready,e=ready}'::text[],
+SELECT is(tests.task_statuses(:'h_run'), '{a=running,b=succeeded,c=running,d=ready,e=ready,f=ready,g=ready}'::text[],
           'nothing of the rolled-back group remains: a still runs');
 SELECT ok(tests.sequences_contiguous(:'h_run') AND (SELECT count(*) FROM awp.check_invariants()) = 0,
           'sequences contiguous, invariants hold');
