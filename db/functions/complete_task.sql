@@ -454,8 +454,9 @@ COMMENT ON FUNCTION awp._group_path_run(jsonb, boolean) IS 'The run of a group t
 -- awp._complete_and_refill_group(items): the group path of awp.complete_and_claim_many (AWP issue 11): the common
 -- group, where every item is a hot-path call (awp._complete_and_refill) of a worker asking for one slot back, is
 -- settled set-based (and so is the common batch of awp.complete_tasks, one worker's successes asking for every
--- freed slot back: its items then name that one worker, each freeing a slot and getting it back refilled): one statement per table for the whole group where the item loop runs one per item (each
--- write statement costs a fixed part -- executor start, the table's indexes opened and its CHECK constraints read
+-- freed slot back: its items then name that one worker, each freeing a slot and getting it back refilled): one
+-- statement per table for the whole group where the item loop runs one per item (each write statement costs a
+-- fixed part -- executor start, the table's indexes opened and its CHECK constraints read
 -- again, its foreign-key checks -- that a group of k items pays once instead of k times). The dispatches get one
 -- MERGE: the completions (matched, updated) and the refills (not matched, inserted) in one statement, where an
 -- UPDATE and an INSERT paid that part twice on the table with the most constraints (measured, backend CPU per
@@ -714,7 +715,7 @@ BEGIN
       FROM unnest(f_id, f_tok, f_key, f_exec, f_act, f_in, f_att, f_dl, f_exp, f_fence, f_up)
            WITH ORDINALITY AS u(id, tok, task_key, exec, act, inp, att, dl, exp, fence, up, i);
 END $$;
-COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb, text, text[]) IS 'The group path of complete_and_claim_many: a group of hot-path items settled set-based (raises AWGRP when it does not apply).';
+COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb, text, text[]) IS 'The group path of complete_and_claim_many and complete_tasks: a group of hot-path items settled set-based (raises AWGRP when it does not apply).';
 
 -- awp._group_path_or_nothing(items, run, kinds): awp._complete_and_refill_group in a subtransaction, for
 -- awp.complete_and_claim_many and awp.complete_tasks: its rows, or none when it does not apply (AWGRP) or an item's
@@ -858,10 +859,10 @@ COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' com
 -- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array).
 -- The common batch (every result a success of a dispatch of one run that the worker holds, the worker active and
 -- asking for at least as many slots as it frees, and every refill going to that run) is settled set-based first
--- by the group path (awp._complete_and_refill_group, one worker's items): the same rows as the item loop, the
--- completions, then each freed slot refilled and leased straight to the worker (as the refill and the claim
--- would: nothing else waits to be claimed), then a claim for any further slots. Any other batch is rolled back to
--- a subtransaction's start and settled item by item, which gives each its exact answer. Measured (one worker, one
+-- by the group path (awp._complete_and_refill_group, one worker's items): in the order given, each completion,
+-- then its freed slot refilled and leased straight back to the worker (as a refill and a claim would: nothing
+-- else waits to be claimed); then a claim for any further slots. Any other batch is rolled back to a
+-- subtransaction's start and settled item by item, which gives each its exact answer. Measured (one worker, one
 -- run, backend CPU per result, two databases alternating): 0.65 -> 0.23 ms at 16 results per call, 1.00 -> 0.45 at
 -- 4, 1.89 -> 1.21 at 1. What it writes is what the worker's results sent one by one with claim on complete would
 -- (awp.complete_and_claim each, in the order given: db/tests/32_batch_path.sql); the item loop writes the
