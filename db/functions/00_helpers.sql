@@ -1,9 +1,10 @@
 -- Private helpers shared by the public functions: time, ids, tokens, hashing, sessions, events, errors.
 -- None of them is granted to awp_gateway; they run inside the SECURITY DEFINER callers.
--- Like every private function they have no SET search_path (docs/architecture.md, "Functions and
--- search_path"): they name only pg_catalog objects and schema-qualified ones (public.gen_random_bytes), and
--- the planner inlines the one-line SQL helpers _ms, _new_id, _token and _hash into the caller's cached plan
--- instead of planning a function call each time they run (a SET clause forbids inlining).
+-- The one-line SQL helpers _ms, _new_id, _token and _hash have no SET search_path on purpose: they name only
+-- pg_catalog objects (and public.gen_random_bytes, schema-qualified), so the planner can inline them into the
+-- caller's cached plan instead of planning a function call each time they run (a SET clause forbids inlining);
+-- db/tests/01_schema.sql lists them among the exceptions. The private PL/pgSQL functions have none either
+-- (docs/architecture.md, "Functions and search_path").
 
 -- awp._now(): the one clock. Database time (clock_timestamp), unless a test froze it with
 -- SET awp.test_now = '…' (pgTAP does; see db/tests). The frozen clock is honoured only in a test
@@ -54,7 +55,7 @@ COMMENT ON FUNCTION awp._hash(text) IS 'SHA-256 of a secret token.';
 
 -- awp._executor_kinds(): the executor kinds a definition and a worker may name.
 CREATE OR REPLACE FUNCTION awp._executor_kinds() RETURNS text[]
-LANGUAGE sql IMMUTABLE AS $$ SELECT ARRAY['mock', 'python'] $$;
+LANGUAGE sql IMMUTABLE SET search_path = '' AS $$ SELECT ARRAY['mock', 'python'] $$;
 COMMENT ON FUNCTION awp._executor_kinds() IS 'The known executor kinds.';
 
 -- awp._settings(): the settings row.

@@ -4,7 +4,7 @@
 -- these values by python/tests/test_limits.py, which also finds any literal copy left in db/functions.
 -- The constants are LANGUAGE sql IMMUTABLE functions of no argument without SET search_path (they name no
 -- object): the planner inlines each call and folds it into a constant of the caller's cached plan, so using
--- one costs nothing on the hot path.
+-- one costs nothing on the hot path (db/tests/01_schema.sql exempts awp._limit_* from SET search_path).
 -- Locks: none.
 
 -- awp._limit_input_bytes(): a task's, a run's or a schedule's input, in bytes of its jsonb text (64 KiB).
@@ -58,7 +58,7 @@ COMMENT ON FUNCTION awp._limit_heartbeat_list() IS 'Limit: the items of each lis
 -- same ranges, python/tests/test_limits.py compares them), with a note for the message.
 CREATE OR REPLACE FUNCTION awp._setting_ranges()
 RETURNS TABLE (setting text, lo bigint, hi bigint, note text)
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
   VALUES ('lease_duration_ms', 100::bigint, 86400000::bigint, ''),
          ('heartbeat_interval_ms', 10, 3600000, ''),
          ('offline_after_heartbeats', 1, 1000, ''),

@@ -51,7 +51,7 @@ COMMENT ON FUNCTION awp._compact_status_counts() IS 'Folds the status count delt
 -- awp._counts_by_status(entity): {status: n} of runs or workers (statuses with n = 0 left out). Reads the
 -- folded rows plus the deltas since the last compaction: O(status changes since then), never O(rows).
 CREATE OR REPLACE FUNCTION awp._counts_by_status(p_entity text) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}')
     FROM (SELECT c.status, sum(c.delta) AS n FROM awp.status_counts c
            WHERE c.entity = p_entity GROUP BY c.status HAVING sum(c.delta) <> 0) x

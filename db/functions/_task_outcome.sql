@@ -36,7 +36,7 @@ COMMENT ON FUNCTION awp._settle_run(text) IS 'Finishes a run (succeeded/failed) 
 -- text): the tasks past that map to null and output_truncated is set; their outputs stay readable
 -- through awp.task_attempts.
 CREATE OR REPLACE FUNCTION awp._set_run_output(p_run_id text) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE sql SET search_path = '' AS $$
   WITH leaves AS (
     SELECT t.task_key, a.output,
            sum(coalesce(octet_length(a.output::text), 4) + octet_length(t.task_key) + 6)

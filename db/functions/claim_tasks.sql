@@ -396,7 +396,7 @@ COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint, timestamptz, text, te
 -- that attempt had no output). Called only for tasks that are being leased, so every dependency has
 -- succeeded and its last attempt (tasks.attempts) is the succeeded one. Locks: none.
 CREATE OR REPLACE FUNCTION awp._upstream(p_run_id text, p_depends_on text[]) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   -- One primary-key probe per dependency (LIMIT 1 keeps it a probe): a join here may be planned as a scan of
   -- the whole run when the statistics expect small runs (see awp._task_waits).
   SELECT coalesce(jsonb_object_agg(u.task_key, a.output), '{}'::jsonb)

@@ -35,7 +35,7 @@ COMMENT ON FUNCTION awp._idempotency_begin(text, text, text) IS 'Claims an idemp
 -- awp._idempotency_finish(scope, key, response): stores the answer of the request owning the key.
 CREATE OR REPLACE FUNCTION awp._idempotency_finish(p_scope text, p_key text, p_response jsonb)
 RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE sql SET search_path = '' AS $$
   UPDATE awp.idempotency_keys x SET response = p_response
    WHERE x.scope = p_scope AND x.idempotency_key = p_key
 $$;

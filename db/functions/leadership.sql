@@ -11,13 +11,13 @@
 -- awp._coordinator_lock_key(): the key of the coordinator's session advisory lock ("AWP_COOR"; the same as
 -- LOCK_KEY in python/awp/coordinator.py). Locks: none.
 CREATE OR REPLACE FUNCTION awp._coordinator_lock_key() RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$ SELECT 4708320305520529234::bigint $$;
+LANGUAGE sql IMMUTABLE SET search_path = '' AS $$ SELECT 4708320305520529234::bigint $$;
 COMMENT ON FUNCTION awp._coordinator_lock_key() IS 'The key of the coordinator''s session advisory lock.';
 
 -- awp._coordinator_lock_holder(): the pid of the session that holds the coordinator's lock in this
 -- database, or NULL. Reads pg_locks (every role may). Locks: none.
 CREATE OR REPLACE FUNCTION awp._coordinator_lock_holder() RETURNS integer
-LANGUAGE sql VOLATILE AS $$
+LANGUAGE sql VOLATILE SET search_path = '' AS $$
   SELECT l.pid FROM pg_catalog.pg_locks l
    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
@@ -31,7 +31,7 @@ COMMENT ON FUNCTION awp._coordinator_lock_holder() IS 'The pid of the session ho
 -- awp.take_leadership. Locks: none.
 CREATE OR REPLACE FUNCTION awp._leadership_refused(p_reason text, l awp.coordinator_leader, p_lease integer,
                                                    p_remaining bigint, p_pid integer) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
   SELECT jsonb_build_object('leader', false, 'reason', p_reason, 'term', l.term, 'holder', l.holder,
                             'pid', p_pid, 'lease_remaining_ms', p_remaining, 'leader_lease_ms', p_lease)
 $$;

@@ -24,7 +24,7 @@ CREATE OR REPLACE FUNCTION awp._worker_rows(p_worker_id text, p_after_registered
 RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
                max_concurrency integer, active_leases integer, last_heartbeat_at timestamptz,
                registered_at timestamptz, stopped_at timestamptz)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT w.worker_id, w.display_name, w.status, w.executor_kinds, w.max_concurrency,
          (SELECT count(*)::integer FROM awp.dispatches d WHERE d.worker_id = w.worker_id AND d.status = 'leased'),
          w.last_heartbeat_at, w.registered_at, w.stopped_at
@@ -78,7 +78,7 @@ RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status t
                cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
                finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
                schedule_id text)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT r.run_id, r.workflow_id, r.workflow_version, r.status, r.revision, r.cancel_requested_at,
          r.created_at, r.started_at, r.finished_at, r.concurrency, r.idempotency_key,
          (SELECT coalesce(jsonb_object_agg(c.status, c.n), '{}')
@@ -122,7 +122,7 @@ COMMENT ON FUNCTION awp.get_run(text) IS 'One run with its revision, task counts
 -- awp._waiting_for_executors(run_id): executor kinds of the run's ready or queued tasks that no active
 -- worker offers, sorted. Locks: none.
 CREATE OR REPLACE FUNCTION awp._waiting_for_executors(p_run_id text) RETURNS text[]
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT coalesce(array_agg(DISTINCT t.executor ORDER BY t.executor), '{}')
     FROM awp.tasks t
    WHERE t.run_id = p_run_id AND t.status IN ('ready', 'queued')
@@ -229,7 +229,7 @@ COMMENT ON FUNCTION awp.run_events(text, bigint, integer) IS 'The events of a ru
 -- with their latest version (updated_at = when it was stored). Locks: none.
 CREATE OR REPLACE FUNCTION awp._workflow_rows(p_workflow_id text, p_after text, p_limit integer)
 RETURNS TABLE (workflow_id text, latest_version integer, created_at timestamptz, updated_at timestamptz)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT w.workflow_id, v.version, w.created_at, v.created_at
     FROM awp.workflows w
     CROSS JOIN LATERAL (SELECT x.version, x.created_at FROM awp.workflow_versions x

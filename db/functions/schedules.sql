@@ -240,7 +240,7 @@ COMMENT ON FUNCTION awp._cron_local(jsonb, timestamp, boolean) IS 'The first (la
 
 -- awp._tz_offset(at, tz): the UTC offset of time zone tz at instant at.
 CREATE OR REPLACE FUNCTION awp._tz_offset(p_at timestamptz, p_tz text) RETURNS interval
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT (p_at AT TIME ZONE p_tz) - (p_at AT TIME ZONE 'UTC')
 $$;
 COMMENT ON FUNCTION awp._tz_offset(timestamptz, text) IS 'The UTC offset of a time zone at an instant.';
@@ -313,28 +313,28 @@ COMMENT ON FUNCTION awp._wall_bound(timestamptz, text) IS 'The first wall-clock 
 -- awp._cron_prev(cron, at, tz): the last fire time at or before `at`. Take no locks.
 CREATE OR REPLACE FUNCTION awp._cron_next(p jsonb, p_after timestamptz, p_tz text DEFAULT 'UTC')
 RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT awp._wall_instant(awp._cron_local(p, awp._wall_bound(p_after, p_tz), true), p_tz)
 $$;
 COMMENT ON FUNCTION awp._cron_next(jsonb, timestamptz, text) IS 'The first fire time of a parsed cron expression after an instant, in a time zone.';
 
 CREATE OR REPLACE FUNCTION awp._cron_next(p_cron text, p_after timestamptz, p_tz text DEFAULT 'UTC')
 RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT awp._cron_next(awp._cron_parse(p_cron), p_after, p_tz)
 $$;
 COMMENT ON FUNCTION awp._cron_next(text, timestamptz, text) IS 'The first fire time of a cron expression after an instant, in a time zone (AWREQ for a bad expression).';
 
 CREATE OR REPLACE FUNCTION awp._cron_prev(p jsonb, p_at timestamptz, p_tz text DEFAULT 'UTC')
 RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT awp._wall_instant(awp._cron_local(p, awp._wall_bound(p_at, p_tz) - interval '1 second', false), p_tz)
 $$;
 COMMENT ON FUNCTION awp._cron_prev(jsonb, timestamptz, text) IS 'The last fire time of a parsed cron expression at or before an instant, in a time zone.';
 
 CREATE OR REPLACE FUNCTION awp._cron_prev(p_cron text, p_at timestamptz, p_tz text DEFAULT 'UTC')
 RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT awp._cron_prev(awp._cron_parse(p_cron), p_at, p_tz)
 $$;
 COMMENT ON FUNCTION awp._cron_prev(text, timestamptz, text) IS 'The last fire time of a cron expression at or before an instant, in a time zone (AWREQ for a bad expression).';

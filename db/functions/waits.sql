@@ -29,7 +29,7 @@
 
 -- awp._wait_secs(interval): a short human duration ("850 ms", "4.9 s", "2 min 5 s", "3 h 20 min").
 CREATE OR REPLACE FUNCTION awp._wait_secs(p interval) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
   SELECT CASE
            WHEN s < 1 THEN round(s * 1000)::bigint || ' ms'
            WHEN s < 60 THEN trim(to_char(s, 'FM990.0')) || ' s'
@@ -42,7 +42,7 @@ COMMENT ON FUNCTION awp._wait_secs(interval) IS 'A short human-readable duration
 
 -- awp._wait_ts(ts): a timestamp as ISO 8601 UTC with milliseconds, for wait details.
 CREATE OR REPLACE FUNCTION awp._wait_ts(p timestamptz) RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
   SELECT to_char(p AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
 $$;
 COMMENT ON FUNCTION awp._wait_ts(timestamptz) IS 'A timestamp as ISO 8601 UTC text, for wait details.';
@@ -54,7 +54,7 @@ COMMENT ON FUNCTION awp._wait_ts(timestamptz) IS 'A timestamp as ISO 8601 UTC te
 CREATE OR REPLACE FUNCTION awp._kind_capacity()
 RETURNS TABLE (executor_kind text, workers integer, slots integer, free_slots integer, pending integer,
                leased integer)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   WITH live AS MATERIALIZED (   -- two arms so each uses its partial index (as awp._dispatch_budget)
     SELECT d.status, d.executor_kind, d.worker_id FROM awp.dispatches d WHERE d.status = 'pending'
     UNION ALL
@@ -277,7 +277,7 @@ COMMENT ON FUNCTION awp.run_waits(text) IS 'Why each waiting task of a run waits
 -- awp._run_wait_counts(run_id): the run's waiting tasks by reason code, e.g. {"workers_full": 1800}
 -- ({} when none waits).
 CREATE OR REPLACE FUNCTION awp._run_wait_counts(p_run_id text) RETURNS jsonb
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   SELECT coalesce(jsonb_object_agg(w.reason, w.n), '{}')
     FROM (SELECT x.reason, count(*) AS n FROM awp._task_waits(p_run_id, false) x GROUP BY 1) w
 $$;
@@ -289,7 +289,7 @@ COMMENT ON FUNCTION awp._run_wait_counts(text) IS 'A run''s waiting tasks counte
 -- another kind are not looked at). Cheap enough for every pass: per live run with a ready task, one
 -- index probe and its in-flight count, plus one budget. Locks: none.
 CREATE OR REPLACE FUNCTION awp._limits_held() RETURNS text[]
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET search_path = '' AS $$
   WITH b AS MATERIALIZED (   -- computed only when some run has a ready task (first use of the InitPlans below)
     SELECT x.global_free, x.worker_free, x.kinds FROM awp._dispatch_budget() x
   )

@@ -2,7 +2,7 @@
 -- and the shape of every function (comment, search_path, SECURITY DEFINER, the signatures of README.md's SQL API).
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(112);
+SELECT plan(113);
 
 -- ---------------------------------------------------------------- tables
 SELECT has_table('awp', t, 'table awp.' || t || ' exists')
@@ -119,8 +119,10 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
           '{}'::text[], 'every awp function has a COMMENT');
 -- search_path (docs/architecture.md, "Functions and search_path"): the functions anyone but their owner may execute
 -- are SECURITY DEFINER and set it (the next test); trigger functions set it too (they run at commit, or for a
--- DBA's own statements); the private functions do not: they run only inside those callers (search_path '') or
--- as their owner.
+-- DBA's own statements); SQL functions set it (it keeps their bodies out of their callers' plans), except the
+-- helpers that must be inlined: awp._int_ok, _ms, _new_id, _token, _hash, _fairness_order and the limit constants
+-- awp._limit_*() (create_workflow_version.sql, 00_helpers.sql, _dispatching.sql and 00_limits.sql say why); the
+-- private PL/pgSQL functions do not: they run only inside those callers (search_path '') or as their owner.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace AND NOT p.prosecdef
                    AND EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
@@ -132,6 +134,16 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                    AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)
                  ORDER BY 1),
           '{}'::text[], 'every trigger function has SET search_path = ''''');
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
+                 WHERE p.pronamespace = 'awp'::regnamespace
+                   AND p.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'sql')
+                   AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)
+                   AND p.oid NOT IN ('awp._int_ok(jsonb, bigint, bigint)'::regprocedure, 'awp._ms(interval)'::regprocedure,
+                                     'awp._new_id(text)'::regprocedure, 'awp._token()'::regprocedure,
+                                     'awp._hash(text)'::regprocedure, 'awp._fairness_order(text[])'::regprocedure)
+                   AND NOT (p.proname LIKE '\_limit\_%' AND p.pronargs = 0 AND p.provolatile = 'i')
+                 ORDER BY 1),
+          '{}'::text[], 'every SQL function but the inlined helpers has SET search_path = ''''');
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace AND p.prosecdef
                    AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)),
