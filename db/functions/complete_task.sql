@@ -515,6 +515,7 @@ DECLARE
   v_res   jsonb[] := '{}';
   v_cseq  bigint[] := '{}';    --   its claim_seq
   v_wrow  awp.workers[] := '{}';
+  v_tok   text;                -- the session token w was checked with (a batch's items are one worker's)
   c_key   text[] := '{}';      -- per item (as v_pos): the task completed, its attempt, its dependants
   c_att   integer[] := '{}';
   c_deps  text[];              --   its dependants, each text[] as text (an array of arrays must be rectangular)
@@ -559,7 +560,10 @@ BEGIN
       FROM jsonb_array_elements(p_items) WITH ORDINALITY AS u(e, o)
      ORDER BY e->>'worker_id', o
   LOOP
-    w := awp._session(x.worker_id, x.session_token, true);   -- AWSES as its own call
+    IF w.worker_id IS DISTINCT FROM x.worker_id OR x.session_token IS DISTINCT FROM v_tok THEN   -- once per worker
+      w := awp._session(x.worker_id, x.session_token, true);   -- AWSES as its own call
+      v_tok := x.session_token;
+    END IF;
     IF w.status <> 'active' THEN
       PERFORM awp._raise_group_not_applicable('a worker that is not active');
     END IF;
@@ -718,26 +722,21 @@ END $$;
 COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb, text, text[]) IS 'The group path of complete_and_claim_many and complete_tasks: a group of hot-path items settled set-based (raises AWGRP when it does not apply).';
 
 -- awp._group_path_or_nothing(items, run, kinds): awp._complete_and_refill_group in a subtransaction, for
--- awp.complete_and_claim_many and awp.complete_tasks: its rows, or none when it does not apply (AWGRP) or an item's
--- own call would be refused (AWSES, AWLST, AWCNF, AWREQ): then it is rolled back, nothing of it remains, and the
--- caller settles the items one by one, each with its exact answer. Every item of a group it settles gets a lease,
--- so no rows means refused. Locks: as awp._complete_and_refill_group.
-CREATE OR REPLACE FUNCTION awp._group_path_or_nothing(p_items jsonb, p_run text, p_kinds text[])
-RETURNS TABLE (item integer, lease awp.lease)
+-- awp.complete_and_claim_many and awp.complete_tasks: its items and their leases (arrays in item order), or NULLs
+-- when it does not apply (AWGRP) or an item's own call would be refused (AWSES, AWLST, AWCNF, AWREQ): then it is
+-- rolled back, nothing of it remains, and the caller settles the items one by one, each with its exact answer.
+-- Every item of a group it settles gets a lease. Locks: as awp._complete_and_refill_group.
+CREATE OR REPLACE FUNCTION awp._group_path_or_nothing(p_items jsonb, p_run text, p_kinds text[],
+                                                      OUT items integer[], OUT leases awp.lease[])
 LANGUAGE plpgsql AS $$
-DECLARE
-  v_items  integer[];
-  v_leases awp.lease[];
 BEGIN
-  BEGIN
-    SELECT array_agg(g.item ORDER BY g.item), array_agg(g.lease ORDER BY g.item) INTO v_items, v_leases
-      FROM awp._complete_and_refill_group(p_items, p_run, p_kinds) g;
-  EXCEPTION WHEN SQLSTATE 'AWGRP' OR SQLSTATE 'AWSES' OR SQLSTATE 'AWLST' OR SQLSTATE 'AWCNF' OR SQLSTATE 'AWREQ' THEN
-    RETURN;
-  END;
-  RETURN QUERY SELECT v_items[k], v_leases[k] FROM generate_subscripts(v_items, 1) AS k;
+  SELECT array_agg(g.item ORDER BY g.item), array_agg(g.lease ORDER BY g.item) INTO items, leases
+    FROM awp._complete_and_refill_group(p_items, p_run, p_kinds) g;
+EXCEPTION WHEN SQLSTATE 'AWGRP' OR SQLSTATE 'AWSES' OR SQLSTATE 'AWLST' OR SQLSTATE 'AWCNF' OR SQLSTATE 'AWREQ' THEN
+  items := NULL;
+  leases := NULL;
 END $$;
-COMMENT ON FUNCTION awp._group_path_or_nothing(jsonb, text, text[]) IS 'The group path in a subtransaction: its (item, lease) rows, or none (rolled back) when it does not apply.';
+COMMENT ON FUNCTION awp._group_path_or_nothing(jsonb, text, text[]) IS 'The group path in a subtransaction: its items and leases, or NULLs (rolled back) when it does not apply.';
 
 -- awp.complete_and_claim_many(items): several workers' awp.complete_and_claim calls in one transaction (the
 -- gateway groups the claim-on-complete requests of one run that arrive while one of that run's calls is in
@@ -798,8 +797,7 @@ BEGIN
   END LOOP;
   SELECT g.run_id, g.kinds INTO v_grun, v_gkinds FROM awp._group_path_run(p_items) g;
   IF v_grun IS NOT NULL THEN   -- the common group set-based (awp._complete_and_refill_group)
-    SELECT array_agg(g.item), array_agg(g.lease) INTO v_gitems, v_gleases
-      FROM awp._group_path_or_nothing(p_items, v_grun, v_gkinds) g;
+    SELECT g.items, g.leases INTO v_gitems, v_gleases FROM awp._group_path_or_nothing(p_items, v_grun, v_gkinds) g;
     IF v_gitems IS NOT NULL THEN   -- else rolled back: the items are settled one by one below
       FOR v_k IN 1 .. cardinality(v_gitems) LOOP
         item := v_gitems[v_k];
@@ -915,7 +913,7 @@ BEGIN
     SELECT g.run_id, g.kinds INTO v_grun, v_gkinds FROM awp._group_path_run(v_items, true) g;
   END IF;
   IF v_grun IS NOT NULL THEN
-    SELECT jsonb_agg(to_jsonb(g.lease) ORDER BY g.item) INTO v_leases
+    SELECT (SELECT jsonb_agg(to_jsonb(g.leases[k]) ORDER BY k) FROM generate_subscripts(g.leases, 1) AS k) INTO v_leases
       FROM awp._group_path_or_nothing(v_items, v_grun, v_gkinds) g;
     IF v_leases IS NULL THEN   -- refused and rolled back: the items are settled one by one below
       v_leases := '[]';
