@@ -328,7 +328,9 @@ def test_lost_claim_answer_goes_back_to_the_queue_within_two_heartbeats(dsn: str
 def test_lease_recovery_fields_are_checked(dsn: str) -> None:
     """claim_seq, claimed_through, claims_pending and dropped: a malformed value is a 400 invalid_request (never a
     5xx), a well-formed one is accepted, and none of them is required (an older worker sends none)."""
-    configure(dsn, LEASE_MS, HEARTBEAT_MS)
+    # The requests below send no heartbeat the database accepts: the session must outlive them on a slow machine
+    # (the default 3 intervals, 750 ms, did not once: the last, well-formed heartbeat was answered AWSES).
+    configure(dsn, LEASE_MS, HEARTBEAT_MS, offline_after_heartbeats=OFFLINE_AFTER)
     with serve(dsn, coordinator_interval_ms=100) as gw:
         r = httpx.post(
             gw.api("/workers/register"), json={"executor_kinds": ["mock"]}, headers=gw.auth("bootstrap"), timeout=10
