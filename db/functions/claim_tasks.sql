@@ -259,10 +259,11 @@ COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready t
 -- the run's lock): it is written here with the refill's row, one MERGE on awp.dispatches (completed with its
 -- attempt as awp._end_attempt does for a success) instead of an UPDATE and an INSERT. Each run touched is then
 -- written once with its events (awp._write_log). The general path (after awp._complete_task) passes the worker
--- and claim_seq alone. The MERGE reads awp.dispatches by primary key only (its ON clause names both ids), planned
--- with enable_seqscan off (set around it): with the table small (a fresh database, or one analyzed while small) the
--- planner preferred to scan all of it, a plan the plan cache kept as the table grew (measured: +30% per completion
--- at 2,400 dispatches); see awp._complete_and_refill_group for why not on the whole function.
+-- and claim_seq alone. The MERGE reads awp.dispatches by primary key only (its ON clause names both ids), and the
+-- tasks UPDATE awp.tasks by primary key; both are planned with enable_seqscan off (set around them): with a table
+-- small (a fresh database, or one analyzed while small) the planner preferred to scan all of it, a plan the plan
+-- cache kept as the table grew (measured: +30% per completion at 2,400 dispatches; the tasks UPDATE scanned 1,200
+-- tasks per completion); see awp._complete_and_refill_group for why not on the whole function.
 -- Locks: as awp._refill_slot (runs without waiting: awp._try_run, then the task row), then the completed dispatch
 -- (the caller holds its run), then as awp._claim.
 CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint, p_now timestamptz DEFAULT NULL,
@@ -279,7 +280,7 @@ DECLARE
   v_run   text;
   v_key   text;   -- the task refilled and its executor (NULL: none)
   v_exec  text;
-  v_seqscan text;   -- the session's enable_seqscan, restored after the MERGE
+  v_seqscan text;   -- the session's enable_seqscan, restored after the MERGE and the tasks UPDATE
   r       record;
   t       record;
   v_id    text;
@@ -322,9 +323,10 @@ BEGIN
     v_att := t.attempts + 1;
     SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
   END IF;
+  -- enable_seqscan off for planning the MERGE and the tasks UPDATE below (see above), restored after them.
+  v_seqscan := current_setting('enable_seqscan');
+  PERFORM set_config('enable_seqscan', 'off', true);
   IF p_done IS NOT NULL THEN   -- the hot path's completion, with the refill's row when there is one
-    v_seqscan := current_setting('enable_seqscan');
-    PERFORM set_config('enable_seqscan', 'off', true);   -- for planning the MERGE (see above)
     MERGE INTO awp.dispatches x
     USING (VALUES (p_done, true), (v_id, false)) AS m(id, done)
        ON x.dispatch_id = m.id AND x.dispatch_id IN (p_done, v_id)
@@ -338,7 +340,6 @@ BEGIN
               fencing_token, leased_at, lease_expires_at, attempt_deadline, claim_seq, attempt_status)
       VALUES (v_id, v_run, v_key, v_exec, v_now, 'leased', w.worker_id, awp._hash(v_token), v_att,
               v_fence, v_now, v_exp, v_dl, p_claim_seq, 'running');   -- v_key, v_exec: t is unset without a refill
-    PERFORM set_config('enable_seqscan', v_seqscan, true);
   ELSIF v_key IS NOT NULL THEN
     INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id,
                                 lease_token_hash, attempt, fencing_token, leased_at, lease_expires_at,
@@ -357,7 +358,8 @@ BEGIN
                       'attempt ' || v_att || ' started', 'claimed by ' || w.worker_id];
   END IF;
   -- The refilled task runs, the completed one (hot path) succeeds: one UPDATE (each write statement reads its
-  -- table's CHECK constraints again, so fewer statements cost less).
+  -- table's CHECK constraints again, so fewer statements cost less). Planned with enable_seqscan off (see above):
+  -- with the table small it was a hash join over a scan of every task, whose cost grew with the table.
   IF v_key IS NOT NULL OR p_succeeded_task IS NOT NULL THEN
     UPDATE awp.tasks y
        SET status = v.status, attempts = coalesce(v.attempts, y.attempts), updated_at = v_now, ready_at = NULL,
@@ -366,6 +368,7 @@ BEGIN
            AS v(run_id, task_key, status, attempts)
      WHERE y.run_id = v.run_id AND y.task_key = v.task_key;
   END IF;
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
   -- Each run's row and events once: the completed run's (with the refill's when it went to the same run), then
   -- the refilled run's when it is another one.
   IF v_key IS NOT NULL AND v_run = p_run THEN
