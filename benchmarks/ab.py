@@ -1,0 +1,255 @@
+"""A/B comparisons that this machine's drift cannot fake: the variants are measured in turns, round after round,
+in one throwaway cluster (fsync on), and compared round by round.
+
+    .venv/bin/python benchmarks/ab.py sql  HEAD~1 .            # backend CPU per completion, straight over SQL
+    .venv/bin/python benchmarks/ab.py http . .:AWP_X=1         # tasks/s and CPU per task through HTTP
+
+A variant is ``SOURCE[:NAME=VALUE,...]``: SOURCE is a checkout (a directory holding ``db/``; ``.`` is the working
+tree) or a git revision (its ``db/`` and ``python/`` exported with ``git archive``); the NAME=VALUE pairs are
+environment variables of that variant's ``awp serve`` (``http`` only). Each variant gets a database of its own,
+migrated from its SQL; its ``awp serve`` runs its ``python/awp`` (first on PYTHONPATH); every worker runs the working
+tree's.
+
+``sql``: one worker of one slot completes every task of ``--runs`` runs of ``--tasks`` tasks (``--runs`` > 1: each
+refill goes to another run) with ``awp.complete_and_claim``; measured: the backend's CPU (``/proc``) per completion.
+``http``: ``--runs`` runs of ``--tasks`` mock tasks on ``--workers`` real ``awp worker`` processes of
+``--concurrency`` slots, through that variant's ``awp serve``; measured as ``make bench`` does (tasks/s from the
+database clock, CPU per task of PostgreSQL and the workers, gateway CPU per request). ``--pre N`` first runs N
+tasks in every database, so that the tables are not small (plans change with table size).
+
+The table gives each variant's median and its ratio to the first variant per round: a change is real when the
+ratios agree, not when two medians differ (this machine's speed drifts by 2-5 x within minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import run as bench
+from procs import Reaper
+
+from awp_testing.cluster import database_name, fresh_database, one, throwaway_cluster
+
+REPO = Path(__file__).resolve().parent.parent
+SUCCESS = json.dumps({"kind": "success"})
+
+
+@dataclass
+class Variant:
+    spec: str
+    sql_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    samples: list[dict[str, float]] = field(default_factory=list)
+
+
+def variant(spec: str, workdir: Path) -> Variant:
+    """``SOURCE[:NAME=VALUE,...]`` -> its SQL directory and its gateway's environment (a git revision is exported
+    first; its ``python/`` goes first on the gateway's PYTHONPATH)."""
+    source, _, env_text = spec.partition(":")
+    env = dict(pair.split("=", 1) for pair in env_text.split(",") if pair)
+    path = Path(source or ".")
+    if not (path / "db").is_dir():
+        path = Path(tempfile.mkdtemp(prefix="ab-", dir=workdir))
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", source, "db", "python"], check=True, capture_output=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(path)], input=archive.stdout, check=True)
+    if (path / "python" / "awp").is_dir() and path.resolve() != REPO:
+        env.setdefault("PYTHONPATH", str((path / "python").resolve()))
+    return Variant(spec, (path / "db").resolve(), env)
+
+
+# ---- sql: backend CPU per completion ------------------------------------------------------------------------------
+
+
+def backend_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def define(conn: psycopg.Connection[Any], wid: str, tasks: int) -> None:
+    definition = {
+        "id": wid,
+        "concurrency": 1,
+        "tasks": [{"key": f"t{i:05d}", "executor": "mock"} for i in range(tasks)],
+    }
+    conn.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
+
+
+def complete_all(conn: psycopg.Connection[Any], wid: str, runs: int) -> int:
+    """Start ``runs`` runs of ``wid`` and complete all their tasks as one new worker of one slot (claim on
+    complete); returns the number of completions."""
+    worker, token = one(conn, "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', 1)")
+    with conn.transaction():
+        for _ in range(runs):
+            conn.execute("SELECT awp.start_run(%s)", [wid])
+    seq, done = 1, 0
+    lease = conn.execute(
+        "SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 1, 1)", [worker, token]
+    ).fetchone()
+    while lease is not None:
+        seq += 1
+        lease = conn.execute(
+            "SELECT dispatch_id, lease_token FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1, %s)",
+            [worker, token, lease[0], lease[1], SUCCESS, seq],
+        ).fetchone()
+        done += 1
+        if lease is None:  # no refill (the last tasks, or a coordinator pass between): claim what is left
+            seq += 1
+            lease = conn.execute(
+                "SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 1, %s)", [worker, token, seq]
+            ).fetchone()
+    conn.execute("SELECT awp.drain_worker(%s, %s)", [worker, token])  # stopped: it holds no lease
+    return done
+
+
+def run_sql(args: argparse.Namespace, variants: list[Variant]) -> None:
+    with throwaway_cluster(fsync=True) as server:
+        conns = []
+        for i, v in enumerate(variants):
+            conn = psycopg.connect(fresh_database(server, database_name(f"ab{i}"), sql_dir=v.sql_dir), autocommit=True)
+            conn.prepare_threshold = 0
+            define(conn, "ab", args.tasks)
+            if args.pre:
+                define(conn, "ab-pre", args.pre)
+                complete_all(conn, "ab-pre", 1)
+            complete_all(conn, "ab", args.runs)  # warm-up: plans cached, caches filled
+            conns.append(conn)
+        for r in range(args.rounds):
+            for i in turns(len(variants), r):
+                pid = conns[i].info.backend_pid
+                before = backend_cpu_s(pid)
+                n = complete_all(conns[i], "ab", args.runs)
+                variants[i].samples.append({"backend ms/completion": (backend_cpu_s(pid) - before) * 1000 / n})
+            report_round(r, variants, "backend ms/completion")
+        for conn in conns:
+            conn.close()
+
+
+# ---- http: make bench's measurements, variants in turns -----------------------------------------------------------
+
+
+def run_http(args: argparse.Namespace, variants: list[Variant], workdir: Path) -> None:
+    reaper = Reaper()
+    try:
+        with throwaway_cluster(fsync=True) as server:
+            benches: list[bench.Bench] = []
+            try:
+                measure_http(args, variants, workdir, server, reaper, benches)
+            finally:  # while the cluster is up
+                for b in benches:
+                    b.pool.resize(0)
+                    b.gateway.stop()
+                    b.conn.close()
+    finally:
+        reaper.kill_all()
+
+
+def measure_http(
+    args: argparse.Namespace, variants: list[Variant], workdir: Path, server: Any, reaper: Reaper, benches: list[Any]
+) -> None:
+    slots = args.workers * args.concurrency
+    wid = f"ab-{args.tasks}-c{slots}"
+    for i, v in enumerate(variants):
+        dsn = fresh_database(server, database_name(f"ab{i}"), sql_dir=v.sql_dir)
+        saved = dict(os.environ)
+        os.environ.update(v.env)  # the gateway inherits it
+        try:
+            b = bench.Bench(dsn, server.datadir, Path(tempfile.mkdtemp(prefix="gw-", dir=workdir)), reaper)
+            benches.append(b)
+            b.gateway.start()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        b.workflow(wid, args.tasks, slots)
+        b.pool.resize(args.workers, args.concurrency)
+        if args.pre:
+            b.repetition("tables filled", b.workflow("ab-pre", args.pre, slots), 1, args.pre, "1/1")
+        b.repetition("warm-up", wid, args.runs, args.tasks, "1/1")
+        b.pool.resize(0)
+    for r in range(args.rounds):
+        for i in turns(len(variants), r):
+            b = benches[i]
+            b.pool.resize(args.workers, args.concurrency)
+            m = b.repetition(variants[i].spec, wid, args.runs, args.tasks, f"{r + 1}/{args.rounds}")
+            b.pool.resize(0)
+            n = args.runs * args.tasks
+            cpu = m["cpu_s"]
+            variants[i].samples.append(
+                {
+                    "tasks/s": m["tasks_per_s"],
+                    "PostgreSQL ms/task": cpu["postgres"] * 1000 / n,
+                    "worker ms/task": cpu["workers"] * 1000 / n,
+                    "gateway ms/request": cpu["gateway"] * 1000 / max(1, m["requests"]),
+                }
+            )
+        report_round(r, variants, "tasks/s")
+    for v, b in zip(variants, benches, strict=True):
+        violations = b.invariants(v.spec)["violations"]
+        if violations:
+            raise SystemExit(f"{v.spec}: awp.check_invariants() found {violations} violation(s)")
+
+
+# ---- common --------------------------------------------------------------------------------------------------------
+
+
+def turns(n: int, r: int) -> list[int]:
+    """The order of the variants in round r: forwards, then backwards (no variant always goes first)."""
+    return list(range(n)) if r % 2 == 0 else list(reversed(range(n)))
+
+
+def report_round(r: int, variants: list[Variant], key: str) -> None:
+    print(f"round {r + 1}: " + "  ".join(f"{v.samples[-1][key]:.3f}" for v in variants), flush=True)
+
+
+def report(variants: list[Variant]) -> None:
+    base = variants[0]
+    print()
+    for key in base.samples[0]:
+        print(f"{key}: median (per-round ratio to {base.spec!r})")
+        for v in variants:
+            values = [s[key] for s in v.samples]
+            ratios = [s[key] / b[key] for s, b in zip(v.samples, base.samples, strict=True) if b[key]]
+            print(
+                f"  {v.spec:<30} {statistics.median(values):9.3f}   ratio median {statistics.median(ratios):.3f}"
+                f"  ({' '.join(f'{x:.2f}' for x in ratios)})"
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=("sql", "http"))
+    parser.add_argument("variants", nargs="+", help="SOURCE[:NAME=VALUE,...]; the first is the base")
+    parser.add_argument("--runs", type=int, default=1, help="runs at once [%(default)s]")
+    parser.add_argument("--tasks", type=int, help="tasks per run [sql 300, http 1000]")
+    parser.add_argument("--workers", type=int, default=4, help="http: worker processes [%(default)s]")
+    parser.add_argument("--concurrency", type=int, default=1, help="http: slots per worker [%(default)s]")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds (each measures every variant once) [%(default)s]")
+    parser.add_argument("--pre", type=int, default=0, help="tasks run first in every database [%(default)s]")
+    args = parser.parse_args()
+    args.tasks = args.tasks or (300 if args.mode == "sql" else 1000)
+    workdir = Path(tempfile.mkdtemp(prefix="awp-ab-"))
+    variants = [variant(spec, workdir) for spec in args.variants]
+    started = time.monotonic()
+    if args.mode == "sql":
+        run_sql(args, variants)
+    else:
+        run_http(args, variants, workdir)
+    report(variants)
+    print(f"\n{args.rounds} rounds in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
