@@ -36,8 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import run as bench
-from procs import Reaper
 
 from awp_testing.cluster import database_name, fresh_database, one, throwaway_cluster
 
@@ -141,10 +139,12 @@ def run_sql(args: argparse.Namespace, variants: list[Variant]) -> None:
 
 
 def run_http(args: argparse.Namespace, variants: list[Variant], workdir: Path) -> None:
+    from procs import Reaper  # the bench extra (make bench installs it); the sql mode needs none of it
+
     reaper = Reaper()
     try:
         with throwaway_cluster(fsync=True) as server:
-            benches: list[bench.Bench] = []
+            benches: list[Any] = []
             try:
                 measure_http(args, variants, workdir, server, reaper, benches)
             finally:  # while the cluster is up
@@ -157,8 +157,10 @@ def run_http(args: argparse.Namespace, variants: list[Variant], workdir: Path) -
 
 
 def measure_http(
-    args: argparse.Namespace, variants: list[Variant], workdir: Path, server: Any, reaper: Reaper, benches: list[Any]
+    args: argparse.Namespace, variants: list[Variant], workdir: Path, server: Any, reaper: Any, benches: list[Any]
 ) -> None:
+    import run as bench
+
     slots = args.workers * args.concurrency
     wid = f"ab-{args.tasks}-c{slots}"
     for i, v in enumerate(variants):

@@ -1,0 +1,46 @@
+"""benchmarks/ab.py, the A/B tool of docs/performance.md ("Measuring a change"), in its SQL mode: two variants (the
+working tree, and a git revision exported with ``git archive``) measured in turns in one throwaway cluster, each
+with a median and its ratio to the first per round. Real PostgreSQL, a real subprocess; a few seconds."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_ab_sql_measures_each_variant_in_turns() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "ab.py"),
+            "sql",
+            ".",
+            "HEAD",
+            "--rounds",
+            "2",
+            "--tasks",
+            "20",
+            "--runs",
+            "2",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    rounds = re.findall(r"^round (\d+): ([\d.]+)  ([\d.]+)$", out.stdout, re.M)
+    assert [r[0] for r in rounds] == ["1", "2"], out.stdout
+    assert all(float(a) > 0 and float(b) > 0 for _, a, b in rounds), out.stdout
+    lines = out.stdout.split("backend ms/completion: median (per-round ratio to '.')\n", 1)[1].splitlines()
+    base, other = (re.match(r"^  (\S+)\s+([\d.]+)   ratio median ([\d.]+)  \((.*)\)$", line) for line in lines[:2])
+    assert base is not None and other is not None, out.stdout
+    assert (base[1], base[3], base[4]) == (".", "1.000", "1.00 1.00"), out.stdout
+    assert other[1] == "HEAD" and len(other[4].split()) == 2, out.stdout
+    # each round's ratio is that round's two measurements divided (printed rounded: 3 and 2 decimals)
+    ratios = [float(x) for x in other[4].split()]
+    assert all(abs(r - float(b) / float(a)) < 0.02 for r, (_, a, b) in zip(ratios, rounds, strict=True)), out.stdout
