@@ -18,7 +18,8 @@ database clock, CPU per task of PostgreSQL and the workers, gateway CPU per requ
 tasks in every database, so that the tables are not small (plans change with table size).
 
 The table gives each variant's median and its ratio to the first variant per round: a change is real when the
-ratios agree, not when two medians differ (this machine's speed drifts by 2-5 x within minutes).
+ratios agree, not when two medians differ (this machine drifts by 20% from minute to minute and by up to 4 x
+between phases).
 """
 
 from __future__ import annotations
