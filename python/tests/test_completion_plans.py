@@ -5,8 +5,9 @@ db/functions/claim_tasks.sql).
 
 With statistics gathered while the table held a handful of rows, the planner preferred to scan all of it (hashed,
 materialized, or filtered row by row), and the plan cache kept that plan while the table grew: measured, +30% per
-completion at 2,400 dispatches. Both MERGEs name the ids on the table as well and are planned with enable_seqscan
-off (set around the statement only: on a whole function it forced the scan of the settings row into plans that were
+completion at 2,400 dispatches; the hot path's UPDATE of its two tasks, joined to a VALUES list, scanned every task.
+Both MERGEs name the ids on the table as well, and they and that UPDATE are planned with enable_seqscan off (set
+around the statements only: on a whole function it forced the scan of the settings row into plans that were
 JIT-compiled on every call). Checked here on the plans themselves (auto_explain, nested statements), right after such
 statistics, so a slow machine passes and a plan that scans the table does not."""
 
@@ -79,6 +80,13 @@ def assert_probes(plan: str) -> None:
         assert any("dispatch_id" in line for line in conditions), plan
 
 
+def tasks_update_plan(notices: list[str]) -> str:
+    """The plan of the hot path's one UPDATE of awp.tasks (the completed and the refilled task, a VALUES list)."""
+    plans = [n for n in notices if "UPDATE awp.tasks y" in n and "FROM (VALUES" in n]
+    assert len(plans) == 1, f"expected the plan of the hot path's tasks UPDATE, got {len(plans)}"
+    return plans[0][plans[0].index("\nUpdate on tasks y") :]
+
+
 def assert_not_compiled(notices: list[str]) -> None:
     """No statement of the call was planned so expensive that PostgreSQL JIT-compiled it (a scan forced against a
     planner setting costs more than jit_above_cost: compiled on every call, milliseconds each)."""
@@ -108,3 +116,24 @@ def test_the_hot_path_probes_the_completed_dispatch(tiny: Setup) -> None:
     assert row[0] is not None and row[0] != lease["dispatch_id"]
     assert_probes(merge_plan(notices, "x"))
     assert_not_compiled(notices)
+
+
+def test_the_hot_path_probes_the_completed_and_the_refilled_task(tiny: Setup) -> None:
+    """The UPDATE of the completed and the refilled task (awp._lease_refill, joined to a VALUES list) was a hash
+    join over a scan of every task while the table was small (1,200 rows scanned per completion in a fresh
+    database); planned with enable_seqscan off, it probes awp.tasks by primary key."""
+    call, notices, leases = tiny
+    lease = leases[0]
+    args = [lease["worker_id"], lease["session_token"], lease["dispatch_id"], lease["lease_token"]]
+    row = one(
+        call, "SELECT dispatch_id FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1)", [*args, '{"kind": "success"}']
+    )
+    assert row[0] is not None and row[0] != lease["dispatch_id"]
+    plan = tasks_update_plan(notices)
+    lines = plan.splitlines()
+    scans = [n for n, line in enumerate(lines) if " on tasks " in line and "Scan" in line]
+    assert scans, plan
+    for n in scans:
+        assert "Seq Scan" not in lines[n], plan
+        conditions = [line for line in lines[n + 1 : n + 3] if "Index Cond:" in line]
+        assert any("run_id" in line and "task_key" in line for line in conditions), plan
