@@ -106,7 +106,8 @@ def test_the_group_path_probes_each_dispatch(tiny: Setup) -> None:
     assert_not_compiled(notices)
 
 
-def test_the_hot_path_probes_the_completed_dispatch(tiny: Setup) -> None:
+def hot_path_call(tiny: Setup) -> list[str]:
+    """The first worker's lease completed with claim on complete (the hot path: a refill leased back); the plans."""
     call, notices, leases = tiny
     lease = leases[0]
     args = [lease["worker_id"], lease["session_token"], lease["dispatch_id"], lease["lease_token"]]
@@ -114,6 +115,11 @@ def test_the_hot_path_probes_the_completed_dispatch(tiny: Setup) -> None:
         call, "SELECT dispatch_id FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1)", [*args, '{"kind": "success"}']
     )
     assert row[0] is not None and row[0] != lease["dispatch_id"]
+    return notices
+
+
+def test_the_hot_path_probes_the_completed_dispatch(tiny: Setup) -> None:
+    notices = hot_path_call(tiny)
     assert_probes(merge_plan(notices, "x"))
     assert_not_compiled(notices)
 
@@ -122,13 +128,7 @@ def test_the_hot_path_probes_the_completed_and_the_refilled_task(tiny: Setup) ->
     """The UPDATE of the completed and the refilled task (awp._lease_refill, joined to a VALUES list) was a hash
     join over a scan of every task while the table was small (1,200 rows scanned per completion in a fresh
     database); planned with enable_seqscan off, it probes awp.tasks by primary key."""
-    call, notices, leases = tiny
-    lease = leases[0]
-    args = [lease["worker_id"], lease["session_token"], lease["dispatch_id"], lease["lease_token"]]
-    row = one(
-        call, "SELECT dispatch_id FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1)", [*args, '{"kind": "success"}']
-    )
-    assert row[0] is not None and row[0] != lease["dispatch_id"]
+    notices = hot_path_call(tiny)
     plan = tasks_update_plan(notices)
     lines = plan.splitlines()
     scans = [n for n, line in enumerate(lines) if " on tasks " in line and "Scan" in line]
