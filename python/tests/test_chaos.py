@@ -229,11 +229,11 @@ def test_chaos_soak() -> None:
                     chaos.supervise()
                     return not chaos.down_until
 
-                def submitted() -> bool:
-                    if not chaos.runs:
+                def submitted() -> bool:  # every run started, and at least 8 (a slow machine's chaos fits fewer)
+                    if not chaos.runs and len(chaos.run_ids) >= 8:
                         return True
                     chaos.submit()
-                    return not chaos.runs
+                    return not chaos.runs and len(chaos.run_ids) >= 8
 
                 wait_until(gateways_back, 10, 0.1, "gateways back")
                 for gw in chaos.gateways:
