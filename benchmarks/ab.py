@@ -12,6 +12,8 @@ tree's.
 
 ``sql``: one worker of one slot completes every task of ``--runs`` runs of ``--tasks`` tasks (``--runs`` > 1: each
 refill goes to another run) with ``awp.complete_and_claim``; measured: the backend's CPU (``/proc``) per completion.
+``--group K``: K workers of one slot complete one run's tasks, their K completions sent together each time (one
+``awp.complete_and_claim_many`` call, the group path: what the gateway sends when a run's calls queue up).
 ``http``: ``--runs`` runs of ``--tasks`` mock tasks on ``--workers`` real ``awp worker`` processes of
 ``--concurrency`` slots, through that variant's ``awp serve``; measured as ``make bench`` does (tasks/s from the
 database clock, CPU per task of PostgreSQL and the workers, gateway CPU per request). ``--pre N`` first runs N
@@ -77,10 +79,10 @@ def backend_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def define(conn: psycopg.Connection[Any], wid: str, tasks: int) -> None:
+def define(conn: psycopg.Connection[Any], wid: str, tasks: int, concurrency: int = 1) -> None:
     definition = {
         "id": wid,
-        "concurrency": 1,
+        "concurrency": concurrency,
         "tasks": [{"key": f"t{i:05d}", "executor": "mock"} for i in range(tasks)],
     }
     conn.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
@@ -113,23 +115,83 @@ def complete_all(conn: psycopg.Connection[Any], wid: str, runs: int) -> int:
     return done
 
 
+def complete_grouped(conn: psycopg.Connection[Any], wid: str, workers: int) -> int:
+    """Start one run of ``wid`` and complete all its tasks as ``workers`` new workers of one slot each, their
+    completions sent together, one ``awp.complete_and_claim_many`` call per round (as the gateway groups one run's
+    calls); returns the number of completions."""
+    sql = "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', 1)"
+    ids = [one(conn, sql) for _ in range(workers)]
+    conn.execute("SELECT awp.start_run(%s)", [wid])
+    seq, done = 1, 0
+    held: dict[int, tuple[str, str]] = {}
+    while True:
+        for i, (worker, token) in enumerate(ids):
+            if i not in held:
+                seq += 1
+                row = conn.execute(
+                    "SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 1, %s)", [worker, token, seq]
+                ).fetchone()
+                if row is not None:
+                    held[i] = row
+        if not held:
+            break
+        order = sorted(held)
+        items = []
+        for i in order:
+            seq += 1
+            worker, token = ids[i]
+            dispatch_id, lease_token = held[i]
+            items.append(
+                {
+                    "worker_id": worker,
+                    "session_token": token,
+                    "dispatch_id": dispatch_id,
+                    "lease_token": lease_token,
+                    "result": {"kind": "success"},
+                    "slots": 1,
+                    "claim_seq": seq,
+                }
+            )
+        rows = conn.execute(
+            "SELECT g.item, g.error, (g.lease).dispatch_id, (g.lease).lease_token"
+            " FROM awp.complete_and_claim_many(%s) g",
+            [json.dumps(items)],
+        ).fetchall()
+        done += len(items)
+        held = {}
+        for item, error, dispatch_id, lease_token in rows:
+            if error is not None:
+                raise SystemExit(f"complete_and_claim_many refused an item: {error}")
+            if dispatch_id is not None:
+                held[order[item - 1]] = (dispatch_id, lease_token)
+    for worker, token in ids:
+        conn.execute("SELECT awp.drain_worker(%s, %s)", [worker, token])
+    return done
+
+
 def run_sql(args: argparse.Namespace, variants: list[Variant]) -> None:
     with throwaway_cluster(fsync=True) as server:
         conns = []
         for i, v in enumerate(variants):
             conn = psycopg.connect(fresh_database(server, database_name(f"ab{i}"), sql_dir=v.sql_dir), autocommit=True)
             conn.prepare_threshold = 0
-            define(conn, "ab", args.tasks)
+            define(conn, "ab", args.tasks, max(1, args.group))
             if args.pre:
                 define(conn, "ab-pre", args.pre)
                 complete_all(conn, "ab-pre", 1)
-            complete_all(conn, "ab", args.runs)  # warm-up: plans cached, caches filled
+            if args.group:
+                complete_grouped(conn, "ab", args.group)  # warm-up: plans cached, caches filled
+            else:
+                complete_all(conn, "ab", args.runs)  # warm-up: plans cached, caches filled
             conns.append(conn)
         for r in range(args.rounds):
             for i in turns(len(variants), r):
                 pid = conns[i].info.backend_pid
                 before = backend_cpu_s(pid)
-                n = complete_all(conns[i], "ab", args.runs)
+                if args.group:
+                    n = complete_grouped(conns[i], "ab", args.group)
+                else:
+                    n = complete_all(conns[i], "ab", args.runs)
                 variants[i].samples.append({"backend ms/completion": (backend_cpu_s(pid) - before) * 1000 / n})
             report_round(r, variants, "backend ms/completion")
         for conn in conns:
@@ -239,9 +301,18 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4, help="http: worker processes [%(default)s]")
     parser.add_argument("--concurrency", type=int, default=1, help="http: slots per worker [%(default)s]")
     parser.add_argument("--rounds", type=int, default=6, help="rounds (each measures every variant once) [%(default)s]")
+    parser.add_argument(
+        "--group",
+        type=int,
+        default=0,
+        help="sql: one run, this many workers of one slot, their completions sent together (one "
+        "awp.complete_and_claim_many call each time, as the gateway groups a run's calls) [%(default)s: alone]",
+    )
     parser.add_argument("--pre", type=int, default=0, help="tasks run first in every database [%(default)s]")
     args = parser.parse_args()
     args.tasks = args.tasks or (300 if args.mode == "sql" else 1000)
+    if args.group and (args.mode != "sql" or args.runs != 1):
+        parser.error("--group: sql mode, one run")
     workdir = Path(tempfile.mkdtemp(prefix="awp-ab-"))
     variants = [variant(spec, workdir) for spec in args.variants]
     started = time.monotonic()

@@ -9,10 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_ab_sql_measures_each_variant_in_turns() -> None:
+@pytest.mark.parametrize("shape", [["--runs", "2"], ["--group", "3"]], ids=["runs", "group"])
+def test_ab_sql_measures_each_variant_in_turns(shape: list[str]) -> None:
+    """Single completions (each refill to another run), or three workers' completions grouped per call."""
     out = subprocess.run(
         [
             sys.executable,
@@ -24,8 +28,7 @@ def test_ab_sql_measures_each_variant_in_turns() -> None:
             "2",
             "--tasks",
             "20",
-            "--runs",
-            "2",
+            *shape,
         ],
         cwd=REPO,
         capture_output=True,
