@@ -68,16 +68,16 @@ def merge_plan(notices: list[str], target: str) -> str:
     return plan
 
 
-def assert_probes(plan: str) -> None:
-    """awp.dispatches is read only through an index condition (the ids): no scan of the whole table, whether
-    sequential or along an index."""
+def assert_probes(plan: str, table: str = "dispatches", columns: tuple[str, ...] = ("dispatch_id",)) -> None:
+    """``table`` is read only through an index condition on ``columns`` (awp.dispatches: the ids): no scan of the
+    whole table, whether sequential or along an index."""
     lines = plan.splitlines()
-    scans = [n for n, line in enumerate(lines) if " on dispatches " in line and "Scan" in line]
+    scans = [n for n, line in enumerate(lines) if f" on {table} " in line and "Scan" in line]
     assert scans, plan
     for n in scans:
         assert "Seq Scan" not in lines[n], plan
         conditions = [line for line in lines[n + 1 : n + 3] if "Index Cond:" in line or "Recheck Cond:" in line]
-        assert any("dispatch_id" in line for line in conditions), plan
+        assert any(all(c in line for c in columns) for line in conditions), plan
 
 
 def tasks_update_plan(notices: list[str]) -> str:
@@ -129,11 +129,4 @@ def test_the_hot_path_probes_the_completed_and_the_refilled_task(tiny: Setup) ->
     join over a scan of every task while the table was small (1,200 rows scanned per completion in a fresh
     database); planned with enable_seqscan off, it probes awp.tasks by primary key."""
     notices = hot_path_call(tiny)
-    plan = tasks_update_plan(notices)
-    lines = plan.splitlines()
-    scans = [n for n, line in enumerate(lines) if " on tasks " in line and "Scan" in line]
-    assert scans, plan
-    for n in scans:
-        assert "Seq Scan" not in lines[n], plan
-        conditions = [line for line in lines[n + 1 : n + 3] if "Index Cond:" in line]
-        assert any("run_id" in line and "task_key" in line for line in conditions), plan
+    assert_probes(tasks_update_plan(notices), "tasks", ("run_id", "task_key"))
