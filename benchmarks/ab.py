@@ -117,7 +117,7 @@ def complete_all(conn: psycopg.Connection[Any], wid: str, runs: int) -> int:
 
 def complete_grouped(conn: psycopg.Connection[Any], wid: str, workers: int) -> int:
     """Start one run of ``wid`` and complete all its tasks as ``workers`` new workers of one slot each, their
-    completions sent together, one ``awp.complete_and_claim_many`` call per round (as the gateway groups one run's
+    completions sent together, one ``awp.complete_and_claim_many`` call each time (as the gateway groups one run's
     calls); returns the number of completions."""
     sql = "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', 1)"
     ids = [one(conn, sql) for _ in range(workers)]
