@@ -15,10 +15,14 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   v_frozen text := current_setting('awp.test_now', true);
 BEGIN
-  -- The catalog lookup only when a frozen time is set: the usual call costs one GUC read.
-  IF v_frozen IS NOT NULL AND v_frozen <> ''
-     AND EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'pgtap') THEN
-    RETURN v_frozen::timestamptz;
+  -- The catalog lookup only when a frozen time is set: the usual call costs one GUC read. Two IFs, not one
+  -- condition: a condition with a subquery is run as a query (executor start-up, the catalog scan's plan set up)
+  -- even when AND stops before the subquery; the outer test alone is a plain expression (measured: 3.6-5.5 us per
+  -- call -> 0.7-1.3 us on this machine at a quarter of its speed).
+  IF v_frozen IS NOT NULL AND v_frozen <> '' THEN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_extension e WHERE e.extname = 'pgtap') THEN
+      RETURN v_frozen::timestamptz;
+    END IF;
   END IF;
   RETURN clock_timestamp();
 END $$;
