@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,23 @@ def _ms(s: dict[str, Any] | None, digits: int = 2) -> str:
     if s.get("n", 0) <= 1:
         return _f(s["median"], digits)
     return f"{_f(s['median'], digits)} ({_f(s['min'], digits)}-{_f(s['max'], digits)})"
+
+
+def _busy(reps: list[dict[str, Any]], cpus: int | None) -> str:
+    """How busy the machine's cores were during the repetitions: the CPU seconds of every measured process over
+    span x cores, per repetition, as ``68% (62-74%)`` (median (min-max)); ``-`` when unknown (a process kind's CPU
+    not measured, e.g. PostgreSQL's on a server the bench did not start)."""
+    shares = sorted(
+        sum(r["cpu_s"].values()) / (r["span_s"] * cpus)
+        for r in reps
+        if cpus and r.get("span_s") and r.get("cpu_s") and None not in r["cpu_s"].values()
+    )
+    if not shares:
+        return "-"
+    median = statistics.median(shares)
+    if len(shares) == 1:
+        return f"{median:.0%}"
+    return f"{median:.0%} ({shares[0]:.0%}-{shares[-1]:.0%})"
 
 
 def _pcts(p: dict[str, Any], keys: tuple[str, ...] = ("p50", "p95", "p99")) -> str:
@@ -447,8 +465,10 @@ def side_by_side(results: dict[str, Any]) -> Table:
             "worker CPU ms/task",
             "gateway CPU ms/request",
             "gateway CPU ms/task",
+            "cores busy",
         ],
     )
+    cpus = (results.get("machine") or {}).get("cpus")
     a = awp["tasks_per_s"]["median"] if awp else None
 
     def ratio(v: float | None) -> str:
@@ -466,9 +486,10 @@ def side_by_side(results: dict[str, Any]) -> Table:
             _ms(cpu.get("workers")),
             _ms(awp.get("gateway_cpu_ms_per_request")),
             _ms(cpu.get("gateway")),
+            _busy(awp.get("repetitions") or [], cpus),
         )
     else:
-        t.add(f"AWP: 1 run x {n} tasks, {workers} workers", "NOT MEASURED", "-", "-", "-", "-", "-", "-", "-")
+        t.add(f"AWP: 1 run x {n} tasks, {workers} workers", "NOT MEASURED", "-", "-", "-", "-", "-", "-", "-", "-")
     p = _peer_rate(results)
     if p:
         cpu = peer["cpu_ms_per_task"]
@@ -482,6 +503,7 @@ def side_by_side(results: dict[str, Any]) -> Table:
             _ms(cpu.get("workers")),
             "n/a",
             "n/a",
+            _busy(peer.get("repetitions") or [], cpus),
         )
     else:
         t.add(
@@ -494,6 +516,7 @@ def side_by_side(results: dict[str, Any]) -> Table:
             "-",
             "n/a",
             "n/a",
+            "-",
         )
         t.notes.append(_peer_missing(results))
     if ref:
@@ -507,9 +530,10 @@ def side_by_side(results: dict[str, Any]) -> Table:
             "-",
             "n/a",
             "n/a",
+            "-",
         )
     else:
-        t.add(f"plain SQL, pgbench, {REF_PEER} clients", "NOT MEASURED", "-", "-", "-", "-", "-", "n/a", "n/a")
+        t.add(f"plain SQL, pgbench, {REF_PEER} clients", "NOT MEASURED", "-", "-", "-", "-", "-", "n/a", "n/a", "-")
     t.notes += [
         f"AWP / procrastinate = {ratio(p)}; AWP / plain-SQL reference ({REF_PEER} clients) = "
         f"{ratio(ref['median'] if ref else None)} (medians).",
@@ -520,6 +544,9 @@ def side_by_side(results: dict[str, Any]) -> Table:
         "CPU (utime + stime from /proc), per repetition, median (min-max): every PostgreSQL process of the cluster",
         "(also the backends that exited), the worker processes, the gateway (with its coordinator) per HTTP request",
         "of any route in the window. The reference's CPU is not measured.",
+        "Cores busy: that CPU (every process measured) over the window x this machine's cores, per repetition (the CPU",
+        "is read just around the window: a little high). Below 100% the cores waited: AWP's one run is paced by its",
+        "chain of calls (docs/performance.md, Where one run's throughput goes).",
     ]
     pairs = _pair_ratios(awp, peer)
     if pairs:
