@@ -170,6 +170,9 @@ def complete_grouped(conn: psycopg.Connection[Any], wid: str, workers: int) -> i
 
 
 def run_sql(args: argparse.Namespace, variants: list[Variant]) -> None:
+    def complete(conn: psycopg.Connection[Any]) -> int:  # one round's work: every task of the "ab" workflow
+        return complete_grouped(conn, "ab", args.group) if args.group else complete_all(conn, "ab", args.runs)
+
     with throwaway_cluster(fsync=True) as server:
         conns = []
         for i, v in enumerate(variants):
@@ -179,19 +182,13 @@ def run_sql(args: argparse.Namespace, variants: list[Variant]) -> None:
             if args.pre:
                 define(conn, "ab-pre", args.pre)
                 complete_all(conn, "ab-pre", 1)
-            if args.group:
-                complete_grouped(conn, "ab", args.group)  # warm-up: plans cached, caches filled
-            else:
-                complete_all(conn, "ab", args.runs)  # warm-up: plans cached, caches filled
+            complete(conn)  # warm-up: plans cached, caches filled
             conns.append(conn)
         for r in range(args.rounds):
             for i in turns(len(variants), r):
                 pid = conns[i].info.backend_pid
                 before = backend_cpu_s(pid)
-                if args.group:
-                    n = complete_grouped(conns[i], "ab", args.group)
-                else:
-                    n = complete_all(conns[i], "ab", args.runs)
+                n = complete(conns[i])
                 variants[i].samples.append({"backend ms/completion": (backend_cpu_s(pid) - before) * 1000 / n})
             report_round(r, variants, "backend ms/completion")
         for conn in conns:
