@@ -425,14 +425,14 @@ CREATE OR REPLACE FUNCTION awp._group_path_run(p_items jsonb, p_one_worker boole
                                                OUT run_id text, OUT kinds text[])
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-  IF jsonb_array_length(p_items) < (CASE WHEN p_one_worker THEN 1 ELSE 2 END) OR EXISTS (
-       SELECT 1 FROM jsonb_array_elements(p_items) e
-        WHERE NOT awp._int_ok(e->'slots', 1, 1)
-           OR (jsonb_typeof(e->'claim_seq') <> 'null' AND NOT awp._int_ok(e->'claim_seq', 1, 9223372036854775807))
-           OR jsonb_typeof(e->'result') IS DISTINCT FROM 'object'
-           OR e->'result'->>'kind' IS DISTINCT FROM 'success')
-     OR (SELECT count(DISTINCT e->>'worker_id') FROM jsonb_array_elements(p_items) e)
-        <> (CASE WHEN p_one_worker THEN 1 ELSE jsonb_array_length(p_items) END) THEN
+  IF (SELECT count(*) < (CASE WHEN p_one_worker THEN 1 ELSE 2 END)
+             OR NOT bool_and(coalesce((e->'slots') = '1'
+                                      AND (coalesce(jsonb_typeof(e->'claim_seq'), 'null') = 'null'
+                                           OR awp._int_ok(e->'claim_seq', 1, 9223372036854775807))
+                                      AND jsonb_typeof(e->'result') = 'object'
+                                      AND e->'result'->>'kind' = 'success', false))
+             OR count(DISTINCT e->>'worker_id') <> (CASE WHEN p_one_worker THEN 1 ELSE count(*) END)
+        FROM jsonb_array_elements(p_items) e) THEN   -- one pass over the items
     RETURN;
   END IF;
   SELECT d.run_id INTO run_id FROM awp.dispatches d WHERE d.dispatch_id = p_items->0->>'dispatch_id';
@@ -778,9 +778,8 @@ BEGIN
                     OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
                     OR jsonb_typeof(e->'slots') IS DISTINCT FROM 'number'
                     OR jsonb_typeof(e->'claim_seq') NOT IN ('number', 'null')
-                    OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k
-                                WHERE k NOT IN ('worker_id', 'session_token', 'dispatch_id', 'lease_token', 'result',
-                                                'slots', 'claim_seq'))) THEN
+                    OR e - '{worker_id,session_token,dispatch_id,lease_token,result,slots,claim_seq}'::text[]
+                       <> '{}'::jsonb) THEN   -- an unknown key (an expression: no query per item)
     PERFORM awp._raise_invalid_request('invalid items',
       'items must be an array of 1-64 {"worker_id", "session_token", "dispatch_id", "lease_token": string, '
       '"result": object, "slots": integer, "claim_seq": integer or null}');
@@ -893,7 +892,7 @@ BEGIN
                  WHERE jsonb_typeof(e) <> 'object'
                     OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
                     OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
-                    OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN ('dispatch_id', 'lease_token', 'result')))
+                    OR e - '{dispatch_id,lease_token,result}'::text[] <> '{}'::jsonb)   -- an unknown key
      OR (SELECT count(DISTINCT e->>'dispatch_id') FROM jsonb_array_elements(p_results) e) <> jsonb_array_length(p_results) THEN
     PERFORM awp._raise_invalid_request('invalid results',
       format('results must be an array of 1-%s {"dispatch_id": string, "lease_token": string, "result": object} with distinct dispatch ids',

@@ -10,8 +10,7 @@
 CREATE OR REPLACE FUNCTION awp._int_ok(p jsonb, p_lo bigint, p_hi bigint) RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
   SELECT CASE WHEN jsonb_typeof(p) = 'number'
-              THEN (p::text)::numeric = trunc((p::text)::numeric)
-                   AND (p::text)::numeric BETWEEN p_lo AND p_hi
+              THEN p::numeric = trunc(p::numeric) AND p::numeric BETWEEN p_lo AND p_hi
               ELSE false END
 $$;
 COMMENT ON FUNCTION awp._int_ok(jsonb, bigint, bigint) IS 'True when a JSON value is an integer in a range.';

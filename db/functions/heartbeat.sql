@@ -58,7 +58,7 @@ BEGIN
         WHERE jsonb_typeof(e) <> 'object'
            OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
            OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
-           OR EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN ('dispatch_id', 'lease_token'))) THEN
+           OR e - '{dispatch_id,lease_token}'::text[] <> '{}'::jsonb) THEN   -- an unknown key
     PERFORM awp._raise_invalid_request('invalid ' || p_name,
       format('%s must be an array of at most %s {"dispatch_id": string, "lease_token": string} objects',
              p_name, awp._limit_heartbeat_list()));

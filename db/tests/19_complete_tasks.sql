@@ -4,7 +4,7 @@
 -- (awp._log_flush) and the checker stays clean.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(24);
+SELECT plan(25);
 
 SELECT tests.freeze('2026-01-01 00:00:00+00');
 SELECT * FROM tests.register_worker('w1', '{mock}', 4) \gset w1_
@@ -24,6 +24,8 @@ SELECT throws_ok(format($$SELECT awp.complete_tasks(%L, %L, '[]', 0)$$, :'w1_wor
 SELECT throws_ok(format($$SELECT awp.complete_tasks(%L, %L, '{}', 0)$$, :'w1_worker_id', :'w1_token'), 'AWREQ', 'invalid results', 'an object is AWREQ');
 SELECT throws_ok(format($$SELECT awp.complete_tasks(%L, %L, %L, 0)$$, :'w1_worker_id', :'w1_token',
                         tests.items('{t1}') || tests.items('{t1}')), 'AWREQ', 'invalid results', 'a dispatch twice is AWREQ');
+SELECT throws_ok(format($$SELECT awp.complete_tasks(%L, %L, %L, 0)$$, :'w1_worker_id', :'w1_token',
+                        jsonb_set(tests.items('{t1}'), '{0,extra}', '1')), 'AWREQ', 'invalid results', 'an unknown field is AWREQ');
 SELECT throws_ok(format($$SELECT awp.complete_tasks(%L, 'wrong', %L, 0)$$, :'w1_worker_id', tests.items('{t1}')),
                  'AWSES', NULL, 'the session is checked first');
 
