@@ -167,7 +167,11 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         out.append((name, _peer_missing(results) if v4 is not None else "AWP not measured", None))
 
     name = f"(2) {single}: 16 workers not slower than 4 (median within 5%)"
-    if s4 and s16:
+    against = (s16 or {}).get("alternated_with")
+    if s16 and against and against.get("workers") == 4:  # 4 workers' repetitions alternating with 16's
+        a, b = against["tasks_per_s"]["median"], s16["tasks_per_s"]["median"]
+        out.append((name, f"{b:,.0f} vs {a:,.0f} tasks/s ({b / a:.2f} x; repetitions alternating)", b >= 0.95 * a))
+    elif s4 and s16:  # results written before the alternation: the 4-worker scenario's figure
         a, b = s4["tasks_per_s"]["median"], s16["tasks_per_s"]["median"]
         out.append((name, f"{b:,.0f} vs {a:,.0f} tasks/s ({b / a:.2f} x)", b >= 0.95 * a))
     else:

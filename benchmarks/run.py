@@ -16,6 +16,7 @@ One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated databas
    N mock tasks on 4 workers (after an untimed warm-up run). AWP's workers are stopped during the peer's
    repetitions; its gateway stays up, idle (its coordinator's pass once a second is the only other load);
 3. one run of N independent mock tasks (``sleep_ms`` 0), run concurrency = workers, 1 / 16 workers (4: step 2);
+   the 16 workers' repetitions alternate with as many of step 2's 4-worker run, which target (2) compares them with;
 4. 8 runs of 125 tasks at once, 16 and 4 workers;
 5. idle latency: one 1-task run at a time → time to claim and to finish;
 6. batching: 4 workers with ``--concurrency 16`` on one big run;
@@ -287,6 +288,34 @@ class Bench:
             self.conn.execute("SELECT pg_stat_statements_reset()")
         reps = [self.repetition(label, wid, runs, tasks_per_run, f"{i + 1}/{repeats}") for i in range(repeats)]
         return self.summary(label, reps, runs, tasks_per_run)
+
+    def throughput_against(
+        self, label: str, wid: str, workers: int, tasks: int, repeats: int, against: tuple[str, str, int]
+    ) -> dict[str, Any]:
+        """One run of ``tasks`` on ``workers`` workers, its repetitions alternating with as many of the same run
+        on fewer workers (``against``: label, workflow, workers; in turns: n, few, few, n, n, few, ...), so that
+        the two medians come from the same minutes: on this machine, figures taken minutes apart differ by 20% and
+        more (target (2) of issue 11: more workers on one run are not slower). The summary is that of the
+        ``workers`` repetitions, with the others' tasks/s under ``alternated_with``."""
+        other_label, other_wid, other_workers = against
+        if self.profile:
+            self.conn.execute("SELECT pg_stat_statements_reset()")
+        reps: list[dict[str, Any]] = []
+        others: list[dict[str, Any]] = []
+        for i in range(repeats):
+            which = f"{i + 1}/{repeats}"
+            for n in (workers, other_workers) if i % 2 == 0 else (other_workers, workers):
+                self.pool.resize(n, 1)
+                if n == workers:
+                    reps.append(self.repetition(label, wid, 1, tasks, which))
+                else:
+                    others.append(self.repetition(f"{other_label} (alternating)", other_wid, 1, tasks, which))
+        alternated = {
+            "label": other_label,
+            "workers": other_workers,
+            "tasks_per_s": median_spread([r["tasks_per_s"] for r in others]),
+        }
+        return self.summary(label, reps, 1, tasks) | {"workers": workers, "alternated_with": alternated}
 
     def repetition(self, label: str, wid: str, runs: int, tasks_per_run: int, which: str) -> dict[str, Any]:
         """One repetition of a throughput scenario: ``runs`` runs of ``wid`` at once, on the workers running now."""
@@ -770,9 +799,13 @@ def run_plan(
             if n == n_side and plan.peer_concurrency == 1:
                 throughput.append(side)
                 continue
-            b.pool.resize(n, 1)
             wid = b.workflow(f"bench-single-{plan.single_tasks}-c{n}", plan.single_tasks, n)
             label = f"1 run x {plan.single_tasks} tasks, {n} worker{'s' if n > 1 else ''}"
+            if n > n_side and plan.peer_concurrency == 1:  # target (2): against n_side workers, alternating
+                against = (side_label, side_wid, n_side)
+                throughput.append(b.throughput_against(label, wid, n, plan.single_tasks, plan.repeats, against))
+                continue
+            b.pool.resize(n, 1)
             throughput.append(b.throughput(label, wid, 1, plan.single_tasks, plan.repeats) | {"workers": n})
         for n in plan.multi_workers:
             b.pool.resize(n, 1)

@@ -1,6 +1,7 @@
 """benchmarks/report.py's "cores busy" column of the side-by-side table (AWP vs procrastinate): the CPU of every
 measured process over each repetition's window x the machine's cores, median (min-max). Rendered from a committed
-full run (benchmarks/results/bench-full-20261202T162243Z.json) and recomputed here from its repetitions."""
+full run (benchmarks/results/bench-full-20261202T162243Z.json) and recomputed here from its repetitions. And
+target (2)'s comparison: 16 workers against the 4-worker repetitions that alternated with theirs."""
 
 from __future__ import annotations
 
@@ -50,3 +51,19 @@ def test_cores_busy_is_unknown_without_every_process_kind() -> None:
     assert busy(reps, 2) == "50%"  # one repetition: no spread
     assert busy([{**reps[0], "cpu_s": {"postgres": None, "workers": 1.0}}], 2) == "-"
     assert busy(reps, None) == "-" and busy([], 2) == "-"
+
+
+def test_target_2_compares_16_workers_with_the_4_worker_repetitions_alternating_with_them() -> None:
+    results = json.loads(RUN.read_text())  # written before the alternation: the 4-worker scenario's figure
+    name = "(2) 1 run x 1000 tasks: 16 workers not slower than 4 (median within 5%)"
+    targets = {t[0]: t[1:] for t in report().targets(results)}
+    s4 = next(t for t in results["throughput"] if t["label"] == "1 run x 1000 tasks, 4 workers")
+    s16 = next(t for t in results["throughput"] if t["label"] == "1 run x 1000 tasks, 16 workers")
+    a, b = s4["tasks_per_s"]["median"], s16["tasks_per_s"]["median"]
+    assert targets[name] == (f"{b:,.0f} vs {a:,.0f} tasks/s ({b / a:.2f} x)", b >= 0.95 * a)
+
+    for alternating, met in ((0.96 * b, True), (1.06 * b, False)):  # the alternated figure wins over s4's
+        s16["alternated_with"] = {"label": s4["label"], "workers": 4, "tasks_per_s": {"median": alternating}}
+        measured, passed = {t[0]: t[1:] for t in report().targets(results)}[name]
+        assert measured == f"{b:,.0f} vs {alternating:,.0f} tasks/s ({b / alternating:.2f} x; repetitions alternating)"
+        assert passed is met
