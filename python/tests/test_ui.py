@@ -480,8 +480,10 @@ def test_a_10000_task_run_page_loads_in_bounded_time_and_draws_a_bounded_page(
     assert answered < 1.0, "the tab does not answer"
     assert longest < 3000, f"the main thread was busy for {longest:.0f} ms at once"
     first_page = {k.get_attribute("data-task-key") for k in drawn.all()}
-    page.click("a[rel=next]")
-    page.wait_for_url(re.compile(r"page=2"))
+    # Page 2 costs the server what page 1 did (bounded above); a busy machine may take longer than the
+    # default 15 s to serve it, and this step checks what it shows, not its time.
+    with page.expect_navigation(url=re.compile(r"page=2"), timeout=60_000):
+        page.click("a[rel=next]")
     assert first_page.isdisjoint({k.get_attribute("data-task-key") for k in drawn.all()})
     page.goto(f"/ui/runs/{run_id}?status=waiting_dependencies")
     assert {k.get_attribute("data-status") for k in drawn.all()} == {"waiting_dependencies"}
