@@ -2,7 +2,7 @@
 -- get_worker (never a token), AWNTF for unknown ids.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(26);
+SELECT plan(28);
 
 SELECT tests.freeze('2030-01-01 00:00:00+00') AS t0 \gset
 SELECT * FROM tests.register_worker('reader', '{mock}', 4) \gset w_
@@ -20,6 +20,10 @@ SELECT results_eq(format($$SELECT run_id, workflow_id, workflow_version, status,
                   'get_run returns the documented columns');
 SELECT is((SELECT task_counts FROM awp.get_run(:'run')), '{"running": 1, "waiting_dependencies": 1}'::jsonb, 'get_run counts tasks by status');
 SELECT throws_ok($$SELECT * FROM awp.get_run('run_nope')$$, 'AWNTF', NULL, 'get_run of an unknown run is AWNTF');
+SELECT results_eq(format($$SELECT revision, status FROM awp.run_revision(%L)$$, :'run'),
+                  format($$SELECT revision, status FROM awp.get_run(%L)$$, :'run'),
+                  'run_revision: the revision and status get_run shows');
+SELECT throws_ok($$SELECT * FROM awp.run_revision('run_nope')$$, 'AWNTF', NULL, 'run_revision of an unknown run is AWNTF');
 
 SELECT results_eq(format($$SELECT task_key, status, attempts, ready_at FROM awp.run_tasks(%L)$$, :'run'),
                   $$VALUES ('a'::text, 'running'::text, 2, NULL::timestamptz), ('b', 'waiting_dependencies', 0, NULL)$$,

@@ -273,6 +273,10 @@ class Database:
     async def get_run(self, run_id: str) -> Row:
         return await self._row("SELECT * FROM awp.get_run(%s)", (run_id,))
 
+    async def run_revision(self, run_id: str) -> Row:
+        """The run's revision and status alone (one row read; ``get_run`` counts every task)."""
+        return await self._row("SELECT * FROM awp.run_revision(%s)", (run_id,))
+
     async def run_tasks(self, run_id: str, after_task_key: str | None = None, limit: int | None = None) -> list[Row]:
         """The run's tasks in definition order after ``after_task_key``; every one when ``limit`` is None."""
         return await self._rows(

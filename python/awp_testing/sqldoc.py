@@ -47,6 +47,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "Reads": (
         "get_run",
+        "run_revision",
         "list_runs",
         "run_tasks",
         "get_task",

@@ -327,6 +327,33 @@ def test_a_run_waiting_for_an_executor_says_so_and_the_operator_cancels_it(
     assert {n.get_attribute("data-status") for n in page.locator("#dag [data-task-key]").all()} == {"canceled"}
 
 
+def test_the_run_pages_poll_answers_unchanged_from_the_revision_alone_and_the_change_after_one(
+    gw: ServeProcess,
+) -> None:
+    run_id = start_run(gw, apply(gw, waiting_workflow("ui-poll")))
+    with httpx.Client(base_url=gw.base_url, timeout=10) as http:
+        cookie = http.post("/ui/login", data={"token": gw.tokens.viewer}).cookies["awp_ui"]
+    with httpx.Client(base_url=gw.base_url, cookies={"awp_ui": cookie}, timeout=10) as http:
+
+        def changes(revision: object, after: object = 0) -> httpx.Response:
+            return http.get(f"/ui/runs/{run_id}/changes", params={"revision": str(revision), "after": str(after)})
+
+        first = changes(0).json()
+        assert not first.get("unchanged") and first["events"] and first["summary"]
+        revision, after = first["revision"], first["after"]
+        assert revision == get_run(gw, run_id)["revision"] and after == first["events"][-1]["sequence"]
+        # At the current revision: that alone (read by awp.run_revision, not awp.get_run's counts of every task)
+        assert changes(revision, after).json() == {"revision": revision, "status": first["status"], "unchanged": True}
+        api(gw, "POST", f"/runs/{run_id}/cancel", {})
+        changed = changes(revision, after).json()
+        assert not changed.get("unchanged") and changed["revision"] > revision and changed["status"] == "canceled"
+        assert {e["to_status"] for e in changed["events"]} >= {"canceled"}
+        assert all(e["sequence"] > after for e in changed["events"])
+        assert changes(changed["revision"], changed["after"]).json()["unchanged"] is True
+        missing = http.get("/ui/runs/run_nope/changes", params={"revision": "1", "after": "0"})
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
 def test_a_viewer_sees_no_cancel_button_and_its_post_is_refused(gw: ServeProcess, open_ui: Callable[..., Any]) -> None:
     run_id = start_run(gw, apply(gw, waiting_workflow("ui-gpu-viewer")))
     viewer = open_ui("viewer")
