@@ -10,9 +10,9 @@ the session (HMAC of its nonce); a POST without it, or from another origin (``Or
 
 Live updates: the run page polls ``/ui/runs/{id}/changes?revision=R&after=S`` about twice a second; the answer
 is tiny while the run's ``revision`` is unchanged (read by ``awp.run_revision``, one row: ``awp.get_run`` counts
-every task, 125-150 ms at 10,000 tasks on a slow phase of this project's machine) and otherwise carries the new events (sequence > S, from
-``awp.run_events``), which the page applies to the DAG in place, and the re-rendered summary. The runs and
-workers pages re-fetch their table (``?fragment=1``, with an ETag) every two seconds.
+every task, 125-150 ms at 10,000 tasks on a slow phase of this project's machine) and otherwise carries the new
+events (sequence > S, from ``awp.run_events``), which the page applies to the DAG in place, and the re-rendered
+summary. The runs and workers pages re-fetch their table (``?fragment=1``, with an ETag) every two seconds.
 """
 
 from __future__ import annotations
