@@ -129,7 +129,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
 BEGIN
   RETURN QUERY SELECT r.revision, r.status FROM awp.runs r WHERE r.run_id = p_run_id;
   IF NOT FOUND THEN
-    PERFORM awp._raise_not_found('run not found', format('no run %s', p_run_id));
+    PERFORM awp._require_run(p_run_id);   -- raises AWNTF (its message written once, there)
   END IF;
 END $$;
 COMMENT ON FUNCTION awp.run_revision(text) IS 'A run''s revision and status (one row read), for polling; AWNTF when unknown.';
