@@ -2,8 +2,19 @@
 -- cancel convergence. Every caller already holds the run's row lock (lock order: Run, then
 -- Dispatch, then Task rows of that run).
 
+-- awp._task_counts(run): {status: count} of the run's tasks ({} for none). Read through awp.list_runs and
+-- awp.get_run for a live run; stored in runs.final_task_counts when the run finishes (its tasks never change
+-- again: migration 0011_final_task_counts). Locks: none.
+CREATE OR REPLACE FUNCTION awp._task_counts(p_run_id text) RETURNS jsonb
+LANGUAGE sql STABLE SET search_path = '' AS $$
+  SELECT coalesce(jsonb_object_agg(c.status, c.n), '{}')
+    FROM (SELECT t.status, count(*) AS n FROM awp.tasks t WHERE t.run_id = p_run_id GROUP BY 1) c
+$$;
+COMMENT ON FUNCTION awp._task_counts(text) IS 'A run''s task counts by status.';
+
 -- awp._settle_run(run): when no task of the run can still change, the run becomes
--- `succeeded` (every task succeeded, and its output is set) or `failed`. Returns the run's status.
+-- `succeeded` (every task succeeded, and its output is set) or `failed`, its task counts stored
+-- (runs.final_task_counts). Returns the run's status.
 CREATE OR REPLACE FUNCTION awp._settle_run(p_run_id text) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -19,7 +30,7 @@ BEGIN
   v_final := CASE WHEN EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = p_run_id AND t.status <> 'succeeded')
                   THEN 'failed' ELSE 'succeeded' END;
   UPDATE awp.runs r SET status = v_final, finished_at = awp._now(),
-                        started_at = coalesce(r.started_at, awp._now())
+                        started_at = coalesce(r.started_at, awp._now()), final_task_counts = awp._task_counts(p_run_id)
    WHERE r.run_id = p_run_id;
   IF v_final = 'succeeded' THEN
     PERFORM awp._set_run_output(p_run_id);
@@ -174,7 +185,8 @@ END $$;
 COMMENT ON FUNCTION awp._end_attempt(text, text, integer, text, boolean, jsonb, text, text, text, boolean, text, bytea) IS 'Settles a running attempt (counted against max_attempts or not), its task (retry/fail/succeed, unlock or skip dependants) and the run.';
 
 -- awp._converge_cancel(run): converges a run whose cancellation was requested: pending and
--- leased dispatches canceled, running attempts canceled, unfinished tasks canceled, run canceled.
+-- leased dispatches canceled, running attempts canceled, unfinished tasks canceled, run canceled (its task
+-- counts stored: runs.final_task_counts).
 -- The caller holds the run lock; dispatches are locked in dispatch_id order.
 CREATE OR REPLACE FUNCTION awp._converge_cancel(p_run_id text) RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -228,7 +240,9 @@ BEGIN
   PERFORM awp._append_events_alike(p_run_id, 'task', v_keys, v_from, 'canceled', 'run canceled');
 
   PERFORM awp._log_flush();   -- pending counter changes first: the count is set to 0 here
-  UPDATE awp.runs r SET status = 'canceled', finished_at = v_now, unfinished_tasks = 0 WHERE r.run_id = p_run_id;
+  UPDATE awp.runs r SET status = 'canceled', finished_at = v_now, unfinished_tasks = 0,
+                        final_task_counts = awp._task_counts(p_run_id)
+   WHERE r.run_id = p_run_id;
   PERFORM awp._append_event(p_run_id, 'run', p_run_id, v_status, 'canceled', 'cancellation converged');
   PERFORM awp._wake('awp_coordinator', 'run_canceled');
   RETURN true;

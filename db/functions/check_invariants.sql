@@ -4,6 +4,8 @@
 -- Checks (docs/protocol.md, State machines and Rules):
 --   run_tasks_terminal       a terminal run has only terminal tasks
 --   unfinished_count         runs.unfinished_tasks equals the number of its tasks not terminal
+--   final_task_counts        a terminal run's runs.final_task_counts equals its tasks' counts by status; a live
+--                            run has none (migration 0011_final_task_counts)
 --   one_success_per_task     at most one succeeded attempt per task, from the completed dispatch
 --   attempt_dispatch_match   a settled-by-result attempt belongs to a completed dispatch; a running
 --                            attempt to a leased one; a not_received one to an expired one; a leased
@@ -83,6 +85,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
     FROM runs r
    WHERE r.unfinished_tasks <> (SELECT count(*) FROM tasks t WHERE t.run_id = r.run_id
                                    AND t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped'))
+  UNION ALL
+  SELECT 'final_task_counts', r.run_id, NULL,
+         format('run is %s, runs.final_task_counts = %s, tasks counted = %s', r.status,
+                coalesce(r.final_task_counts::text, 'NULL'), awp._task_counts(r.run_id))
+    FROM runs r
+   WHERE CASE WHEN r.status IN ('succeeded', 'failed', 'canceled')
+              THEN r.final_task_counts IS DISTINCT FROM awp._task_counts(r.run_id)
+              ELSE r.final_task_counts IS NOT NULL END
   UNION ALL
   SELECT 'one_success_per_task', a.run_id, a.task_key, format('%s succeeded attempts', count(*))
     FROM attempts a WHERE a.status = 'succeeded' GROUP BY a.run_id, a.task_key HAVING count(*) > 1

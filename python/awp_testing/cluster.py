@@ -31,7 +31,7 @@ from psycopg.abc import Params, QueryNoTemplate
 from psycopg.conninfo import conninfo_to_dict
 
 from awp.localdb import Cluster, ExternalServer, Server, free_port, give_to_server_user
-from awp.migrate import migrate
+from awp.migrate import default_sql_dir, migrate
 from awp.pgbin import pg_bin
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,28 @@ def fresh_database(server: Server | str, name: str, with_pgtap: bool = False, sq
         server.drop_database(name)
         raise
     return dsn
+
+
+@contextlib.contextmanager
+def database_before(server: Server, first_left_out: str, seed: str, workdir: Path) -> Iterator[str]:
+    """A new database (its DSN) as an older version of AWP left it, for tests of a migration on stored data:
+    this repository's migrations named before ``first_left_out`` (e.g. ``"0011"``; copied to ``workdir``), no
+    functions, then the statements ``seed``. Dropped on exit."""
+    name = database_name(f"before_{first_left_out}")
+    dsn = server.create_database(name)
+    try:
+        old = workdir / "db"
+        (old / "migrations").mkdir(parents=True)
+        (old / "functions").mkdir()
+        for f in sorted((default_sql_dir() / "migrations").glob("*.sql")):
+            if f.name < first_left_out:
+                shutil.copy(f, old / "migrations")
+        migrate(dsn, old)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(seed.encode())
+        yield dsn
+    finally:
+        server.drop_database(name)
 
 
 def libpq_env(dsn: str) -> dict[str, str]:

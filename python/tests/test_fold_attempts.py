@@ -3,7 +3,6 @@ the old awp.attempts table moves onto its dispatch and reads back the same throu
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from awp.localdb import Server
 from awp.migrate import MigrationError, migrate
-from awp_testing.cluster import database_name
+from awp_testing.cluster import database_before
 
 DB = Path(__file__).resolve().parents[2] / "db"
 ATTEMPTS = "SELECT * FROM awp.attempts ORDER BY dispatch_id"
@@ -62,19 +61,8 @@ VALUES ('run1', 'a', 1, 'd1', 'w1', 1, 'not_received', '2030-01-01 00:00:01+00',
 @pytest.fixture
 def db_at_0009(pg_cluster: Server, tmp_path: Path) -> Iterator[str]:
     """A database migrated to 0009 (no functions), seeded with SEED."""
-    name = database_name("fold")
-    dsn = pg_cluster.create_database(name)
-    old = tmp_path / "db"
-    (old / "migrations").mkdir(parents=True)
-    (old / "functions").mkdir()
-    for f in sorted((DB / "migrations").glob("*.sql")):
-        if f.name < "0010":
-            shutil.copy(f, old / "migrations")
-    migrate(dsn, old)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(SEED)
-    yield dsn
-    pg_cluster.drop_database(name)
+    with database_before(pg_cluster, "0010", SEED, tmp_path) as dsn:
+        yield dsn
 
 
 def test_every_attempt_moves_onto_its_dispatch_and_reads_back_the_same(db_at_0009: str) -> None:

@@ -75,6 +75,7 @@ PLANTED = {
     " WHERE run_id = %(run)s AND task_key = 'b'",
     "events_contiguous": "DELETE FROM awp.events WHERE run_id = %(run)s AND sequence = 3",
     "unfinished_count": "UPDATE awp.runs SET unfinished_tasks = 1 WHERE run_id = %(run)s",
+    "final_task_counts": "UPDATE awp.runs SET final_task_counts = '{\"succeeded\": 3}' WHERE run_id = %(run)s",
     "events_match_status": "UPDATE awp.runs SET status = 'failed', output = NULL WHERE run_id = %(run)s",
     "illegal_transition": "UPDATE awp.events SET from_status = 'succeeded' WHERE run_id = %(run)s"
     " AND entity_type = 'run' AND to_status = 'succeeded'",
