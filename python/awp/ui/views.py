@@ -12,7 +12,8 @@ Live updates: the run page polls ``/ui/runs/{id}/changes?revision=R&after=S`` ab
 is tiny while the run's ``revision`` is unchanged (read by ``awp.run_revision``, one row: ``awp.get_run`` counts
 every task, 125-150 ms at 10,000 tasks on a slow phase of this project's machine) and otherwise carries the new
 events (sequence > S, from ``awp.run_events``), which the page applies to the DAG in place, and the re-rendered
-summary. The runs and workers pages re-fetch their table (``?fragment=1``, with an ETag) every two seconds.
+summary (a big live run's read shared by every tab for a moment: python/awp/ui/recent.py). The runs and workers
+pages re-fetch their table (``?fragment=1``, with an ETag) every two seconds.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from awp.jsonio import dumps
 from awp.middleware import database_error
 from awp.statuses import LIVE_RUN, RUN_STATUSES, TASK_STATUSES, WAITING_TASK
 from awp.ui import dag
+from awp.ui.recent import RecentRuns
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ CSP = (
 
 TEMPLATES = web.AppKey("ui_templates", jinja2.Environment)
 STATIC = web.AppKey("ui_static", dict)
+RECENT = web.AppKey("ui_recent_runs", RecentRuns)
 
 
 # -- session and CSRF ----------------------------------------------------------------------------------
@@ -333,6 +336,7 @@ def setup_ui(app: web.Application) -> None:
     """Add the dashboard's routes to the gateway's application."""
     app[TEMPLATES] = _environment()
     app[STATIC] = _load_static()
+    app[RECENT] = RecentRuns()
     for method, path, handler in UI_ROUTES:
         app.router.add_route(method, path, handler, name=handler.__name__)
 
@@ -639,7 +643,17 @@ async def run_changes(request: web.Request, session: Session | None) -> web.Stre
     head = await db.run_revision(run_id)  # every tab polls twice a second: get_run's task counts only on a change
     if revision == str(head["revision"]):
         return _json({"revision": head["revision"], "status": head["status"], "unchanged": True})
-    run = await db.get_run(run_id)
+
+    async def read() -> tuple[dict[str, Any], dict[str, str] | None]:
+        run = await db.get_run(run_id)
+        # What holds each waiting task, for the graph's node titles ("reason: detail"; docs/limits.md): only while
+        # few tasks wait, so a big run's answers stay small (its nodes then show their status alone).
+        counts = run.get("task_counts") or {}
+        if run["status"] in LIVE_RUN and sum(int(counts.get(s, 0)) for s in WAITING_TASK) <= WAITS_LIMIT:
+            return run, {w["task_key"]: f"{w['reason']}: {w['detail']}" for w in await db.run_waits(run_id)}
+        return run, None
+
+    run, waits = await request.app[RECENT].read(run_id, head["status"], read)  # a big run's: shared a moment
     answer: dict[str, Any] = {"revision": run["revision"], "status": run["status"]}
     rows = await db.run_events(run_id, int(after_arg), CHANGES_LIMIT + 1)
     answer["more"] = len(rows) > CHANGES_LIMIT
@@ -647,11 +661,8 @@ async def run_changes(request: web.Request, session: Session | None) -> web.Stre
     answer["events"] = [_event(e) for e in rows]
     answer["after"] = rows[-1]["sequence"] if rows else int(after_arg)
     answer["summary"] = render(request, "_run_summary.html", session=session, run=run, now=_now()).text or ""
-    # What holds each waiting task, for the graph's node titles ("reason: detail"; docs/limits.md): only while
-    # few tasks wait, so a big run's answers stay small (its nodes then show their status alone).
-    counts = run.get("task_counts") or {}
-    if run["status"] in LIVE_RUN and sum(int(counts.get(s, 0)) for s in WAITING_TASK) <= WAITS_LIMIT:
-        answer["waits"] = {w["task_key"]: f"{w['reason']}: {w['detail']}" for w in await db.run_waits(run_id)}
+    if waits is not None:
+        answer["waits"] = waits
     return _json(answer)
 
 
