@@ -1,7 +1,7 @@
 -- 0011_final_task_counts: a finished run keeps its task counts (runs.final_task_counts).
 -- A run's task_counts ({status: count} of its tasks, in awp.list_runs and awp.get_run) were counted from its
--- tasks on every read: 7 ms per 10,000-task run on this project's machine in a slow phase, so a dashboard runs
--- page of 50 such runs, refreshed every 2 seconds, kept PostgreSQL counting 500,000 rows each time. A finished
+-- tasks on every read: 7-9 ms per 10,000-task run on this project's machine in a slow phase, so a dashboard runs
+-- page of 25 such runs, refreshed every 2 seconds, kept PostgreSQL counting 250,000 rows each time. A finished
 -- run's tasks never change again (every task is terminal: awp.check_invariants, run_tasks_terminal), so its
 -- counts are stored once, when it finishes (awp._settle_run, awp._converge_cancel), and read from there; a
 -- live run's are still counted (they change with every transition).
