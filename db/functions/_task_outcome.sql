@@ -21,16 +21,17 @@ DECLARE
   v_status text;
   v_left   integer;
   v_final  text;
+  v_counts jsonb;
 BEGIN
   SELECT r.status, r.unfinished_tasks + (awp._run_state(p_run_id)).unfinished_delta INTO v_status, v_left
     FROM awp.runs r WHERE r.run_id = p_run_id;
   IF v_status NOT IN ('pending', 'running') OR v_left > 0 THEN
     RETURN v_status;
   END IF;
-  v_final := CASE WHEN EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = p_run_id AND t.status <> 'succeeded')
-                  THEN 'failed' ELSE 'succeeded' END;
+  v_counts := awp._task_counts(p_run_id);   -- one pass over the tasks: stored, and it decides the status
+  v_final := CASE WHEN v_counts - 'succeeded' = '{}'::jsonb THEN 'succeeded' ELSE 'failed' END;
   UPDATE awp.runs r SET status = v_final, finished_at = awp._now(),
-                        started_at = coalesce(r.started_at, awp._now()), final_task_counts = awp._task_counts(p_run_id)
+                        started_at = coalesce(r.started_at, awp._now()), final_task_counts = v_counts
    WHERE r.run_id = p_run_id;
   IF v_final = 'succeeded' THEN
     PERFORM awp._set_run_output(p_run_id);
