@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from awp.ui.recent import MAX_AGE_S, MIN_COST_S, REUSE_FACTOR, RecentRuns
+from awp.ui.recent import MAX_AGE_S, MIN_COST_S, PRUNE_ABOVE, REUSE_FACTOR, RecentRuns
 
 
 class Clock:
@@ -79,7 +79,7 @@ async def test_runs_are_kept_apart_and_what_expired_is_forgotten() -> None:
     per_run = {f"r{i}": Reads(clock, cost=0.1) for i in range(150)}  # 15 s of reads, each kept for 1 s
     for run_id, reads in per_run.items():
         await recent.read(run_id, "running", reads)
-    assert len(recent._entries) <= 101  # past 100 entries, the expired ones were dropped
+    assert len(recent._entries) <= PRUNE_ABOVE + 1  # past that many entries, the expired ones were dropped
     last = await recent.read("r149", "running", per_run["r149"])  # the newest is still shown, its own
     assert per_run["r149"].count == 1 and last[0]["revision"] == 1
     await recent.read("r0", "running", per_run["r0"])  # the oldest has expired: read again

@@ -24,6 +24,7 @@ from awp.statuses import LIVE_RUN
 MIN_COST_S = 0.02  # reads cheaper than this are never reused
 REUSE_FACTOR = 10.0  # a read is reused for this many times what it cost...
 MAX_AGE_S = 1.5  # ...but never for longer than this
+PRUNE_ABOVE = 100  # entries kept before the ones that may no longer be shown are dropped
 
 Read = tuple[dict[str, Any], Any]  # awp.get_run's row, and what else the caller read with it
 
@@ -55,6 +56,6 @@ class RecentRuns:
             self._entries[run_id] = _Entry(read, done + min(cost * REUSE_FACTOR, MAX_AGE_S))
         else:
             self._entries.pop(run_id, None)
-        if len(self._entries) > 100:  # forget what may no longer be shown
+        if len(self._entries) > PRUNE_ABOVE:
             self._entries = {k: e for k, e in self._entries.items() if e.until > done}
         return read
