@@ -97,6 +97,7 @@ DECLARE
   v_inflight integer;
   v_room     integer;
   v_maxrank  integer := 0;
+  v_cut      integer;   -- the definition order (ordinal) of the run's last candidate
   v_cap      integer;
   v_stale    text := '';
 BEGIN
@@ -110,8 +111,8 @@ BEGIN
    WHERE y.run_id = p_run_id AND y.status IN ('queued', 'running');
   v_room := r.concurrency - v_inflight;
   IF r.cancel_requested_at IS NULL AND v_room > 0 THEN
-    SELECT count(*)::integer INTO v_maxrank FROM (
-      SELECT 1 FROM awp.tasks y
+    SELECT count(*)::integer, max(x.ordinal) INTO v_maxrank, v_cut FROM (
+      SELECT y.ordinal FROM awp.tasks y
        WHERE y.run_id = p_run_id AND y.status = 'ready' AND b.kinds ? y.executor
        ORDER BY y.ordinal LIMIT v_room) x;
   END IF;
@@ -123,14 +124,19 @@ BEGIN
                || ': is a gateway with its coordinator (awp serve) running?';
   END IF;
 
+  -- Only the candidates a pass could take now (the run's first v_maxrank ready tasks, at most its room, and the
+  -- other runs' candidates) are ranked and compared; every other waiting task's reason follows from its status and
+  -- its place, and a ready task past the candidates waits for run_concurrency. The two sets are put together with
+  -- UNION ALL, never joined, so no plan depends on how many tasks the statistics expect of a run. Measured on a live
+  -- 10,000-task run (this machine in a slow phase): awp._run_wait_counts 80-125 -> 35-60 ms, awp.get_run 95-140
+  -- -> 45-80 ms; ranking every waiting task had cost three sorts of all of them per read.
   RETURN QUERY
   WITH kc AS MATERIALIZED (
     SELECT * FROM awp._kind_capacity()
-  ), mine AS MATERIALIZED (     -- the run's waiting tasks; its ready ones ranked in the order _dispatch_one takes them
+  ), mine AS MATERIALIZED (     -- the run's waiting tasks; cand: one of its candidates
     SELECT t.task_key, t.status, t.executor, t.ordinal, t.depends_on, t.attempts, t.max_attempts, t.ready_at,
            (b.kinds ? t.executor) AS offered,
-           CASE WHEN t.status = 'ready' AND b.kinds ? t.executor
-                THEN row_number() OVER (PARTITION BY t.status = 'ready' AND b.kinds ? t.executor ORDER BY t.ordinal) END AS rnk
+           coalesce(t.status = 'ready' AND b.kinds ? t.executor AND t.ordinal <= v_cut, false) AS cand
       FROM awp.tasks t
      WHERE t.run_id = p_run_id AND t.status IN ('waiting_dependencies', 'waiting_retry', 'ready', 'queued')
   ), others AS (                -- the other runs the coordinator could dispatch for, with their room
@@ -142,30 +148,38 @@ BEGIN
        AND x.run_id <> p_run_id
        AND (SELECT y.ordinal FROM awp.tasks y WHERE y.run_id = x.run_id AND y.status = 'ready'
              ORDER BY y.ordinal LIMIT 1) IS NOT NULL
-  ), everyone AS (              -- the run's waiting tasks and the other runs' candidates, one set
+  ), everyone AS (              -- the candidates: the run's, ranked in the order _dispatch_one takes them, and the
     SELECT true AS me, m.task_key, m.status, m.executor, m.ordinal, m.depends_on, m.attempts, m.max_attempts,
-           m.ready_at, m.offered, m.rnk, m.rnk <= v_maxrank AS cand, r.last_dispatch_seq AS seq, r.created_at AS cat,
-           p_run_id AS rid
+           m.ready_at, m.offered, row_number() OVER (ORDER BY m.ordinal) AS rnk, r.last_dispatch_seq AS seq,
+           r.created_at AS cat, p_run_id AS rid
       FROM mine m
-    UNION ALL
-    SELECT false, NULL, NULL, c.executor, NULL, NULL, NULL, NULL, NULL, true, c.rnk, true, o.last_dispatch_seq,
+     WHERE m.cand
+    UNION ALL                   -- other runs'
+    SELECT false, NULL, NULL, c.executor, NULL, NULL, NULL, NULL, NULL, true, c.rnk, o.last_dispatch_seq,
            o.created_at, o.run_id
       FROM others o CROSS JOIN LATERAL (
         SELECT y.executor, row_number() OVER (ORDER BY y.ordinal) AS rnk
           FROM awp.tasks y
          WHERE y.run_id = o.run_id AND y.status = 'ready' AND b.kinds ? y.executor
          ORDER BY y.ordinal LIMIT greatest(least(o.room, v_cap), 0)) c
-  ), pos AS (                   -- a pass takes candidates in rounds (rank), runs in fairness order within a round
-    SELECT e.*,
-           count(*) FILTER (WHERE e.cand) OVER w_all AS ahead_all,
-           count(*) FILTER (WHERE e.cand AND NOT e.me) OVER w_all AS other_all,
-           count(*) FILTER (WHERE e.cand) OVER w_kind AS ahead_kind,
-           count(*) FILTER (WHERE e.cand AND NOT e.me) OVER w_kind AS other_kind
-      FROM everyone e
-    WINDOW w_all AS (ORDER BY e.rnk NULLS LAST, e.seq NULLS FIRST, e.cat, e.rid
-                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
-           w_kind AS (PARTITION BY e.executor ORDER BY e.rnk NULLS LAST, e.seq NULLS FIRST, e.cat, e.rid
-                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+  ), placed AS (                -- a pass takes candidates in rounds (rank), runs in fairness order within a round;
+    SELECT p.* FROM (           -- then the run's other waiting tasks, which no pass takes now
+      SELECT e.me, e.task_key, e.status, e.executor, e.ordinal, e.depends_on, e.attempts, e.max_attempts, e.ready_at,
+             e.offered, e.rnk,
+             count(*) OVER w_all AS ahead_all,
+             count(*) FILTER (WHERE NOT e.me) OVER w_all AS other_all,
+             count(*) OVER w_kind AS ahead_kind,
+             count(*) FILTER (WHERE NOT e.me) OVER w_kind AS other_kind
+        FROM everyone e
+      WINDOW w_all AS (ORDER BY e.rnk, e.seq NULLS FIRST, e.cat, e.rid ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+             w_kind AS (PARTITION BY e.executor ORDER BY e.rnk, e.seq NULLS FIRST, e.cat, e.rid
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)) p
+     WHERE p.me
+    UNION ALL
+    SELECT true, m.task_key, m.status, m.executor, m.ordinal, m.depends_on, m.attempts, m.max_attempts, m.ready_at,
+           m.offered, NULL, NULL, NULL, NULL, NULL
+      FROM mine m
+     WHERE NOT m.cand
   ), judged AS (
     SELECT p.*, coalesce((b.kinds->>p.executor)::integer, 0) AS kind_free,
            CASE
@@ -174,7 +188,7 @@ BEGIN
              WHEN p.status = 'waiting_retry' THEN 'waiting_retry'
              WHEN NOT p.offered THEN 'no_worker_for_executor'
              WHEN p.status = 'queued' THEN 'waiting_for_claim'
-             WHEN v_inflight >= r.concurrency OR p.rnk > v_room THEN 'run_concurrency'
+             WHEN v_inflight >= r.concurrency OR p.rnk IS NULL THEN 'run_concurrency'   -- past the candidates
              -- Both capacity limits may hold it: the tighter one is named (the workers when equal).
              WHEN p.ahead_all >= b.global_free
                   AND (p.ahead_kind < least(coalesce((b.kinds->>p.executor)::integer, 0), b.worker_free)
@@ -184,8 +198,7 @@ BEGIN
                THEN CASE WHEN p.other_kind > 0 THEN 'fairness' ELSE 'workers_full' END
              ELSE 'waiting_for_dispatch'
            END AS code
-      FROM pos p
-     WHERE p.me
+      FROM placed p
   )
   SELECT j.task_key, j.status, j.code,
          CASE WHEN NOT p_details THEN NULL ELSE CASE j.code

@@ -2,14 +2,15 @@
 
 The run page polls ``/ui/runs/{id}/changes`` about twice a second, and a live run changes all the time, so nearly
 every poll reads the run again with ``awp.get_run``, which counts every task and what holds each waiting one:
-1-5 ms for a run of a few hundred tasks, 130-140 ms for a live 10,000-task run on this project's machine in a slow
-phase. One tab on such a run kept a PostgreSQL backend busy a quarter of the time, and each further tab as much
-again. So a read that cost at least :data:`MIN_COST_S` is reused, by every tab of this gateway, for
-:data:`REUSE_FACTOR` times what it cost (at most :data:`MAX_AGE_S`) while the run keeps its status: the database
-then spends at most about a tenth of its time on one watched run's summary, whatever the number of tabs, and the
-summary lags by at most a second and a half (the events still arrive with every poll: they are cheap to read).
-A small run's read is never reused, a finished run's neither, and a change of status reads again at once. The
-answer carries the revision of the read it shows, so a tab asks again until it has a read as new as the run.
+1-5 ms for a run of a few hundred tasks, 45-80 ms for a live 10,000-task run on this project's machine in a slow
+phase (130-140 ms before ``awp._task_waits`` ranked only the tasks a pass could take, when one tab on such a run
+kept a PostgreSQL backend busy a quarter of the time, and each further tab as much again). So a read that cost at
+least :data:`MIN_COST_S` is reused, by every tab of this gateway, for :data:`REUSE_FACTOR` times what it cost (at
+most :data:`MAX_AGE_S`) while the run keeps its status: the database then spends at most about a tenth of its time
+on one watched run's summary, whatever the number of tabs, and the summary lags by at most a second and a half (the
+events still arrive with every poll: they are cheap to read). A small run's read is never reused, a finished run's
+neither, and a change of status reads again at once. The answer carries the revision of the read it shows, so a
+tab asks again until it has a read as new as the run.
 """
 
 from __future__ import annotations
