@@ -1,0 +1,165 @@
+"""Instructions a PostgreSQL backend executes per completion, counted by valgrind (callgrind): a measure of a
+change to the hot path that this machine's drift cannot move (the same count whatever else the machine does,
+where CPU time drifts by 20% from minute to minute and by up to 4 x between phases).
+
+    .venv/bin/python benchmarks/instructions.py HEAD .              # 2 workers' completions per call (group path)
+    .venv/bin/python benchmarks/instructions.py HEAD . --group 1    # one completion per call (the single path)
+    .venv/bin/python benchmarks/instructions.py . --profile out.cg  # and keep the profile (callgrind_annotate)
+
+A variant is a checkout (a directory holding ``db/``; ``.`` is the working tree) or a git revision (its ``db/``
+exported with ``git archive``). Each gets a database of its own in one throwaway cluster, migrated from its SQL,
+with one run of ``--tasks`` tasks (run concurrency = ``--group``) and ``--group`` workers of one slot holding a lease
+each (``--pre N``: N tasks completed first, so that the tables are not small). Then the cluster stops, and each
+database is opened by a single-user backend (``postgres --single``) under callgrind that runs ``ab_step()`` again
+and again, each call its own transaction: the workers' completions sent together, one
+``awp.complete_and_claim_many`` call (``--group 1``: ``awp.complete_and_claim``), each completed lease refilled,
+the new leases kept in a table of the database. Counted twice, with ``--steps`` and with twice as many calls: the
+difference per call leaves the backend's start-up out. User-space instructions only (the kernel's, such as the
+WAL's write and flush, are not counted); ``ab_step``'s own reads and writes of its table are counted, the same
+for every variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+from awp.localdb import Cluster, free_port, give_to_server_user
+from awp.pgbin import pg_bin
+from awp_testing.cluster import database_name, fresh_database, one
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab import complete_all, define, variant
+
+# The step: every held lease completed in one call, each refilled; the new leases replace the old ones.
+STEP_SQL = """
+CREATE TABLE public.ab_leases (pos integer PRIMARY KEY, worker_id text NOT NULL, session_token text NOT NULL,
+                               dispatch_id text NOT NULL, lease_token text NOT NULL);
+CREATE FUNCTION public.ab_step() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  v_items jsonb;
+  v_n     integer;
+  r       record;
+BEGIN
+  SELECT jsonb_agg(jsonb_build_object('worker_id', l.worker_id, 'session_token', l.session_token,
+                                      'dispatch_id', l.dispatch_id, 'lease_token', l.lease_token,
+                                      'result', '{"kind": "success"}'::jsonb, 'slots', 1, 'claim_seq', NULL)
+                   ORDER BY l.pos), count(*)
+    INTO v_items, v_n FROM public.ab_leases l;
+  IF v_n = 1 THEN
+    FOR r IN SELECT 1 AS item, c.dispatch_id, c.lease_token
+               FROM public.ab_leases l,
+                    awp.complete_and_claim(l.worker_id, l.session_token, l.dispatch_id, l.lease_token,
+                                           '{"kind": "success"}', 1) c LOOP
+      UPDATE public.ab_leases SET dispatch_id = r.dispatch_id, lease_token = r.lease_token WHERE pos = r.item;
+    END LOOP;
+  ELSE
+    FOR r IN SELECT g.item, (g.lease).dispatch_id, (g.lease).lease_token, g.error
+               FROM awp.complete_and_claim_many(v_items) g LOOP
+      IF r.error IS NOT NULL OR r.dispatch_id IS NULL THEN
+        RAISE EXCEPTION 'ab_step: item % got no lease: %', r.item, r.error;
+      END IF;
+      UPDATE public.ab_leases SET dispatch_id = r.dispatch_id, lease_token = r.lease_token WHERE pos = r.item;
+    END LOOP;
+  END IF;
+END $$;
+"""
+
+
+def prepare(dsn: str, tasks: int, group: int, pre: int) -> None:
+    """One run of ``tasks`` tasks and ``group`` workers of one slot, each holding one of its leases."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if pre:
+            define(conn, "ab-pre", pre)
+            complete_all(conn, "ab-pre", 1)
+        # Leases, attempts and sessions that outlive the count (under valgrind, a call takes a few hundred ms; no
+        # coordinator runs), and no sign of life written by a claim within it (awp._claim_is_alive).
+        conn.execute("SELECT awp.configure(lease_duration_ms => 86400000, heartbeat_interval_ms => 3600000)")
+        definition = {
+            "id": "ab",
+            "concurrency": group,
+            "tasks": [{"key": f"t{i:05d}", "executor": "mock", "timeout_ms": 86400000} for i in range(tasks)],
+        }
+        conn.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
+        conn.execute(STEP_SQL)
+        register = "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', 1)"
+        workers = [one(conn, register) for _ in range(group)]
+        conn.execute("SELECT awp.start_run('ab')")
+        for pos, (worker, token) in enumerate(workers, start=1):
+            lease = one(conn, "SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 1)", [worker, token])
+            conn.execute("INSERT INTO public.ab_leases VALUES (%s, %s, %s, %s, %s)", [pos, worker, token, *lease])
+        conn.execute("VACUUM ANALYZE")
+
+
+def count(cluster: Cluster, dbname: str, steps: int, out: Path) -> int:
+    """Instructions (callgrind's Ir) of a single-user backend that runs ``steps`` calls of ab_step() in ``dbname``."""
+    script = "SELECT public.ab_step();\n" * steps
+    cmd = [
+        "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--trace-children=no",
+        pg_bin("postgres"), "--single", "-D", str(cluster.datadir), "-c", "fsync=off", "-c", "jit=off", dbname,
+    ]  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    give_to_server_user(out.parent)
+    res = subprocess.run(
+        ["runuser", "-u", "postgres", "--", *cmd], input=script, capture_output=True, text=True, cwd="/tmp"
+    )
+    if res.returncode != 0 or "ERROR" in res.stdout + res.stderr.replace("ERROR SUMMARY", ""):
+        raise SystemExit(f"{shlex.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    found = re.search(r"Collected : (\d+)", res.stderr) or re.search(r"refs:\s+([\d,]+)", res.stderr)
+    if not found:
+        raise SystemExit(f"no instruction count in callgrind's output:\n{res.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("variants", nargs="+", help="checkouts or git revisions")
+    parser.add_argument("--group", type=int, default=2, help="completions per call [%(default)s]")
+    parser.add_argument("--steps", type=int, default=60, help="calls in the shorter count [%(default)s]")
+    parser.add_argument("--tasks", type=int, default=1000, help="tasks of the measured run [%(default)s]")
+    parser.add_argument("--pre", type=int, default=1000, help="tasks completed first [%(default)s]")
+    parser.add_argument("--profile", type=Path, help="keep the longer count's callgrind profile of the last variant")
+    args = parser.parse_args()
+    if args.tasks < args.group * (3 * args.steps + 2):
+        parser.error("--tasks too small for the steps")
+    workdir = Path(tempfile.mkdtemp(prefix="awp-instr-", dir="/tmp"))
+    give_to_server_user(workdir)
+    variants = [variant(v, workdir) for v in args.variants]
+    cluster = Cluster(workdir / "data", free_port(), workdir / "run")
+    cluster.init(sync=False)
+    cluster.start(fsync=False)
+    names = []
+    try:
+        for i, v in enumerate(variants):
+            name = database_name(f"instr{i}")
+            prepare(fresh_database(cluster, name, sql_dir=v.sql_dir), args.tasks, args.group, args.pre)
+            names.append(name)
+    finally:
+        cluster.stop()
+    base = None
+    print(f"instructions per call of {args.group} completion(s) (callgrind Ir, {args.steps} calls counted)")
+    for v, name in zip(variants, names, strict=True):
+        short = count(cluster, name, args.steps, workdir / "cg" / "short.out")
+        long_out = workdir / "cg" / "long.out"
+        long = count(cluster, name, 2 * args.steps, long_out)
+        per_call = (long - short) / args.steps
+        base = base or per_call
+        print(
+            f"  {v.spec:30s} {per_call / 1e6:8.3f} M per call  {per_call / args.group / 1e6:8.3f} M per completion"
+            f"  ratio {per_call / base:.3f}"
+        )
+        if args.profile:
+            args.profile.write_bytes(long_out.read_bytes())
+    subprocess.run(["rm", "-rf", str(workdir)], check=False)
+
+
+if __name__ == "__main__":
+    main()
