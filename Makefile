@@ -8,12 +8,12 @@ BENCH_STAMP := $(VENV)/.awp-bench.stamp
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup pgtap plpgsql-check chromium ha-deps test test-db test-py ha-test demo bench bench-quick chaos soak fuzz mutate docs lint typecheck test-fast clean
+.PHONY: help setup pgtap plpgsql-check chromium ha-deps valgrind test test-db test-py ha-test demo bench bench-quick chaos soak fuzz mutate docs lint typecheck test-fast clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
 
-setup: $(STAMP) pgtap plpgsql-check chromium ha-deps  ## venv + Python packages + pgTAP/pg_prove + plpgsql_check + Chromium (UI tests) + Patroni/etcd (HA test), idempotent
+setup: $(STAMP) pgtap plpgsql-check chromium ha-deps valgrind  ## venv + Python packages + pgTAP/pg_prove + plpgsql_check + Chromium (UI tests) + Patroni/etcd (HA test) + valgrind (benchmarks/instructions.py), idempotent
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ ha-deps:  ## install Debian's patroni and etcd-server (the HA test runs them) wi
 	echo "installing patroni and etcd-server"; \
 	$(SUDO) apt-get update -qq && \
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends patroni etcd-server
+
+valgrind:  ## install valgrind (benchmarks/instructions.py counts instructions under callgrind) with apt-get, only when missing
+	@if command -v valgrind >/dev/null; then exit 0; fi; \
+	echo "installing valgrind"; \
+	$(SUDO) apt-get update -qq && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind
 
 test: test-db test-py  ## every test: pgTAP, then pytest
 

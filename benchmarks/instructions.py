@@ -25,6 +25,7 @@ import argparse
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,12 +33,12 @@ from pathlib import Path
 
 import psycopg
 
-from awp.localdb import Cluster, free_port, give_to_server_user
+from awp.localdb import Cluster, as_server_user, free_port, give_to_server_user
 from awp.pgbin import pg_bin
 from awp_testing.cluster import database_name, fresh_database, one
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import complete_all, define, variant
+from ab import Variant, complete_all, define, variant
 
 # The step: every held lease completed in one call, each refilled; the new leases replace the old ones.
 STEP_SQL = """
@@ -108,9 +109,7 @@ def count(cluster: Cluster, dbname: str, steps: int, out: Path) -> int:
     ]  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     give_to_server_user(out.parent)
-    res = subprocess.run(
-        ["runuser", "-u", "postgres", "--", *cmd], input=script, capture_output=True, text=True, cwd="/tmp"
-    )
+    res = subprocess.run(as_server_user(cmd), input=script, capture_output=True, text=True, cwd="/tmp")
     if res.returncode != 0 or "ERROR" in res.stdout + res.stderr.replace("ERROR SUMMARY", ""):
         raise SystemExit(f"{shlex.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     found = re.search(r"Collected : (\d+)", res.stderr) or re.search(r"refs:\s+([\d,]+)", res.stderr)
@@ -131,8 +130,14 @@ def main() -> None:
     if args.tasks < args.group * (3 * args.steps + 2):
         parser.error("--tasks too small for the steps")
     workdir = Path(tempfile.mkdtemp(prefix="awp-instr-", dir="/tmp"))
-    give_to_server_user(workdir)
-    variants = [variant(v, workdir) for v in args.variants]
+    try:
+        give_to_server_user(workdir)
+        measure(args, [variant(v, workdir) for v in args.variants], workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, variants: list[Variant], workdir: Path) -> None:
     cluster = Cluster(workdir / "data", free_port(), workdir / "run")
     cluster.init(sync=False)
     cluster.start(fsync=False)
@@ -158,7 +163,6 @@ def main() -> None:
         )
         if args.profile:
             args.profile.write_bytes(long_out.read_bytes())
-    subprocess.run(["rm", "-rf", str(workdir)], check=False)
 
 
 if __name__ == "__main__":

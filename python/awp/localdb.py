@@ -67,7 +67,8 @@ def _postgres_ids() -> tuple[int, int]:
     return pw.pw_uid, pw.pw_gid
 
 
-def _as_server_user(cmd: list[str]) -> list[str]:
+def as_server_user(cmd: list[str]) -> list[str]:
+    """``cmd`` run as the server's OS user (``postgres``) when we are root; as is otherwise."""
     if is_root():
         _postgres_ids()
         return ["runuser", "-u", PG_OS_USER, "--", *cmd]
@@ -85,7 +86,7 @@ def server_user_can_traverse(path: Path) -> bool:
     """True when the OS user the server runs as can reach ``path`` (search permission on it and above)."""
     if not is_root():
         return os.access(path, os.X_OK)
-    res = subprocess.run(_as_server_user(["test", "-x", str(path)]), cwd="/", capture_output=True)
+    res = subprocess.run(as_server_user(["test", "-x", str(path)]), cwd="/", capture_output=True)
     return res.returncode == 0
 
 
@@ -174,7 +175,7 @@ class Cluster(Server):
     # -- programs ---------------------------------------------------------------------------------------
 
     def _run(self, cmd: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-        full = _as_server_user(cmd)
+        full = as_server_user(cmd)
         log.debug("running %s", shlex.join(full))
         res = subprocess.run(full, cwd="/", capture_output=True, text=True)
         if check and res.returncode != 0:
