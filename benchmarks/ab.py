@@ -79,11 +79,14 @@ def backend_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def define(conn: psycopg.Connection[Any], wid: str, tasks: int, concurrency: int = 1) -> None:
+def define(
+    conn: psycopg.Connection[Any], wid: str, tasks: int, concurrency: int = 1, timeout_ms: int | None = None
+) -> None:
+    timeout = {} if timeout_ms is None else {"timeout_ms": timeout_ms}
     definition = {
         "id": wid,
         "concurrency": concurrency,
-        "tasks": [{"key": f"t{i:05d}", "executor": "mock"} for i in range(tasks)],
+        "tasks": [{"key": f"t{i:05d}", "executor": "mock", **timeout} for i in range(tasks)],
     }
     conn.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
 

@@ -22,7 +22,6 @@ for every variant.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shlex
 import shutil
@@ -84,12 +83,7 @@ def prepare(dsn: str, tasks: int, group: int, pre: int) -> None:
         # Leases, attempts and sessions that outlive the count (under valgrind, a call takes a few hundred ms; no
         # coordinator runs), and no sign of life written by a claim within it (awp._claim_is_alive).
         conn.execute("SELECT awp.configure(lease_duration_ms => 86400000, heartbeat_interval_ms => 3600000)")
-        definition = {
-            "id": "ab",
-            "concurrency": group,
-            "tasks": [{"key": f"t{i:05d}", "executor": "mock", "timeout_ms": 86400000} for i in range(tasks)],
-        }
-        conn.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
+        define(conn, "ab", tasks, group, timeout_ms=86400000)
         conn.execute(STEP_SQL)
         register = "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', 1)"
         workers = [one(conn, register) for _ in range(group)]

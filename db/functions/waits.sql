@@ -148,13 +148,13 @@ BEGIN
        AND x.run_id <> p_run_id
        AND (SELECT y.ordinal FROM awp.tasks y WHERE y.run_id = x.run_id AND y.status = 'ready'
              ORDER BY y.ordinal LIMIT 1) IS NOT NULL
-  ), everyone AS (              -- the candidates: the run's, ranked in the order _dispatch_one takes them, and the
+  ), everyone AS (              -- the candidates: the run's (ranked in the order _dispatch_one takes them), the others'
     SELECT true AS me, m.task_key, m.status, m.executor, m.ordinal, m.depends_on, m.attempts, m.max_attempts,
            m.ready_at, m.offered, row_number() OVER (ORDER BY m.ordinal) AS rnk, r.last_dispatch_seq AS seq,
            r.created_at AS cat, p_run_id AS rid
       FROM mine m
      WHERE m.cand
-    UNION ALL                   -- other runs'
+    UNION ALL
     SELECT false, NULL, NULL, c.executor, NULL, NULL, NULL, NULL, NULL, true, c.rnk, o.last_dispatch_seq,
            o.created_at, o.run_id
       FROM others o CROSS JOIN LATERAL (
@@ -163,7 +163,9 @@ BEGIN
          WHERE y.run_id = o.run_id AND y.status = 'ready' AND b.kinds ? y.executor
          ORDER BY y.ordinal LIMIT greatest(least(o.room, v_cap), 0)) c
   ), placed AS (                -- a pass takes candidates in rounds (rank), runs in fairness order within a round;
-    SELECT p.* FROM (           -- then the run's other waiting tasks, which no pass takes now
+    SELECT p.task_key, p.status, p.executor, p.ordinal, p.depends_on, p.attempts, p.max_attempts, p.ready_at, p.offered,
+           p.rnk, p.ahead_all, p.other_all, p.ahead_kind, p.other_kind
+      FROM (                    -- then the run's other waiting tasks, which no pass takes now
       SELECT e.me, e.task_key, e.status, e.executor, e.ordinal, e.depends_on, e.attempts, e.max_attempts, e.ready_at,
              e.offered, e.rnk,
              count(*) OVER w_all AS ahead_all,
@@ -171,13 +173,14 @@ BEGIN
              count(*) OVER w_kind AS ahead_kind,
              count(*) FILTER (WHERE NOT e.me) OVER w_kind AS other_kind
         FROM everyone e
-      WINDOW w_all AS (ORDER BY e.rnk, e.seq NULLS FIRST, e.cat, e.rid ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+      WINDOW w_all AS (ORDER BY e.rnk, e.seq NULLS FIRST, e.cat, e.rid
+                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
              w_kind AS (PARTITION BY e.executor ORDER BY e.rnk, e.seq NULLS FIRST, e.cat, e.rid
                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)) p
      WHERE p.me
     UNION ALL
-    SELECT true, m.task_key, m.status, m.executor, m.ordinal, m.depends_on, m.attempts, m.max_attempts, m.ready_at,
-           m.offered, NULL, NULL, NULL, NULL, NULL
+    SELECT m.task_key, m.status, m.executor, m.ordinal, m.depends_on, m.attempts, m.max_attempts, m.ready_at, m.offered,
+           NULL, NULL, NULL, NULL, NULL
       FROM mine m
      WHERE NOT m.cand
   ), judged AS (
