@@ -396,34 +396,36 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._complete_and_refill(awp.workers, text, text, jsonb, bigint) IS 'The hot path of complete_and_claim (a current success, then the refill leased to the worker); skipped (nothing written) otherwise.';
 
--- awp._task_rows(run, keys): the current row versions (ctid) of some tasks of a run, by one primary-key probe per
--- key (LIMIT 1 keeps it a probe). For the group path's reads and writes of a few known tasks of one run, whose
--- lock the caller holds: WHERE ctid = ANY (f(...)) is a TID scan whatever the statistics say, where
+-- awp._task_rows(runs, keys): the current row versions (ctid) of some tasks (runs[i], keys[i]), by one primary-key
+-- probe per task (LIMIT 1 keeps it a probe). For the group path's reads and writes of a few known tasks of runs whose
+-- locks the caller holds: WHERE ctid = ANY (f(...)) is a TID scan whatever the statistics say, where
 -- key = ANY (keys) was planned as a scan of the whole run (measured: every task of a 1,000-task run filtered per
 -- statement) and a join of unnest(keys) as a hash join. PL/pgSQL, not SQL: a SQL function that is not inlined
--- plans its body again in every statement that calls it. Locks: none.
-CREATE OR REPLACE FUNCTION awp._task_rows(p_run_id text, p_keys text[]) RETURNS tid[]
+-- plans its body again in every statement that calls it. The ctids come in the order of the pairs (a task not
+-- found is left out). Locks: none.
+CREATE OR REPLACE FUNCTION awp._task_rows(p_runs text[], p_keys text[]) RETURNS tid[]
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-  RETURN ARRAY(SELECT p.ctid FROM unnest(p_keys) AS u(task_key)
+  RETURN ARRAY(SELECT p.ctid FROM unnest(p_runs, p_keys) WITH ORDINALITY AS u(run_id, task_key, o)
                CROSS JOIN LATERAL (SELECT x.ctid FROM awp.tasks x
-                                    WHERE x.run_id = p_run_id AND x.task_key = u.task_key LIMIT 1) p);
+                                    WHERE x.run_id = u.run_id AND x.task_key = u.task_key LIMIT 1) p
+               ORDER BY u.o);
 END $$;
-COMMENT ON FUNCTION awp._task_rows(text, text[]) IS 'The row versions (ctid) of some tasks of a run, by primary-key probes.';
+COMMENT ON FUNCTION awp._task_rows(text[], text[]) IS 'The row versions (ctid) of some tasks (run, key pairs), by primary-key probes.';
 
--- awp._group_path_run(items): the first test of the group path (awp._complete_and_refill_group), without locks and
--- without raising: complete_and_claim_many asks it before it opens the group's subtransaction, so the common
--- refusal (runs taking turns) neither locks nor raises (measured: such a group costs what the item loop alone
--- costs, 1.244 vs 1.253 ms per item). The items' run and their workers' executor kinds (read unlocked;
--- the group path compares them with the locked rows) when they are >= 2 one-slot successes of distinct workers
--- (valid claim_seq) and every refill would go to that run: no pending dispatch of those kinds waits to be claimed
--- and no other run has ready work of those kinds (runs take turns: the item loop's to settle). NULLs otherwise.
+-- awp._group_path_kinds(items): the first test of the group path (awp._complete_and_refill_group), without locks
+-- and without raising: complete_and_claim_many asks it before it opens the group's subtransaction, so a group of
+-- another shape neither locks nor raises. The executor kinds of the items' workers (read unlocked; the group path
+-- compares them with the locked rows) when the items are >= 2 one-slot successes of distinct workers (valid
+-- claim_seq) and every refill would be leased straight to its worker: no pending dispatch of those kinds waits to
+-- be claimed (claims take the oldest first). NULL otherwise.
 -- p_one_worker: the items are one worker's batch (awp.complete_tasks): >= 1 of them, all of that worker, which
 -- gets back as many slots as it frees (where a group's workers are distinct, each freeing its one slot).
--- The run is the first item's dispatch's; the group path checks every item's. Locks: none.
-CREATE OR REPLACE FUNCTION awp._group_path_run(p_items jsonb, p_one_worker boolean DEFAULT false,
-                                               OUT run_id text, OUT kinds text[])
+-- Locks: none.
+CREATE OR REPLACE FUNCTION awp._group_path_kinds(p_items jsonb, p_one_worker boolean DEFAULT false) RETURNS text[]
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+  v_kinds text[];
 BEGIN
   IF (SELECT count(*) < (CASE WHEN p_one_worker THEN 1 ELSE 2 END)
              OR NOT bool_and(coalesce((e->'slots') = '1'
@@ -433,27 +435,24 @@ BEGIN
                                       AND e->'result'->>'kind' = 'success', false))
              OR count(DISTINCT e->>'worker_id') <> (CASE WHEN p_one_worker THEN 1 ELSE count(*) END)
         FROM jsonb_array_elements(p_items) e) THEN   -- one pass over the items
-    RETURN;
+    RETURN NULL;
   END IF;
-  SELECT d.run_id INTO run_id FROM awp.dispatches d WHERE d.dispatch_id = p_items->0->>'dispatch_id';
-  kinds := ARRAY(SELECT DISTINCT k.kind
-                   FROM jsonb_array_elements(p_items) e
-                   CROSS JOIN LATERAL (SELECT y.executor_kinds FROM awp.workers y WHERE y.worker_id = e->>'worker_id'
-                                        LIMIT 1) y
-                   CROSS JOIN LATERAL unnest(y.executor_kinds) AS k(kind)
-                  ORDER BY 1);
-  IF run_id IS NULL
-     OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (kinds))
-     OR EXISTS (SELECT 1 FROM awp._fairness_order(kinds) f WHERE f.run_id <> _group_path_run.run_id) THEN
-    run_id := NULL;
-    kinds := NULL;
+  v_kinds := ARRAY(SELECT DISTINCT k.kind
+                     FROM jsonb_array_elements(p_items) e
+                     CROSS JOIN LATERAL (SELECT y.executor_kinds FROM awp.workers y WHERE y.worker_id = e->>'worker_id'
+                                          LIMIT 1) y
+                     CROSS JOIN LATERAL unnest(y.executor_kinds) AS k(kind)
+                    ORDER BY 1);
+  IF cardinality(v_kinds) = 0 OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (v_kinds)) THEN
+    RETURN NULL;
   END IF;
+  RETURN v_kinds;
 END $$;
-COMMENT ON FUNCTION awp._group_path_run(jsonb, boolean) IS 'The run of a group the group path may settle (and its workers'' kinds), or NULL; no locks, no errors.';
+COMMENT ON FUNCTION awp._group_path_kinds(jsonb, boolean) IS 'The executor kinds of a group the group path may settle, or NULL; no locks, no errors.';
 
--- awp._complete_and_refill_group(items): the group path of awp.complete_and_claim_many (AWP issue 11): the common
--- group, where every item is a hot-path call (awp._complete_and_refill) of a worker asking for one slot back, is
--- settled set-based (and so is the common batch of awp.complete_tasks, one worker's successes asking for every
+-- awp._complete_and_refill_group(items[, kinds]): the group path of awp.complete_and_claim_many (AWP issue 11): the
+-- common group, where every item is a hot-path call (awp._complete_and_refill) of a worker asking for one slot back,
+-- is settled set-based (and so is the common batch of awp.complete_tasks, one worker's successes asking for every
 -- freed slot back: its items then name that one worker, each freeing a slot and getting it back refilled): one
 -- statement per table for the whole group where the item loop runs one per item (each write statement costs a
 -- fixed part -- executor start, the table's indexes opened and its CHECK constraints read
@@ -462,23 +461,30 @@ COMMENT ON FUNCTION awp._group_path_run(jsonb, boolean) IS 'The run of a group t
 -- UPDATE and an INSERT paid that part twice on the table with the most constraints (measured, backend CPU per
 -- item, two databases alternating: -5% to -7% at 2 and 4 items per group before its plan was pinned as below;
 -- about even with the UPDATE and INSERT after).
+-- The items may be of several runs (the gateway groups the completions of every run that arrive while one call is
+-- in flight), and each refill goes where the item loop would send it: the first run in fairness order
+-- (awp._fairness_order, runs refilled earlier in this group moved behind the others in the order of their refills,
+-- as their last_dispatch_seq will be) that is taken without waiting (awp._try_run), running, with room under its
+-- concurrency (counting this group's completions and refills so far) and a ready task of the worker's kinds.
 -- It writes exactly what the item loop writes, items taken in its order (worker_id, then position): per item the
 -- completion (dispatch completed, attempt and task succeeded), its dependants made ready (awp._unlock_dependants),
--- then the refill leased straight to the item's worker (awp._lease_refill: the first ready task of the run in
--- definition order of the worker's kinds, not yet refilled in this group); the events in that order, the run's
--- row written once (awp._write_log), one revision. It applies only when that sequential outcome is plain:
---   - awp._group_path_run names the run (>= 2 one-slot successes of distinct workers, every refill going to that
---     run); the caller passes its answer as p_run and p_kinds (a direct call, without them, asks it here);
---   - each item for a dispatch its worker holds with that lease token, in that run;
+-- then the refill leased straight to the item's worker (awp._lease_refill: the first ready task of the chosen run
+-- in definition order of the worker's kinds, not yet refilled in this group); the events of each run in that order,
+-- each run's row written once (awp._write_log), one revision per run. It applies only when that sequential outcome
+-- is plain:
+--   - awp._group_path_kinds names the kinds (>= 2 one-slot successes of distinct workers, nothing pending to claim);
+--     the caller passes its answer as p_kinds (a direct call, without it, asks it here);
+--   - each item for a dispatch its worker holds with that lease token;
 --   - each worker active with a valid session and the kinds read there; each result valid (AWREQ otherwise, as
 --     its own call);
---   - the run running, no cancel requested, more unfinished tasks than items (none of them is the run's last),
---     and room (its queued + running tasks <= concurrency);
---   - every lease current (as the hot path's dispatch UPDATE), every item gets a refill, no lease over the
---     payload limit.
+--   - each completed run running, no cancel requested, more unfinished tasks than its items (none of them is the
+--     run's last);
+--   - every lease current (as the hot path's dispatch UPDATE), every item gets a refill, none starts a pending run,
+--     no lease over the payload limit.
 -- Otherwise it raises (AWGRP, or the error an item's own call raises): the caller rolls the group back (a
 -- subtransaction) and settles the items one by one, which gives every item its exact answer. AWGRP never
--- leaves the database. Returns (item position, lease) per item. The caller holds the run's advisory lock.
+-- leaves the database. Returns (item position, lease) per item. The caller holds the advisory locks of the
+-- completed runs.
 -- plan_cache_mode = force_generic_plan: for the statements that read by TID, a custom plan looks cheaper than the
 -- generic one (the planner evaluates the ctid functions' arrays), so the plan cache would plan them again on every
 -- call; measured at 2 items per group, that took the saving from 4% to 18% of the backend's CPU per item.
@@ -488,21 +494,19 @@ COMMENT ON FUNCTION awp._group_path_run(jsonb, boolean) IS 'The run of a group t
 -- grew. The setting is the MERGE's alone (set around it): on the whole function it reached the statements that
 -- must scan (the settings row), whose forced plans then cost more than jit_above_cost and were compiled on every
 -- call (measured: 5 ms per call). (A join on ctid is no TID scan in a MERGE: it filters.)
--- Locks: the worker rows in worker_id order (awp._session), the run row, the dependants made ready and the tasks
--- refilled (awp._unlock_dependants, awp._first_ready, per item in order), the dispatch rows (the MERGE: the
--- completed ones with their attempts, and the refills'), then the completed tasks. The run's lock is held
--- throughout, so no other transaction that waits for a row of these can hold one we wait for (heartbeats, the
--- only writers of a leased dispatch without it, take that dispatch alone and skip it when it is locked).
-CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb, p_run text DEFAULT NULL,
-                                                          p_kinds text[] DEFAULT NULL)
+-- Locks: the worker rows in worker_id order (awp._session), the completed runs' rows in run_id order, then per item
+-- in order the dependants made ready, the run refilled (awp._try_run: without waiting) and its task
+-- (awp._first_ready); then the dispatch rows (the MERGE: the completed ones with their attempts, and the refills'),
+-- then the tasks. Every run whose rows are written is held (its advisory lock and row), so no other transaction
+-- that waits for a row of these can hold one we wait for (heartbeats, the only writers of a leased dispatch without
+-- its run, take that dispatch alone and skip it when it is locked).
+CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb, p_kinds text[] DEFAULT NULL)
 RETURNS TABLE (item integer, lease awp.lease)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
   v_n     integer := jsonb_array_length(p_items);
-  v_run   text;
   v_now   timestamptz;
   s       awp.settings;
-  r       record;
   x       record;
   t       record;
   w       awp.workers;
@@ -516,10 +520,12 @@ DECLARE
   v_cseq  bigint[] := '{}';    --   its claim_seq
   v_wrow  awp.workers[] := '{}';
   v_tok   text;                -- the session token w was checked with (a batch's items are one worker's)
-  c_key   text[] := '{}';      -- per item (as v_pos): the task completed, its attempt, its dependants
+  c_run   text[] := '{}';      -- per item (as v_pos): the run and task completed, its attempt, its dependants
+  c_key   text[] := '{}';
   c_att   integer[] := '{}';
   c_deps  text[];              --   its dependants, each text[] as text (an array of arrays must be rectangular)
-  f_key   text[] := '{}';      -- per item: the task refilled (its executor, action and input) and its lease
+  f_run   text[] := '{}';      -- per item: the run and task refilled (its executor, action and input) and its lease
+  f_key   text[] := '{}';
   f_exec  text[] := '{}';
   f_act   text[] := '{}';
   f_in    jsonb[] := '{}';
@@ -531,27 +537,43 @@ DECLARE
   f_fence bigint[] := '{}';
   f_up    jsonb[] := '{}';
   f_deps  text[] := '{}';      --   the refilled task's dependencies (text[] as text); its upstream is read after the MERGE
+  g_run   text[] := '{}';      -- the runs met (completed or considered for a refill), each read once:
+  g_ok    boolean[] := '{}';   --   held, pending or running, no cancel requested
+  g_pend  boolean[] := '{}';   --   pending (never dispatched)
+  g_conc  integer[] := '{}';   --   its concurrency and its queued + running tasks, as the item loop counts them
+  g_busy  integer[] := '{}';   --   before the current item's completion is written
+  g_wf    text[] := '{}';      --   its workflow, version and input (the leases' fields)
+  g_ver   integer[] := '{}';
+  g_in    jsonb[] := '{}';
+  v_order text[] := '{}';      -- the runs refilled in this group, the last refilled last (their new fairness places)
+  v_cands text[];
+  v_cand  text;
+  v_run   text;
+  v_g     integer;
   v_ready text[];
   v_k     integer;
   v_dl    timestamptz;
   v_exp   timestamptz;
   v_fence bigint;
   v_up    jsonb;
+  v_ctid  tid[];
+  v_ftid  tid[];
+  e_run   text[] := '{}';      -- the events, each of its run
   e_type  text[] := '{}';
   e_key   text[] := '{}';
   e_from  text[] := '{}';
   e_to    text[] := '{}';
   e_why   text[] := '{}';
+  l_type  text[];              -- one run's events (awp._write_log)
+  l_key   text[];
+  l_from  text[];
+  l_to    text[];
+  l_why   text[];
   v_seqscan text := current_setting('enable_seqscan');
 BEGIN
-  IF p_run IS NULL THEN   -- a direct call: the caller's test, here
-    SELECT g.run_id, g.kinds INTO v_run, v_kinds FROM awp._group_path_run(p_items) g;
-    IF v_run IS NULL THEN
-      PERFORM awp._raise_group_not_applicable('not a group of hot-path items whose refills all go to their run');
-    END IF;
-  ELSE
-    v_run := p_run;
-    v_kinds := p_kinds;
+  v_kinds := coalesce(p_kinds, awp._group_path_kinds(p_items));   -- a direct call: the caller's test, here
+  IF v_kinds IS NULL THEN
+    PERFORM awp._raise_group_not_applicable('not a group of hot-path items whose refills are leased straight back');
   END IF;
   FOR x IN
     SELECT o::integer AS o, e->>'worker_id' AS worker_id, e->>'session_token' AS session_token,
@@ -570,10 +592,10 @@ BEGIN
     PERFORM awp._check_result(x.result);                      -- AWREQ as its own call
     SELECT d.run_id, d.task_key, d.attempt INTO t FROM awp.dispatches d
      WHERE d.dispatch_id = x.dispatch_id AND d.status = 'leased' AND awp._holds_lease(d, x.worker_id, x.lease_token);
-    IF NOT FOUND OR t.run_id IS DISTINCT FROM v_run THEN   -- not held, or another run
-      PERFORM awp._raise_group_not_applicable('a dispatch not held with that token, or of another run');
+    IF NOT FOUND THEN
+      PERFORM awp._raise_group_not_applicable('a dispatch not held with that token');
     END IF;
-    v_run := t.run_id;
+    c_run := c_run || t.run_id;
     c_key := c_key || t.task_key;
     c_att := c_att || t.attempt;
     v_pos := v_pos || x.o;
@@ -588,12 +610,27 @@ BEGIN
       PERFORM awp._raise_group_not_applicable('a worker''s executor kinds changed');
     END IF;
   END LOOP;
-  SELECT y.concurrency, y.workflow_id, y.workflow_version, y.input INTO r FROM awp.runs y
-   WHERE y.run_id = v_run AND y.status = 'running' AND y.cancel_requested_at IS NULL AND y.unfinished_tasks > v_n
-     FOR UPDATE;
-  IF NOT FOUND
-     OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_run AND y.status IN ('queued', 'running')) > r.concurrency THEN
-    PERFORM awp._raise_group_not_applicable('the run ends or has no room');
+  -- The completed runs, in run_id order: each running and going on after this group.
+  FOR x IN
+    SELECT y.run_id, y.concurrency, y.workflow_id, y.workflow_version, y.input,
+           (SELECT count(*) FROM awp.tasks z WHERE z.run_id = y.run_id AND z.status IN ('queued', 'running'))::integer AS busy
+      FROM awp.runs y
+     WHERE y.run_id = ANY (c_run) AND y.status = 'running' AND y.cancel_requested_at IS NULL
+       AND y.unfinished_tasks > (SELECT count(*) FROM unnest(c_run) u WHERE u = y.run_id)
+     ORDER BY y.run_id
+       FOR UPDATE OF y
+  LOOP
+    g_run := g_run || x.run_id;
+    g_ok := g_ok || true;
+    g_pend := g_pend || false;
+    g_conc := g_conc || x.concurrency;
+    g_busy := g_busy || x.busy;
+    g_wf := g_wf || x.workflow_id;
+    g_ver := g_ver || x.workflow_version;
+    g_in := g_in || x.input;
+  END LOOP;
+  IF cardinality(g_run) <> (SELECT count(DISTINCT u) FROM unnest(c_run) u) THEN
+    PERFORM awp._raise_group_not_applicable('a run ends, or is not running');
   END IF;
 
   -- The completions' tasks current: each running its dispatch's attempt (the dispatches' own checks are the MERGE's
@@ -603,39 +640,79 @@ BEGIN
   -- cheaper than the TID scan. A row that fails makes the count fall short: a lease not current, whose item's own
   -- call says why.
   v_now := awp._now();
-  SELECT array_agg(y.dependants::text ORDER BY array_position(c_key, y.task_key)) INTO c_deps
+  v_ctid := awp._task_rows(c_run, c_key);
+  SELECT array_agg(y.dependants::text ORDER BY array_position(v_ctid, y.ctid)) INTO c_deps
     FROM awp.tasks y
-   WHERE y.ctid = ANY (awp._task_rows(v_run, c_key)) AND y.status IS NOT DISTINCT FROM 'running'
-     AND y.attempts = c_att[array_position(c_key, y.task_key)];
-  IF coalesce(cardinality(c_deps), 0) <> v_n THEN
+   WHERE y.ctid = ANY (v_ctid) AND y.status IS NOT DISTINCT FROM 'running'
+     AND y.attempts = c_att[array_position(v_ctid, y.ctid)];
+  IF cardinality(v_ctid) <> v_n OR coalesce(cardinality(c_deps), 0) <> v_n THEN
     PERFORM awp._raise_group_not_applicable('a task not current');
   END IF;
 
-  -- Per item, in order: its dependants made ready, then its refill (the first ready task not yet refilled).
+  -- Per item, in order: its dependants made ready, then its refill (as awp._lease_refill chooses it).
   s := awp._settings();
   FOR v_k IN 1 .. v_n LOOP
     w := v_wrow[v_k];
+    e_run := e_run || array_fill(c_run[v_k], ARRAY[3]);
     e_type := e_type || '{dispatch,attempt,task}'::text[];
     e_key := e_key || ARRAY[v_did[v_k], c_key[v_k] || '#' || c_att[v_k], c_key[v_k]];
     e_from := e_from || '{leased,running,running}'::text[];
     e_to := e_to || '{completed,succeeded,succeeded}'::text[];
     e_why := e_why || ARRAY['completed by ' || w.worker_id, 'success', 'success'];
+    v_g := array_position(g_run, c_run[v_k]);
+    g_busy[v_g] := g_busy[v_g] - 1;   -- its completion counts out
     IF c_deps[v_k] <> '{}' THEN
-      v_ready := coalesce(awp._unlock_dependants(v_run, c_deps[v_k]::text[], v_now), '{}');
+      v_ready := coalesce(awp._unlock_dependants(c_run[v_k], c_deps[v_k]::text[], v_now), '{}');
+      e_run := e_run || array_fill(c_run[v_k], ARRAY[cardinality(v_ready)]);
       e_type := e_type || array_fill('task'::text, ARRAY[cardinality(v_ready)]);
       e_key := e_key || v_ready;
       e_from := e_from || array_fill('waiting_dependencies'::text, ARRAY[cardinality(v_ready)]);
       e_to := e_to || array_fill('ready'::text, ARRAY[cardinality(v_ready)]);
       e_why := e_why || array_fill('dependencies succeeded'::text, ARRAY[cardinality(v_ready)]);
     END IF;
-    t := awp._first_ready(v_run, w.executor_kinds, f_key);
-    IF t.task_key IS NULL THEN
-      PERFORM awp._raise_group_not_applicable('no ready task left for an item');
+    v_run := NULL;
+    v_cands := ARRAY(SELECT f.run_id FROM awp._fairness_order(w.executor_kinds) f WHERE f.run_id <> ALL (v_order))
+               || v_order;
+    FOREACH v_cand IN ARRAY v_cands LOOP
+      v_g := array_position(g_run, v_cand);
+      IF v_g IS NULL THEN   -- a run met first here: taken without waiting, as awp._lease_refill takes it
+        g_run := g_run || v_cand;
+        v_g := cardinality(g_run);
+        x := NULL;
+        IF awp._try_run(v_cand) THEN
+          SELECT y.status, y.concurrency, y.workflow_id, y.workflow_version, y.input,
+                 (SELECT count(*) FROM awp.tasks z WHERE z.run_id = y.run_id AND z.status IN ('queued', 'running'))::integer AS busy
+            INTO x FROM awp.runs y
+           WHERE y.run_id = v_cand AND y.status IN ('pending', 'running') AND y.cancel_requested_at IS NULL;
+        END IF;
+        g_ok[v_g] := x.status IS NOT NULL;
+        g_pend[v_g] := x.status IS NOT DISTINCT FROM 'pending';
+        g_conc[v_g] := x.concurrency;
+        g_busy[v_g] := x.busy;
+        g_wf[v_g] := x.workflow_id;
+        g_ver[v_g] := x.workflow_version;
+        g_in[v_g] := x.input;
+      END IF;
+      CONTINUE WHEN NOT g_ok[v_g] OR g_busy[v_g] >= g_conc[v_g];
+      t := awp._first_ready(v_cand, w.executor_kinds,
+                            ARRAY(SELECT f_key[i] FROM generate_subscripts(f_run, 1) i WHERE f_run[i] = v_cand));
+      CONTINUE WHEN t.task_key IS NULL;
+      v_run := v_cand;
+      EXIT;
+    END LOOP;
+    IF v_run IS NULL THEN
+      PERFORM awp._raise_group_not_applicable('no refill for an item');
     END IF;
+    IF g_pend[v_g] THEN
+      PERFORM awp._raise_group_not_applicable('a refill would start a pending run');
+    END IF;
+    g_busy[v_g] := g_busy[v_g] + 1;
+    v_order := array_remove(v_order, v_run) || v_run;
     IF v_k = 1 OR v_wid[v_k] <> v_wid[v_k - 1] THEN   -- once per worker (a batch's items are one worker's)
       PERFORM awp._claim_is_alive(w, s, v_now);
     END IF;
     SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
+    f_run := f_run || v_run;
     f_key := f_key || t.task_key;
     f_exec := f_exec || t.executor;
     f_act := f_act || t.action;
@@ -647,6 +724,7 @@ BEGIN
     f_exp := f_exp || v_exp;
     f_fence := f_fence || v_fence;
     f_deps := f_deps || t.depends_on::text;
+    e_run := e_run || array_fill(v_run, ARRAY[5]);
     e_type := e_type || '{task,dispatch,dispatch,task,attempt}'::text[];
     e_key := e_key || ARRAY[t.task_key, f_id[v_k], f_id[v_k], t.task_key, t.task_key || '#' || f_att[v_k]];
     e_from := e_from || '{ready,NULL,pending,queued,NULL}'::text[];
@@ -660,26 +738,27 @@ BEGIN
   -- Every source row is written or the count falls short: a lease not current, whose item's own call says why.
   PERFORM set_config('enable_seqscan', 'off', true);   -- for planning the MERGE (see above)
   MERGE INTO awp.dispatches d
-  USING (SELECT true AS done, c.id, c.worker_id, c.tok, c.hash, c.res, c.task_key, c.att, NULL::text AS exec,
+  USING (SELECT true AS done, c.id, c.run, c.worker_id, c.tok, c.hash, c.res, c.task_key, c.att, NULL::text AS exec,
                 NULL::bigint AS fence, NULL::timestamptz AS exp, NULL::timestamptz AS dl, NULL::bigint AS cseq
-           FROM unnest(v_did, v_wid, v_ltok, v_hash, v_res, c_key, c_att)
-                AS c(id, worker_id, tok, hash, res, task_key, att)
+           FROM unnest(v_did, c_run, v_wid, v_ltok, v_hash, v_res, c_key, c_att)
+                AS c(id, run, worker_id, tok, hash, res, task_key, att)
          UNION ALL
-         SELECT false, u.id, u.worker_id, u.tok, NULL, NULL, u.task_key, u.att, u.exec, u.fence, u.exp, u.dl, u.cseq
-           FROM unnest(f_id, v_wid, f_tok, f_key, f_att, f_exec, f_fence, f_exp, f_dl, v_cseq)
-                AS u(id, worker_id, tok, task_key, att, exec, fence, exp, dl, cseq)) m
+         SELECT false, u.id, u.run, u.worker_id, u.tok, NULL, NULL, u.task_key, u.att, u.exec, u.fence, u.exp, u.dl,
+                u.cseq
+           FROM unnest(f_id, f_run, v_wid, f_tok, f_key, f_att, f_exec, f_fence, f_exp, f_dl, v_cseq)
+                AS u(id, run, worker_id, tok, task_key, att, exec, fence, exp, dl, cseq)) m
      ON d.dispatch_id = m.id AND d.dispatch_id = ANY (v_did)
   WHEN MATCHED AND m.done AND d.status IS NOT DISTINCT FROM 'leased' AND awp._holds_lease(d, m.worker_id, m.tok)
        AND v_now < d.attempt_deadline AND v_now < d.lease_expires_at
        AND d.attempt_status IS NOT DISTINCT FROM 'running'
-       AND d.run_id IS NOT DISTINCT FROM v_run AND d.task_key = m.task_key AND d.attempt = m.att THEN
+       AND d.run_id IS NOT DISTINCT FROM m.run AND d.task_key = m.task_key AND d.attempt = m.att THEN
     UPDATE SET status = 'completed', result_hash = m.hash, finished_at = v_now, attempt_status = 'succeeded',
                attempt_finished_at = v_now, output = m.res->'output', error_code = m.res->>'error_code',
                error_message = m.res->>'error_message', counted = true
   WHEN NOT MATCHED AND NOT m.done THEN
     INSERT (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id, lease_token_hash, attempt,
             fencing_token, leased_at, lease_expires_at, attempt_deadline, claim_seq, attempt_status)
-    VALUES (m.id, v_run, m.task_key, m.exec, v_now, 'leased', m.worker_id, awp._hash(m.tok), m.att, m.fence,
+    VALUES (m.id, m.run, m.task_key, m.exec, v_now, 'leased', m.worker_id, awp._hash(m.tok), m.att, m.fence,
             v_now, m.exp, m.dl, m.cseq, 'running');
   GET DIAGNOSTICS v_k = ROW_COUNT;
   PERFORM set_config('enable_seqscan', v_seqscan, true);
@@ -691,7 +770,7 @@ BEGIN
     IF f_deps[v_k] = '{}' THEN
       f_up := f_up || '{}'::jsonb;
     ELSE
-      v_up := awp._upstream(v_run, f_deps[v_k]::text[]);
+      v_up := awp._upstream(f_run[v_k], f_deps[v_k]::text[]);
       IF cardinality(f_deps[v_k]::text[]) > 8 AND octet_length(v_up::text) > awp._limit_lease_payload_bytes() THEN
         PERFORM awp._raise_group_not_applicable('a lease over the payload limit');
       END IF;
@@ -699,48 +778,60 @@ BEGIN
     END IF;
   END LOOP;
 
-  -- Then the tasks (completed and refilled: one UPDATE), then the run's row and events once.
+  -- Then the tasks (completed and refilled: one UPDATE; their rows read again, the refills' may be new versions),
+  -- then each run's row and events once: the runs not refilled, then the refilled ones in the order of their last
+  -- refill (awp._write_log takes each one's next place in the fairness order).
+  v_ctid := awp._task_rows(c_run, c_key);
+  v_ftid := awp._task_rows(f_run, f_key);
   UPDATE awp.tasks y
-     SET status = CASE WHEN y.task_key = ANY (c_key) THEN 'succeeded' ELSE 'running' END,
-         attempts = CASE WHEN y.task_key = ANY (c_key) THEN y.attempts ELSE f_att[array_position(f_key, y.task_key)] END,
+     SET status = CASE WHEN y.ctid = ANY (v_ctid) THEN 'succeeded' ELSE 'running' END,
+         attempts = CASE WHEN y.ctid = ANY (v_ctid) THEN y.attempts ELSE f_att[array_position(v_ftid, y.ctid)] END,
          updated_at = v_now, ready_at = NULL,
-         finished_at = CASE WHEN y.task_key = ANY (c_key) THEN v_now END
-   WHERE y.ctid = ANY (awp._task_rows(v_run, c_key || f_key));
-  PERFORM awp._write_log(v_run, e_type, e_key, e_from, e_to, e_why, -v_n, true, v_now);
+         finished_at = CASE WHEN y.ctid = ANY (v_ctid) THEN v_now END
+   WHERE y.ctid = ANY (v_ctid || v_ftid);
+  FOREACH v_cand IN ARRAY ARRAY(SELECT u FROM unnest(g_run) u WHERE u <> ALL (v_order) AND u = ANY (e_run)) || v_order LOOP
+    SELECT array_agg(e_type[i] ORDER BY i), array_agg(e_key[i] ORDER BY i), array_agg(e_from[i] ORDER BY i),
+           array_agg(e_to[i] ORDER BY i), array_agg(e_why[i] ORDER BY i)
+      INTO l_type, l_key, l_from, l_to, l_why
+      FROM generate_subscripts(e_run, 1) i WHERE e_run[i] = v_cand;
+    PERFORM awp._write_log(v_cand, l_type, l_key, l_from, l_to, l_why,
+                           -(SELECT count(*) FROM unnest(c_run) u WHERE u = v_cand)::integer, v_cand = ANY (v_order), v_now);
+  END LOOP;
   FOR v_k IN 1 .. v_n LOOP   -- the coordinator is woken as by each item's own call (awp._complete_and_claim)
     IF c_deps[v_k] <> '{}' THEN
-      PERFORM awp._wake_for_fan_out(v_run, c_key[v_k], 'success');
+      PERFORM awp._wake_for_fan_out(c_run[v_k], c_key[v_k], 'success');
     END IF;
   END LOOP;
   RETURN QUERY
     SELECT v_pos[u.i]::integer,
-           ROW(u.id, u.tok, r.workflow_id, r.workflow_version, v_run, u.task_key, u.exec, u.act, u.inp, u.att,
-               u.dl, u.exp, awp._ms(u.exp - v_now), u.fence, r.input, u.up)::awp.lease
-      FROM unnest(f_id, f_tok, f_key, f_exec, f_act, f_in, f_att, f_dl, f_exp, f_fence, f_up)
-           WITH ORDINALITY AS u(id, tok, task_key, exec, act, inp, att, dl, exp, fence, up, i);
+           ROW(u.id, u.tok, g_wf[array_position(g_run, u.run)], g_ver[array_position(g_run, u.run)], u.run, u.task_key,
+               u.exec, u.act, u.inp, u.att, u.dl, u.exp, awp._ms(u.exp - v_now), u.fence,
+               g_in[array_position(g_run, u.run)], u.up)::awp.lease
+      FROM unnest(f_id, f_tok, f_run, f_key, f_exec, f_act, f_in, f_att, f_dl, f_exp, f_fence, f_up)
+           WITH ORDINALITY AS u(id, tok, run, task_key, exec, act, inp, att, dl, exp, fence, up, i);
 END $$;
-COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb, text, text[]) IS 'The group path of complete_and_claim_many and complete_tasks: a group of hot-path items settled set-based (raises AWGRP when it does not apply).';
+COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb, text[]) IS 'The group path of complete_and_claim_many and complete_tasks: a group of hot-path items, of one run or several, settled set-based (raises AWGRP when it does not apply).';
 
--- awp._group_path_or_nothing(items, run, kinds): awp._complete_and_refill_group in a subtransaction, for
+-- awp._group_path_or_nothing(items, kinds): awp._complete_and_refill_group in a subtransaction, for
 -- awp.complete_and_claim_many and awp.complete_tasks: its items and their leases (arrays in item order), or NULLs
 -- when it does not apply (AWGRP) or an item's own call would be refused (AWSES, AWLST, AWCNF, AWREQ): then it is
 -- rolled back, nothing of it remains, and the caller settles the items one by one, each with its exact answer.
 -- Every item of a group it settles gets a lease. Locks: as awp._complete_and_refill_group.
-CREATE OR REPLACE FUNCTION awp._group_path_or_nothing(p_items jsonb, p_run text, p_kinds text[],
+CREATE OR REPLACE FUNCTION awp._group_path_or_nothing(p_items jsonb, p_kinds text[],
                                                       OUT items integer[], OUT leases awp.lease[])
 LANGUAGE plpgsql AS $$
 BEGIN
   SELECT array_agg(g.item ORDER BY g.item), array_agg(g.lease ORDER BY g.item) INTO items, leases
-    FROM awp._complete_and_refill_group(p_items, p_run, p_kinds) g;
+    FROM awp._complete_and_refill_group(p_items, p_kinds) g;
 EXCEPTION WHEN SQLSTATE 'AWGRP' OR SQLSTATE 'AWSES' OR SQLSTATE 'AWLST' OR SQLSTATE 'AWCNF' OR SQLSTATE 'AWREQ' THEN
   items := NULL;
   leases := NULL;
 END $$;
-COMMENT ON FUNCTION awp._group_path_or_nothing(jsonb, text, text[]) IS 'The group path in a subtransaction: its items and leases, or NULLs (rolled back) when it does not apply.';
+COMMENT ON FUNCTION awp._group_path_or_nothing(jsonb, text[]) IS 'The group path in a subtransaction: its items and leases, or NULLs (rolled back) when it does not apply.';
 
 -- awp.complete_and_claim_many(items): several workers' awp.complete_and_claim calls in one transaction (the
--- gateway groups the claim-on-complete requests of one run that arrive while one of that run's calls is in
--- flight: docs/protocol.md, Refill and claim on complete). `items` is a JSON array of 1-64 objects
+-- gateway groups the claim-on-complete requests that arrive while one of its calls is in flight: docs/protocol.md,
+-- Refill and claim on complete). `items` is a JSON array of 1-64 objects
 -- {"worker_id", "session_token", "dispatch_id", "lease_token", "result", "slots", "claim_seq"} (strings;
 -- result an object; slots an integer >= 0; claim_seq an integer or null). Each item is settled exactly as
 -- awp.complete_and_claim would settle it alone, and one that it would refuse (AWSES, AWREQ, AWLST, AWCNF) is
@@ -762,7 +853,6 @@ DECLARE
   v_leases awp.lease[];
   v_gitems integer[];
   v_gleases awp.lease[];
-  v_grun   text;
   v_gkinds text[];
   v_k      integer;
   v_state  text;
@@ -794,9 +884,9 @@ BEGIN
   LOOP
     PERFORM pg_advisory_xact_lock(hashtextextended(v_run, 0));
   END LOOP;
-  SELECT g.run_id, g.kinds INTO v_grun, v_gkinds FROM awp._group_path_run(p_items) g;
-  IF v_grun IS NOT NULL THEN   -- the common group set-based (awp._complete_and_refill_group)
-    SELECT g.items, g.leases INTO v_gitems, v_gleases FROM awp._group_path_or_nothing(p_items, v_grun, v_gkinds) g;
+  v_gkinds := awp._group_path_kinds(p_items);
+  IF v_gkinds IS NOT NULL THEN   -- the common group set-based (awp._complete_and_refill_group)
+    SELECT g.items, g.leases INTO v_gitems, v_gleases FROM awp._group_path_or_nothing(p_items, v_gkinds) g;
     IF v_gitems IS NOT NULL THEN   -- else rolled back: the items are settled one by one below
       FOR v_k IN 1 .. cardinality(v_gitems) LOOP
         item := v_gitems[v_k];
@@ -842,7 +932,7 @@ BEGIN
   END LOOP;
   PERFORM awp._notify_pending();
 END $$;
-COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' complete_and_claim calls in one transaction (the gateway''s grouping of one run''s completions); each item answered with its leases or its error.';
+COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' complete_and_claim calls in one transaction (the gateway''s grouping of completions); each item answered with its leases or its error.';
 
 -- awp.complete_tasks(worker_id, session_token, results, slots, claim_seq): several completions and a claim
 -- (claim_seq as in awp.claim_tasks) in one transaction, for a worker with several slots (one request and one commit for many tasks).
@@ -854,8 +944,8 @@ COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' com
 --   {"results": [{"dispatch_id", "applied": true} | {"dispatch_id", "error": {"sqlstate", "message", "detail"}}],
 --    "leases": [lease objects: the columns of awp.lease]}
 -- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array).
--- The common batch (every result a success of a dispatch of one run that the worker holds, the worker active and
--- asking for at least as many slots as it frees, and every refill going to that run) is settled set-based first
+-- The common batch (every result a success of a dispatch that the worker holds, the worker active and asking for at
+-- least as many slots as it frees, and nothing pending to claim) is settled set-based first
 -- by the group path (awp._complete_and_refill_group, one worker's items): in the order given, each completion,
 -- then its freed slot refilled and leased straight back to the worker (as a refill and a claim would: nothing
 -- else waits to be claimed); then a claim for any further slots. Any other batch is rolled back to a
@@ -884,7 +974,6 @@ DECLARE
   v_leases jsonb := '[]';
   v_freed  integer := 0;
   v_items  jsonb;
-  v_grun   text;
   v_gkinds text[];
 BEGIN
   IF jsonb_typeof(p_results) IS DISTINCT FROM 'array' OR jsonb_array_length(p_results) NOT BETWEEN 1 AND awp._limit_batch_results()
@@ -909,17 +998,17 @@ BEGIN
                                                     'result', e->'result', 'slots', 1, 'claim_seq', p_claim_seq)
                                  ORDER BY o)
                   FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o));
-    SELECT g.run_id, g.kinds INTO v_grun, v_gkinds FROM awp._group_path_run(v_items, true) g;
+    v_gkinds := awp._group_path_kinds(v_items, true);
   END IF;
-  IF v_grun IS NOT NULL THEN
+  IF v_gkinds IS NOT NULL THEN
     SELECT (SELECT jsonb_agg(to_jsonb(g.leases[k]) ORDER BY k) FROM generate_subscripts(g.leases, 1) AS k) INTO v_leases
-      FROM awp._group_path_or_nothing(v_items, v_grun, v_gkinds) g;
+      FROM awp._group_path_or_nothing(v_items, v_gkinds) g;
     IF v_leases IS NULL THEN   -- refused and rolled back: the items are settled one by one below
       v_leases := '[]';
-      v_grun := NULL;
+      v_gkinds := NULL;
     END IF;
   END IF;
-  IF v_grun IS NOT NULL THEN
+  IF v_gkinds IS NOT NULL THEN
     v_free := least(p_slots - jsonb_array_length(p_results), awp._free_slots(w));
     IF v_free >= 1 THEN
       v_leases := v_leases || (SELECT coalesce(jsonb_agg(to_jsonb(c)), '[]') FROM awp._claim(w, v_free, false, p_claim_seq) c);

@@ -137,17 +137,17 @@ INSERT INTO held SELECT :'h_run', c.dispatch_id, c.lease_token, c.task_key
 SELECT tests.end_tx();
 -- 4. The group path's test in batch mode: one worker's items, >= 1 of them (a group of complete_and_claim_many
 --    needs >= 2 distinct workers of one slot).
-SELECT ok(EXISTS (SELECT 1 FROM awp._group_path_run(
+SELECT is(awp._group_path_kinds(
             (SELECT jsonb_agg(jsonb_build_object('worker_id', w.worker_id, 'session_token', w.token, 'dispatch_id', h.dispatch_id,
                                                  'lease_token', h.lease_token, 'result', tests.result(), 'slots', 1,
                                                  'claim_seq', NULL))
-               FROM held h JOIN w USING (run) WHERE h.task_key = 'a'), true) g WHERE g.run_id = :'h_run'),
-          'one worker''s single success: the batch path''s run');
-SELECT is((SELECT g.run_id FROM awp._group_path_run(
+               FROM held h JOIN w USING (run) WHERE h.task_key = 'a'), true), '{mock}'::text[],
+          'one worker''s single success: the batch path''s kinds');
+SELECT is(awp._group_path_kinds(
             (SELECT jsonb_agg(jsonb_build_object('worker_id', w.worker_id, 'session_token', w.token, 'dispatch_id', h.dispatch_id,
                                                  'lease_token', h.lease_token, 'result', tests.result(), 'slots', 1,
                                                  'claim_seq', NULL))
-               FROM held h JOIN w USING (run))) g), NULL,
+               FROM held h JOIN w USING (run))), NULL,
           'the same worker twice is no group of complete_and_claim_many (one slot each, distinct workers)');
 
 -- 5. Batches the batch path leaves to the item loop, each result answered on its own.

@@ -34,6 +34,7 @@ def create_app(config: GatewayConfig) -> web.Application:
         heartbeat_pool_size=config.heartbeat_pool_size,
         lock_timeout_ms=config.lock_timeout_ms,
         statement_timeout_ms=config.statement_timeout_ms,
+        group_lock_wait_ms=config.group_lock_wait_ms,
     )
     app[DB].groups.on_group = app[METRICS].observe_group
     app[LISTENER] = DispatchListener(config.database_url)

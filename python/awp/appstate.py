@@ -15,6 +15,7 @@ from awp.db import (
     Database,
     DispatchListener,
 )
+from awp.grouping import DEFAULT_LOCK_WAIT_MS
 from awp.metrics import Metrics
 
 API = "/api/v1"
@@ -43,6 +44,7 @@ class GatewayConfig:
     lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
     statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
     heartbeat_pool_size: int = DEFAULT_HEARTBEAT_POOL_SIZE
+    group_lock_wait_ms: int = DEFAULT_LOCK_WAIT_MS  # a grouped completion call's lock wait (python/awp/grouping.py)
 
     def check(self) -> None:
         """Raise ValueError when a secret is empty, shorter than MIN_TOKEN_LENGTH, or two secrets are equal."""
@@ -68,8 +70,8 @@ class GatewayConfig:
             raise ValueError("the coordinator interval must be at least 10 ms")
         if self.retention_interval_ms is not None and self.retention_interval_ms < 100:
             raise ValueError("the retention interval must be at least 100 ms")
-        if self.lock_timeout_ms < 1 or self.statement_timeout_ms < 1:
-            raise ValueError("the lock and statement timeouts must be at least 1 ms")
+        if self.lock_timeout_ms < 1 or self.statement_timeout_ms < 1 or self.group_lock_wait_ms < 1:
+            raise ValueError("the lock and statement timeouts and the group lock wait must be at least 1 ms")
         if self.heartbeat_pool_size < 1:
             raise ValueError("the heartbeat pool needs at least 1 connection")
 

@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from awp.grouping import RunGroups
+from awp.grouping import DEFAULT_LOCK_WAIT_MS, RunGroups
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,14 @@ def session_options(lock_timeout_ms: int, statement_timeout_ms: int) -> str:
     return f"-c TimeZone=UTC -c lock_timeout={int(lock_timeout_ms)} -c statement_timeout={int(statement_timeout_ms)}"
 
 
+def _waiting_at_most(argument: str, lock_wait_ms: int | None, wait: str) -> str:
+    """``argument`` of a call, made to set the call's transaction's ``lock_timeout`` to the parameter ``wait`` first
+    (the arguments are evaluated before the function runs: one statement, no transaction block), or as it is."""
+    if lock_wait_ms is None:
+        return argument
+    return f"CASE WHEN set_config('lock_timeout', {wait}, true) IS NOT NULL THEN {argument} END"
+
+
 class PoolSaturated(psycopg_pool.PoolTimeout):
     """No connection became free in time while every connection the pool may open was open and in use: the
     gateway is busy (e.g. requests waiting for one stuck run), the database may well be fine."""
@@ -73,6 +81,7 @@ class Database:
         heartbeat_pool_size: int = DEFAULT_HEARTBEAT_POOL_SIZE,
         lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
         statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+        group_lock_wait_ms: int = DEFAULT_LOCK_WAIT_MS,
     ) -> None:
         self.dsn = dsn
         self.acquire_timeout = acquire_timeout
@@ -102,7 +111,11 @@ class Database:
         # wait for a run's lock, kept apart so that requests queued for the request pool cannot delay them.
         self.heartbeat_pool = pool(heartbeat_pool_size, "awp-gateway-heartbeat")
         self._checking = False
-        self.groups = RunGroups(self._complete_and_claim_one, self._complete_and_claim_many)
+        self.groups = RunGroups(
+            self._complete_and_claim_one,
+            self._complete_and_claim_many,
+            lock_wait_ms=min(group_lock_wait_ms, lock_timeout_ms),
+        )
         # Connections handed to a request right now, per pool. The pool's own statistics cannot tell "every
         # connection is busy" from "the connections are being re-opened" (after a database restart they are
         # counted while they reconnect): only the first is saturation, the second is a database that is down.
@@ -402,16 +415,19 @@ class Database:
         self.groups.remember(leases)
         return leases
 
-    async def _complete_and_claim_one(self, args: dict[str, Any]) -> list[Row]:
+    async def _complete_and_claim_one(self, args: dict[str, Any], lock_wait_ms: int | None = None) -> list[Row]:
         return await self._rows(
-            "SELECT * FROM awp.complete_and_claim(%(worker_id)s, %(session_token)s, %(dispatch_id)s, %(lease_token)s,"
-            " %(result)s, %(slots)s, %(claim_seq)s)",
-            {**args, "result": Jsonb(args["result"])},
+            "SELECT * FROM awp.complete_and_claim(" + _waiting_at_most("%(worker_id)s", lock_wait_ms, "%(wait)s") + ","
+            " %(session_token)s, %(dispatch_id)s, %(lease_token)s, %(result)s, %(slots)s, %(claim_seq)s)",
+            {**args, "result": Jsonb(args["result"]), "wait": str(lock_wait_ms)},
         )
 
-    async def _complete_and_claim_many(self, items: list[dict[str, Any]]) -> list[Row]:
+    async def _complete_and_claim_many(self, items: list[dict[str, Any]], lock_wait_ms: int | None = None) -> list[Row]:
         return await self._rows(
-            "SELECT g.item, g.error, (g.lease).* FROM awp.complete_and_claim_many(%s) g", (Jsonb(items),)
+            "SELECT g.item, g.error, (g.lease).* FROM awp.complete_and_claim_many("
+            + _waiting_at_most("%(items)s", lock_wait_ms, "%(wait)s")
+            + ") g",
+            {"items": Jsonb(items), "wait": str(lock_wait_ms)},
         )
 
     async def complete_tasks(

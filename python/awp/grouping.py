@@ -1,16 +1,24 @@
-"""Grouping one run's claim-on-complete calls (docs/protocol.md, Refill and claim on complete).
+"""Grouping the gateway's claim-on-complete calls (docs/protocol.md, Refill and claim on complete).
 
-All transactions of one run serialise on that run's lock (its revision and event sequence). When several
-workers complete tasks of one run at once, each ``awp.complete_and_claim`` call would wait in PostgreSQL for
-the one before it, each in a transaction of its own. Instead, while one call for a run is in flight, the
-gateway holds that run's further calls and sends them together, as one ``awp.complete_and_claim_many``
-call (one transaction, one lock wait, one commit), when the call in flight returns. Alone, a call goes at
-once: grouping adds no latency, it only forms under contention.
+Each ``awp.complete_and_claim`` call is a transaction of its own, with a fixed cost (the call, its checks, the
+commit) besides its work; many such calls at once also compete for the database's cores and wait for each
+other's locks. So the gateway keeps one grouped call in flight: while it is, further calls are held, and they go
+together, as one ``awp.complete_and_claim_many`` call (one transaction, one commit, the group path settling
+them set-based), when the call in flight returns. Alone, a call goes at once: grouping adds no latency, it only
+forms under load. The calls of one group may be of several runs; the database settles each as its own call
+would be settled, refills in fairness order included.
+
+A grouped call must not wait for a stuck run (a run held by a DBA's session or a slow statement): every
+other run's completions queue behind it. So it waits at most ``lock_wait_ms`` for any lock (its transaction's
+``lock_timeout``); when that is not enough it changes nothing, and its items go to their runs' own queues
+instead. A run's queue has at most one call in flight too (waiting as long as the request's ``lock_timeout``),
+and while it has one, that run's next calls queue there as well, so a stuck run holds back only its own calls
+and at most one connection (docs/operations.md, Timeouts and pools).
 
 Each grouped item is settled exactly as its own call would be; an item the database refuses (AWSES, AWREQ,
 AWLST, AWCNF) gets the error its own call would have raised (:class:`ItemError`, mapped by
 :mod:`awp.errors` like a database error). An error of the whole call (a timeout, a lost connection) is
-every item's error: they all waited for the same run.
+every item's error: they all waited for the same call.
 
 The gateway knows a dispatch's run from the leases it handed out (:meth:`RunGroups.remember`, bounded); a
 dispatch it does not know (leased through another gateway, or before a restart) is completed on its own.
@@ -20,13 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 Row = dict[str, Any]
 MAX_GROUP = 64  # items of one awp.complete_and_claim_many call (its limit)
 MAX_KNOWN = 100_000  # dispatch -> run entries kept (the oldest are forgotten first)
+DEFAULT_LOCK_WAIT_MS = 100  # how long a grouped call may wait for a lock before its items go run by run
+LOCK_NOT_AVAILABLE = "55P03"  # the SQLSTATE of a lock_timeout
 
 
 class ItemError(Exception):
@@ -41,25 +51,43 @@ class ItemError(Exception):
 
 @dataclass
 class Item:
-    """One ``complete_and_claim`` call waiting for its run: its arguments and the future of its leases."""
+    """One ``complete_and_claim`` call waiting to be sent: its arguments, its run and the future of its leases."""
 
     args: dict[str, Any]
+    run_id: str
     future: asyncio.Future[list[Row]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
-Single = Callable[[dict[str, Any]], Awaitable[list[Row]]]
-Many = Callable[[list[dict[str, Any]]], Awaitable[list[Row]]]
+class Single(Protocol):
+    """``awp.complete_and_claim`` for one call's arguments; ``lock_wait_ms``: its transaction's lock_timeout."""
+
+    def __call__(self, args: dict[str, Any], lock_wait_ms: int | None = None) -> Awaitable[list[Row]]: ...
+
+
+class Many(Protocol):
+    """``awp.complete_and_claim_many`` for several calls' arguments (rows: item, error, the lease columns)."""
+
+    def __call__(self, items: list[dict[str, Any]], lock_wait_ms: int | None = None) -> Awaitable[list[Row]]: ...
 
 
 class RunGroups:
-    """Per run: at most one call in flight; the calls that arrive meanwhile go together in the next one."""
+    """One grouped call in flight for every run at once; a run whose grouped call could not take its locks in
+    time gets a queue of its own (one call in flight, waiting as long as it must) until that queue is empty."""
 
-    def __init__(self, single: Single, many: Many, on_group: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        single: Single,
+        many: Many,
+        on_group: Callable[[int], None] | None = None,
+        lock_wait_ms: int = DEFAULT_LOCK_WAIT_MS,
+    ) -> None:
         self._single = single
         self._many = many
         self.on_group = on_group  # told the item count of every awp.complete_and_claim_many call (metrics)
+        self.lock_wait_ms = lock_wait_ms
         self._runs: collections.OrderedDict[str, str] = collections.OrderedDict()  # dispatch_id -> run_id
-        self._waiting: dict[str, list[Item]] = {}  # run_id -> calls held; the key exists while one is in flight
+        self._held: list[Item] | None = None  # calls held for the next grouped call; None: none in flight
+        self._waiting: dict[str, list[Item]] = {}  # run_id -> its calls held; the key exists while one is in flight
         self._sending: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
     def remember(self, leases: Iterable[Row]) -> None:
@@ -71,72 +99,120 @@ class RunGroups:
 
     async def complete_and_claim(self, args: dict[str, Any]) -> list[Row]:
         """One ``awp.complete_and_claim`` call (its arguments by name: worker_id, session_token, dispatch_id,
-        lease_token, result, slots, claim_seq), alone or grouped with its run's."""
-        dispatch_id = args["dispatch_id"]
-        run_id = self._runs.pop(dispatch_id, None)
+        lease_token, result, slots, claim_seq), alone or grouped."""
+        run_id = self._runs.pop(args["dispatch_id"], None)
         if run_id is None:
             return await self._single(args)
-        held = self._waiting.get(run_id)
-        if held is not None:  # a call of this run is in flight: wait for the next group
-            item = Item(args)
-            held.append(item)
-            return await item.future
-        self._waiting[run_id] = []
+        item = Item(args, run_id)
+        if run_id in self._waiting:  # its run has a queue of its own: join it
+            self._waiting[run_id].append(item)
+        elif self._held is not None:  # a grouped call is in flight: wait for the next group
+            self._held.append(item)
+        else:
+            self._held = []
+            await self._send_group([item])
+        return await item.future
+
+    # -- the grouped calls (every run) ----------------------------------------------------------------------------
+
+    async def _send_group(self, group: list[Item]) -> None:
         try:
-            rows = await self._single(args)
-        except BaseException:
-            self._next(run_id)
-            raise
-        await self._hand_on(run_id)
-        return rows
+            results = await self._call(group, self.lock_wait_ms)
+        except BaseException as e:
+            self._next_group()
+            if getattr(e, "sqlstate", None) == LOCK_NOT_AVAILABLE:  # nothing was written: run by run instead
+                for item in group:
+                    self._to_run_queue(item)
+                return
+            self._fail(group, e)  # the whole call failed: every item waited for it
+            if not isinstance(e, Exception):
+                raise
+        else:
+            try:
+                if self._next_group():  # the next group's query goes out before these answers are written
+                    await asyncio.sleep(0)
+            finally:  # answered even when this task is cancelled in that step
+                self._answer(group, results)
 
-    async def _hand_on(self, run_id: str) -> None:
-        """The call in flight for ``run_id`` returned: the next group goes to the database before this call's
-        answers are written. All of a run's calls queue behind each other, so the gateway's work on one group's
-        answers (the handlers' responses) is taken out of that queue: one event-loop step is yielded, in which the
-        new group's task sends its query (an idle pool connection and an idle lock are taken without waiting)."""
-        if self._next(run_id):
-            await asyncio.sleep(0)
+    def _next_group(self) -> bool:
+        """The grouped call in flight ended: send what was held meanwhile (True), or mark none in flight."""
+        held = self._held or []
+        if not held:
+            self._held = None
+            return False
+        group, self._held = held[:MAX_GROUP], held[MAX_GROUP:]
+        self._start(self._send_group(group))
+        return True
 
-    def _next(self, run_id: str) -> bool:
-        """The call in flight for ``run_id`` ended: send what waited meanwhile (True), or mark the run idle."""
+    # -- a run's own queue ------------------------------------------------------------------------------------------
+
+    def _to_run_queue(self, item: Item) -> None:
+        if item.future.done():  # its request was cancelled (the worker hung up)
+            return
+        held = self._waiting.get(item.run_id)
+        if held is not None:
+            held.append(item)
+        else:
+            self._waiting[item.run_id] = []
+            self._start(self._send_run(item.run_id, [item]))
+
+    async def _send_run(self, run_id: str, group: list[Item]) -> None:
+        try:
+            results = await self._call(group, None)
+        except BaseException as e:  # the whole call failed: every item waited for the same run
+            self._next_run(run_id)
+            self._fail(group, e)
+            if not isinstance(e, Exception):
+                raise
+        else:
+            try:
+                if self._next_run(run_id):
+                    await asyncio.sleep(0)
+            finally:
+                self._answer(group, results)
+
+    def _next_run(self, run_id: str) -> bool:
+        """The call in flight for ``run_id``'s queue ended: send what waited there (True), or end the queue."""
         held = self._waiting.get(run_id)
         if not held:
             self._waiting.pop(run_id, None)
             return False
         group, self._waiting[run_id] = held[:MAX_GROUP], held[MAX_GROUP:]
-        task = asyncio.get_running_loop().create_task(self._send(run_id, group))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._start(self._send_run(run_id, group))
         return True
 
-    async def _send(self, run_id: str, group: list[Item]) -> None:
-        try:
-            if len(group) == 1:
-                results: dict[int, list[Row] | ItemError] = {1: await self._single(group[0].args)}
+    # -- both -------------------------------------------------------------------------------------------------------
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _call(self, group: list[Item], lock_wait_ms: int | None) -> dict[int, list[Row] | ItemError]:
+        """One database call for ``group``: each item's leases or error, by position (1-based)."""
+        if len(group) == 1:
+            return {1: await self._single(group[0].args, lock_wait_ms)}
+        rows = await self._many([item.args for item in group], lock_wait_ms)
+        if self.on_group is not None:
+            self.on_group(len(group))
+        return self._split(rows)
+
+    @staticmethod
+    def _answer(group: list[Item], results: dict[int, list[Row] | ItemError]) -> None:
+        for position, item in enumerate(group, start=1):
+            if item.future.done():  # its request was cancelled (the worker hung up)
+                continue
+            answer = results.get(position, [])
+            if isinstance(answer, ItemError):
+                item.future.set_exception(answer)
             else:
-                results = self._split(await self._many([item.args for item in group]))
-                if self.on_group is not None:
-                    self.on_group(len(group))
-        except BaseException as e:  # the whole call failed: every item waited for the same run
-            self._next(run_id)
-            for item in group:
-                if not item.future.done():
-                    item.future.set_exception(e)
-            if not isinstance(e, Exception):
-                raise
-        else:
-            try:
-                await self._hand_on(run_id)
-            finally:  # answered even when this task is cancelled in that step
-                for position, item in enumerate(group, start=1):
-                    if item.future.done():  # its request was cancelled (the worker hung up)
-                        continue
-                    answer = results.get(position, [])
-                    if isinstance(answer, ItemError):
-                        item.future.set_exception(answer)
-                    else:
-                        item.future.set_result(answer)
+                item.future.set_result(answer)
+
+    @staticmethod
+    def _fail(group: list[Item], e: BaseException) -> None:
+        for item in group:
+            if not item.future.done():
+                item.future.set_exception(e)
 
     @staticmethod
     def _split(rows: list[Row]) -> dict[int, list[Row] | ItemError]:

@@ -26,6 +26,7 @@ from awp import eventloop
 from awp.app import create_app
 from awp.appstate import MIN_TOKEN_LENGTH, GatewayConfig
 from awp.db import DEFAULT_HEARTBEAT_POOL_SIZE, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
+from awp.grouping import DEFAULT_LOCK_WAIT_MS
 from awp.webserver import GatewayRunner
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,15 @@ async def run_server(
     help="lock_timeout of every request connection: a request waiting longer for a lock answers 503 (retryable).",
 )
 @click.option(
+    "--group-lock-wait-ms",
+    envvar="AWP_GROUP_LOCK_WAIT_MS",
+    type=click.IntRange(1, 3_600_000),
+    default=DEFAULT_LOCK_WAIT_MS,
+    show_default=True,
+    help="How long a grouped completion call waits for a lock (at most --lock-timeout-ms) before its completions"
+    " go run by run: a stuck run must not hold back the others.",
+)
+@click.option(
     "--statement-timeout-ms",
     envvar="AWP_STATEMENT_TIMEOUT_MS",
     type=click.IntRange(1, 86_400_000),
@@ -179,6 +189,7 @@ def serve(
     pool_size: int,
     heartbeat_pool_size: int,
     lock_timeout_ms: int,
+    group_lock_wait_ms: int,
     statement_timeout_ms: int,
     claim_recheck_ms: int,
     shutdown_timeout: float,
@@ -208,6 +219,7 @@ def serve(
         pool_size=pool_size,
         heartbeat_pool_size=heartbeat_pool_size,
         lock_timeout_ms=lock_timeout_ms,
+        group_lock_wait_ms=group_lock_wait_ms,
         statement_timeout_ms=statement_timeout_ms,
         coordinator=not no_coordinator,
         coordinator_interval_ms=coordinator_interval_ms,
