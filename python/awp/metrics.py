@@ -55,10 +55,10 @@ class Metrics:
         self.leases_issued = Counter("awp_leases_issued", "Leases handed out by this gateway", registry=r)
         self.completions = Counter("awp_completions", "Completions by whether they applied", ["applied"], registry=r)
         self.grouped_calls = Counter(
-            "awp_grouped_completion_calls", "Calls that completed several of one run's completions together", registry=r
+            "awp_grouped_completion_calls", "Calls that completed several workers' completions together", registry=r
         )
         self.grouped_completions = Counter(
-            "awp_grouped_completions", "Completions sent in a call together with others of their run", registry=r
+            "awp_grouped_completions", "Completions sent in a call together with others", registry=r
         )
         self.coordinator_active = Gauge(
             "awp_coordinator_active", "1 when this replica is the active coordinator", registry=r
