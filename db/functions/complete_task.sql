@@ -678,20 +678,23 @@ BEGIN
       IF v_g IS NULL THEN   -- a run met first here: taken without waiting, as awp._lease_refill takes it
         g_run := g_run || v_cand;
         v_g := cardinality(g_run);
-        x := NULL;
+        g_ok[v_g] := false;   -- taken elsewhere (skipped, as awp._lease_refill skips it), ended or canceling
+        g_pend[v_g] := false;
         IF awp._try_run(v_cand) THEN
           SELECT y.status, y.concurrency, y.workflow_id, y.workflow_version, y.input,
                  (SELECT count(*) FROM awp.tasks z WHERE z.run_id = y.run_id AND z.status IN ('queued', 'running'))::integer AS busy
             INTO x FROM awp.runs y
            WHERE y.run_id = v_cand AND y.status IN ('pending', 'running') AND y.cancel_requested_at IS NULL;
+          IF FOUND THEN
+            g_ok[v_g] := true;
+            g_pend[v_g] := x.status = 'pending';
+            g_conc[v_g] := x.concurrency;
+            g_busy[v_g] := x.busy;
+            g_wf[v_g] := x.workflow_id;
+            g_ver[v_g] := x.workflow_version;
+            g_in[v_g] := x.input;
+          END IF;
         END IF;
-        g_ok[v_g] := x.status IS NOT NULL;
-        g_pend[v_g] := x.status IS NOT DISTINCT FROM 'pending';
-        g_conc[v_g] := x.concurrency;
-        g_busy[v_g] := x.busy;
-        g_wf[v_g] := x.workflow_id;
-        g_ver[v_g] := x.workflow_version;
-        g_in[v_g] := x.input;
       END IF;
       CONTINUE WHEN NOT g_ok[v_g] OR g_busy[v_g] >= g_conc[v_g];
       t := awp._first_ready(v_cand, w.executor_kinds,

@@ -35,6 +35,7 @@ def create_app(config: GatewayConfig) -> web.Application:
         lock_timeout_ms=config.lock_timeout_ms,
         statement_timeout_ms=config.statement_timeout_ms,
         group_lock_wait_ms=config.group_lock_wait_ms,
+        group_lanes=config.group_lanes,
     )
     app[DB].groups.on_group = app[METRICS].observe_group
     app[LISTENER] = DispatchListener(config.database_url)

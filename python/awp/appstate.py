@@ -15,7 +15,7 @@ from awp.db import (
     Database,
     DispatchListener,
 )
-from awp.grouping import DEFAULT_LOCK_WAIT_MS
+from awp.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS
 from awp.metrics import Metrics
 
 API = "/api/v1"
@@ -45,6 +45,7 @@ class GatewayConfig:
     statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS
     heartbeat_pool_size: int = DEFAULT_HEARTBEAT_POOL_SIZE
     group_lock_wait_ms: int = DEFAULT_LOCK_WAIT_MS  # a grouped completion call's lock wait (python/awp/grouping.py)
+    group_lanes: int = DEFAULT_LANES  # grouped completion calls in flight at once (python/awp/grouping.py)
 
     def check(self) -> None:
         """Raise ValueError when a secret is empty, shorter than MIN_TOKEN_LENGTH, or two secrets are equal."""
@@ -72,6 +73,8 @@ class GatewayConfig:
             raise ValueError("the retention interval must be at least 100 ms")
         if self.lock_timeout_ms < 1 or self.statement_timeout_ms < 1 or self.group_lock_wait_ms < 1:
             raise ValueError("the lock and statement timeouts and the group lock wait must be at least 1 ms")
+        if not 1 <= self.group_lanes <= self.pool_size:
+            raise ValueError("the group lanes must be at least 1 and at most the pool size")
         if self.heartbeat_pool_size < 1:
             raise ValueError("the heartbeat pool needs at least 1 connection")
 

@@ -27,7 +27,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from awp.grouping import DEFAULT_LOCK_WAIT_MS, RunGroups
+from awp.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS, RunGroups
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ class Database:
         lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS,
         statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
         group_lock_wait_ms: int = DEFAULT_LOCK_WAIT_MS,
+        group_lanes: int = DEFAULT_LANES,
     ) -> None:
         self.dsn = dsn
         self.acquire_timeout = acquire_timeout
@@ -115,6 +116,7 @@ class Database:
             self._complete_and_claim_one,
             self._complete_and_claim_many,
             lock_wait_ms=min(group_lock_wait_ms, lock_timeout_ms),
+            lanes=group_lanes,
         )
         # Connections handed to a request right now, per pool. The pool's own statistics cannot tell "every
         # connection is busy" from "the connections are being re-opened" (after a database restart they are

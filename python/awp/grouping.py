@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +37,7 @@ Row = dict[str, Any]
 MAX_GROUP = 64  # items of one awp.complete_and_claim_many call (its limit)
 MAX_KNOWN = 100_000  # dispatch -> run entries kept (the oldest are forgotten first)
 DEFAULT_LOCK_WAIT_MS = 100  # how long a grouped call may wait for a lock before its items go run by run
+DEFAULT_LANES = 1  # grouped calls in flight at once (runs spread over them)
 LOCK_NOT_AVAILABLE = "55P03"  # the SQLSTATE of a lock_timeout
 
 
@@ -80,13 +82,16 @@ class RunGroups:
         many: Many,
         on_group: Callable[[int], None] | None = None,
         lock_wait_ms: int = DEFAULT_LOCK_WAIT_MS,
+        lanes: int = DEFAULT_LANES,
     ) -> None:
         self._single = single
         self._many = many
         self.on_group = on_group  # told the item count of every awp.complete_and_claim_many call (metrics)
         self.lock_wait_ms = lock_wait_ms
         self._runs: collections.OrderedDict[str, str] = collections.OrderedDict()  # dispatch_id -> run_id
-        self._held: list[Item] | None = None  # calls held for the next grouped call; None: none in flight
+        # Per lane: the calls held for its next grouped call; None: none in flight. A run's calls always take
+        # the same lane (its run_id's CRC-32), so two lanes' calls never complete tasks of the same run.
+        self._held: list[list[Item] | None] = [None] * lanes
         self._waiting: dict[str, list[Item]] = {}  # run_id -> its calls held; the key exists while one is in flight
         self._sending: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
@@ -104,22 +109,24 @@ class RunGroups:
         if run_id is None:
             return await self._single(args)
         item = Item(args, run_id)
+        lane = zlib.crc32(run_id.encode()) % len(self._held)
+        held = self._held[lane]
         if run_id in self._waiting:  # its run has a queue of its own: join it
             self._waiting[run_id].append(item)
-        elif self._held is not None:  # a grouped call is in flight: wait for the next group
-            self._held.append(item)
+        elif held is not None:  # a grouped call of its lane is in flight: wait for the lane's next group
+            held.append(item)
         else:
-            self._held = []
-            await self._send_group([item])
+            self._held[lane] = []
+            await self._send_group(lane, [item])
         return await item.future
 
     # -- the grouped calls (every run) ----------------------------------------------------------------------------
 
-    async def _send_group(self, group: list[Item]) -> None:
+    async def _send_group(self, lane: int, group: list[Item]) -> None:
         try:
             results = await self._call(group, self.lock_wait_ms)
         except BaseException as e:
-            self._next_group()
+            self._next_group(lane)
             if getattr(e, "sqlstate", None) == LOCK_NOT_AVAILABLE:  # nothing was written: run by run instead
                 for item in group:
                     self._to_run_queue(item)
@@ -129,19 +136,19 @@ class RunGroups:
                 raise
         else:
             try:
-                if self._next_group():  # the next group's query goes out before these answers are written
+                if self._next_group(lane):  # the next group's query goes out before these answers are written
                     await asyncio.sleep(0)
             finally:  # answered even when this task is cancelled in that step
                 self._answer(group, results)
 
-    def _next_group(self) -> bool:
-        """The grouped call in flight ended: send what was held meanwhile (True), or mark none in flight."""
-        held = self._held or []
+    def _next_group(self, lane: int) -> bool:
+        """The lane's grouped call in flight ended: send what was held meanwhile (True), or mark none in flight."""
+        held = self._held[lane] or []
         if not held:
-            self._held = None
+            self._held[lane] = None
             return False
-        group, self._held = held[:MAX_GROUP], held[MAX_GROUP:]
-        self._start(self._send_group(group))
+        group, self._held[lane] = held[:MAX_GROUP], held[MAX_GROUP:]
+        self._start(self._send_group(lane, group))
         return True
 
     # -- a run's own queue ------------------------------------------------------------------------------------------

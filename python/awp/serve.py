@@ -26,7 +26,7 @@ from awp import eventloop
 from awp.app import create_app
 from awp.appstate import MIN_TOKEN_LENGTH, GatewayConfig
 from awp.db import DEFAULT_HEARTBEAT_POOL_SIZE, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
-from awp.grouping import DEFAULT_LOCK_WAIT_MS
+from awp.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS
 from awp.webserver import GatewayRunner
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,14 @@ async def run_server(
     " go run by run: a stuck run must not hold back the others.",
 )
 @click.option(
+    "--group-lanes",
+    envvar="AWP_GROUP_LANES",
+    type=click.IntRange(1, 1000),
+    default=DEFAULT_LANES,
+    show_default=True,
+    help="Grouped completion calls in flight at once (at most --pool-size), each for its share of the runs.",
+)
+@click.option(
     "--statement-timeout-ms",
     envvar="AWP_STATEMENT_TIMEOUT_MS",
     type=click.IntRange(1, 86_400_000),
@@ -190,6 +198,7 @@ def serve(
     heartbeat_pool_size: int,
     lock_timeout_ms: int,
     group_lock_wait_ms: int,
+    group_lanes: int,
     statement_timeout_ms: int,
     claim_recheck_ms: int,
     shutdown_timeout: float,
@@ -220,6 +229,7 @@ def serve(
         heartbeat_pool_size=heartbeat_pool_size,
         lock_timeout_ms=lock_timeout_ms,
         group_lock_wait_ms=group_lock_wait_ms,
+        group_lanes=group_lanes,
         statement_timeout_ms=statement_timeout_ms,
         coordinator=not no_coordinator,
         coordinator_interval_ms=coordinator_interval_ms,

@@ -95,3 +95,50 @@ def test_dispatch_creators_queue_on_the_budget_lock_and_never_overspend(db, db_d
     assert [x["run_id"] for x in live] == [first_run], "dispatch_limit 1: the second run got nothing"
     assert db.execute("SELECT status FROM awp.runs WHERE run_id = %s", [second_run]).fetchone()["status"] == "pending"
     assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
+
+
+def test_a_grouped_refill_skips_a_run_held_elsewhere_as_a_single_refill_does(db, db_dsn):
+    """The group path takes a run it meets first for a refill without waiting (awp._try_run), like
+    awp._lease_refill: a run whose lock another session holds is skipped, and the refill goes to the next run
+    in fairness order (found broken once: the group path then failed on an unassigned record, a 500)."""
+    db.execute("SELECT awp.configure(dispatch_limit => 6)")  # every run keeps room, no dispatch left pending
+    for wid in ("a", "b", "c"):
+        tasks = [{"key": f"t{i}", "executor": "mock"} for i in range(6)]
+        db.execute(
+            "SELECT * FROM awp.create_workflow_version(%s)", [json.dumps({"id": wid, "concurrency": 4, "tasks": tasks})]
+        )
+        db.execute("SELECT awp.start_run(%s)", [wid])
+    workers = [register(db, f"w{i}") for i in range(6)]
+    db.execute("SELECT awp.coordinator_tick()")
+    held = {}
+    for worker in workers:
+        [lease] = db.execute("SELECT * FROM awp.claim_tasks(%s, %s, 1)", list(worker)).fetchall()
+        held[worker] = lease
+    assert db.execute("SELECT count(*) AS n FROM awp.dispatches WHERE status = 'pending'").fetchone()["n"] == 0
+    order = [r["run_id"] for r in db.execute("SELECT run_id FROM awp._fairness_order('{mock}')").fetchall()]
+    first = order[0]  # where the refills would go first; held elsewhere below
+    items = [
+        {
+            "worker_id": w[0],
+            "session_token": w[1],
+            "dispatch_id": lease["dispatch_id"],
+            "lease_token": lease["lease_token"],
+            "result": {"kind": "success"},
+            "slots": 1,
+            "claim_seq": None,
+        }
+        for w, lease in held.items()
+        if lease["run_id"] != first
+    ]
+    assert len(items) >= 2
+    with connect(db_dsn) as holder, connect(db_dsn) as grouper:
+        with holder.transaction():
+            holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [first])
+            with grouper.transaction():  # the group path itself, not the item loop complete_and_claim_many falls to
+                rows = grouper.execute(
+                    "SELECT g.item, (g.lease).run_id FROM awp._complete_and_refill_group(%s) g ORDER BY g.item",
+                    [json.dumps(items)],
+                ).fetchall()
+    assert [r["item"] for r in rows] == list(range(1, len(items) + 1)), "every item refilled"
+    assert first not in {r["run_id"] for r in rows}, "no refill from the run held elsewhere"
+    assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
