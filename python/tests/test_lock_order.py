@@ -131,14 +131,13 @@ def test_a_grouped_refill_skips_a_run_held_elsewhere_as_a_single_refill_does(db,
         if lease["run_id"] != first
     ]
     assert len(items) >= 2
-    with connect(db_dsn) as holder, connect(db_dsn) as grouper:
-        with holder.transaction():
-            holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [first])
-            with grouper.transaction():  # the group path itself, not the item loop complete_and_claim_many falls to
-                rows = grouper.execute(
-                    "SELECT g.item, (g.lease).run_id FROM awp._complete_and_refill_group(%s) g ORDER BY g.item",
-                    [json.dumps(items)],
-                ).fetchall()
+    with connect(db_dsn) as holder, connect(db_dsn) as grouper, holder.transaction():
+        holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [first])
+        with grouper.transaction():  # the group path itself, not the item loop complete_and_claim_many falls to
+            rows = grouper.execute(
+                "SELECT g.item, (g.lease).run_id FROM awp._complete_and_refill_group(%s) g ORDER BY g.item",
+                [json.dumps(items)],
+            ).fetchall()
     assert [r["item"] for r in rows] == list(range(1, len(items) + 1)), "every item refilled"
     assert first not in {r["run_id"] for r in rows}, "no refill from the run held elsewhere"
     assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
