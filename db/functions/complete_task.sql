@@ -398,9 +398,11 @@ COMMENT ON FUNCTION awp._complete_and_refill(awp.workers, text, text, jsonb, big
 
 -- awp._task_rows(runs, keys): the current row versions (ctid) of some tasks (runs[i], keys[i]), by one primary-key
 -- probe per task (LIMIT 1 keeps it a probe). For the group path's reads and writes of a few known tasks of runs whose
--- locks the caller holds: WHERE ctid = ANY (f(...)) is a TID scan whatever the statistics say, where
--- key = ANY (keys) was planned as a scan of the whole run (measured: every task of a 1,000-task run filtered per
--- statement) and a join of unnest(keys) as a hash join. PL/pgSQL, not SQL: a SQL function that is not inlined
+-- locks the caller holds: WHERE ctid = ANY (ctids) read by TID, where key = ANY (keys) was planned as a scan of the
+-- whole run (measured: every task of a 1,000-task run filtered per statement) and a join of unnest(keys) as a hash
+-- join. (The ctids held in a variable, a parameter of a generic plan, the planner prefers a sequential scan while
+-- the table is small, and the cached plan keeps it as the table grows: the callers plan such statements with
+-- enable_seqscan off.) PL/pgSQL, not SQL: a SQL function that is not inlined
 -- plans its body again in every statement that calls it. The ctids come in the order of the pairs (a task not
 -- found is left out). Locks: none.
 CREATE OR REPLACE FUNCTION awp._task_rows(p_runs text[], p_keys text[]) RETURNS tid[]
@@ -493,7 +495,10 @@ COMMENT ON FUNCTION awp._group_path_kinds(jsonb, boolean) IS 'The executor kinds
 -- preferred to scan all of it (hashed, materialized or filtered), and the generic plan kept that scan as the table
 -- grew. The setting is the MERGE's alone (set around it): on the whole function it reached the statements that
 -- must scan (the settings row), whose forced plans then cost more than jit_above_cost and were compiled on every
--- call (measured: 5 ms per call). (A join on ctid is no TID scan in a MERGE: it filters.)
+-- call (measured: 5 ms per call). (A join on ctid is no TID scan in a MERGE: it filters.) The two statements that read
+-- tasks by TID are planned with enable_seqscan off too, each alone: planned while the table was small, their generic
+-- plans scanned every task (measured: 1 run x 1,000 tasks on 4 workers, PostgreSQL CPU per task 1.8 -> 2.8 ms over
+-- four runs in a row until an ANALYZE; flat with the setting).
 -- Locks: the worker rows in worker_id order (awp._session), the completed runs' rows in run_id order, then per item
 -- in order the dependants made ready, the run refilled (awp._try_run: without waiting) and its task
 -- (awp._first_ready); then the dispatch rows (the MERGE: the completed ones with their attempts, and the refills'),
@@ -641,10 +646,12 @@ BEGIN
   -- call says why.
   v_now := awp._now();
   v_ctid := awp._task_rows(c_run, c_key);
+  PERFORM set_config('enable_seqscan', 'off', true);   -- planned as a TID scan (see above)
   SELECT array_agg(y.dependants::text ORDER BY array_position(v_ctid, y.ctid)) INTO c_deps
     FROM awp.tasks y
    WHERE y.ctid = ANY (v_ctid) AND y.status IS NOT DISTINCT FROM 'running'
      AND y.attempts = c_att[array_position(v_ctid, y.ctid)];
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
   IF cardinality(v_ctid) <> v_n OR coalesce(cardinality(c_deps), 0) <> v_n THEN
     PERFORM awp._raise_group_not_applicable('a task not current');
   END IF;
@@ -786,12 +793,14 @@ BEGIN
   -- refill (awp._write_log takes each one's next place in the fairness order).
   v_ctid := awp._task_rows(c_run, c_key);
   v_ftid := awp._task_rows(f_run, f_key);
+  PERFORM set_config('enable_seqscan', 'off', true);   -- planned as a TID scan (see above)
   UPDATE awp.tasks y
      SET status = CASE WHEN y.ctid = ANY (v_ctid) THEN 'succeeded' ELSE 'running' END,
          attempts = CASE WHEN y.ctid = ANY (v_ctid) THEN y.attempts ELSE f_att[array_position(v_ftid, y.ctid)] END,
          updated_at = v_now, ready_at = NULL,
          finished_at = CASE WHEN y.ctid = ANY (v_ctid) THEN v_now END
    WHERE y.ctid = ANY (v_ctid || v_ftid);
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
   FOREACH v_cand IN ARRAY ARRAY(SELECT u FROM unnest(g_run) u WHERE u <> ALL (v_order) AND u = ANY (e_run)) || v_order LOOP
     SELECT array_agg(e_type[i] ORDER BY i), array_agg(e_key[i] ORDER BY i), array_agg(e_from[i] ORDER BY i),
            array_agg(e_to[i] ORDER BY i), array_agg(e_why[i] ORDER BY i)
