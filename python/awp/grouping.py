@@ -13,7 +13,8 @@ other run's completions queue behind it. So it waits at most ``lock_wait_ms`` fo
 ``lock_timeout``); when that is not enough it changes nothing, and its items go to their runs' own queues
 instead. A run's queue has at most one call in flight too (waiting as long as the request's ``lock_timeout``),
 and while it has one, that run's next calls queue there as well, so a stuck run holds back only its own calls
-and at most one connection (docs/operations.md, Timeouts and pools).
+and at most one connection (docs/operations.md, Timeouts and pools). Once a call of that queue got through (the
+run was not stuck any more), what queued meanwhile goes back to the grouped calls and the queue ends.
 
 Each grouped item is settled exactly as its own call would be; an item the database refuses (AWSES, AWREQ,
 AWLST, AWCNF) gets the error its own call would have raised (:class:`ItemError`, mapped by
@@ -73,8 +74,9 @@ class Many(Protocol):
 
 
 class RunGroups:
-    """One grouped call in flight for every run at once; a run whose grouped call could not take its locks in
-    time gets a queue of its own (one call in flight, waiting as long as it must) until that queue is empty."""
+    """One grouped call in flight per lane (every run at once, by default); a run whose grouped call could not take
+    its locks in time gets a queue of its own (one call in flight, waiting as long as it must) until a call of that
+    queue gets through or the queue is empty."""
 
     def __init__(
         self,
@@ -109,7 +111,7 @@ class RunGroups:
         if run_id is None:
             return await self._single(args)
         item = Item(args, run_id)
-        lane = zlib.crc32(run_id.encode()) % len(self._held)
+        lane = self._lane(run_id)
         held = self._held[lane]
         if run_id in self._waiting:  # its run has a queue of its own: join it
             self._waiting[run_id].append(item)
@@ -121,6 +123,9 @@ class RunGroups:
         return await item.future
 
     # -- the grouped calls (every run) ----------------------------------------------------------------------------
+
+    def _lane(self, run_id: str) -> int:
+        return zlib.crc32(run_id.encode()) % len(self._held)
 
     async def _send_group(self, lane: int, group: list[Item]) -> None:
         try:
@@ -173,13 +178,28 @@ class RunGroups:
                 raise
         else:
             try:
-                if self._next_run(run_id):
+                if self._rejoin(run_id):
                     await asyncio.sleep(0)
             finally:
                 self._answer(group, results)
 
+    def _rejoin(self, run_id: str) -> bool:
+        """A call of ``run_id``'s queue got its locks: the queue ends, and what waited there joins the run's lane
+        (sent at once when the lane has no call in flight: True)."""
+        items = [item for item in self._waiting.pop(run_id, []) if not item.future.done()]
+        if not items:
+            return False
+        lane = self._lane(run_id)
+        held = self._held[lane]
+        if held is not None:
+            held.extend(items)
+            return False
+        group, self._held[lane] = items[:MAX_GROUP], items[MAX_GROUP:]
+        self._start(self._send_group(lane, group))
+        return True
+
     def _next_run(self, run_id: str) -> bool:
-        """The call in flight for ``run_id``'s queue ended: send what waited there (True), or end the queue."""
+        """The call in flight for ``run_id``'s queue failed: send what waited there (True), or end the queue."""
         held = self._waiting.get(run_id)
         if not held:
             self._waiting.pop(run_id, None)

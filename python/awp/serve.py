@@ -236,6 +236,8 @@ def serve(
         claim_recheck_ms=claim_recheck_ms,
         retention_interval_ms=retention_interval_ms,
     )
+    if group_lanes > pool_size:
+        raise click.BadParameter("at most --pool-size (a lane's call takes a connection)", param_hint="--group-lanes")
     try:
         config.check()
     except ValueError as e:

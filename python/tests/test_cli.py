@@ -131,3 +131,12 @@ def test_unknown_run_and_wrong_token_are_clear_errors(awp: Callable[..., Result]
     runner = CliRunner()
     result = runner.invoke(main, ["workers", "--gateway", gw.base_url, "--token", "wrong"])
     assert result.exit_code == 1 and "unauthorized" in result.output
+
+
+def test_serve_refuses_more_group_lanes_than_connections() -> None:
+    """--group-lanes above --pool-size is a usage error named after the option, before anything starts."""
+    tokens = ["--viewer-token", "v" * 32, "--operator-token", "o" * 32, "--bootstrap-token", "b" * 32]
+    args = ["serve", "--database-url", "postgresql://nowhere.invalid/x", *tokens, "--pool-size", "4"]
+    result = CliRunner().invoke(main, [*args, "--group-lanes", "5"])
+    assert result.exit_code == 2, result.output
+    assert "--group-lanes" in result.output and "at most --pool-size" in result.output

@@ -202,7 +202,8 @@ def test_a_group_that_cannot_take_its_locks_in_time_goes_run_by_run_and_the_othe
     """A grouped call that meets a stuck run (lock_timeout after the group lock wait: nothing was written) hands
     its items to their runs' own queues, which wait as long as a request may (no group lock wait); while the stuck
     run's queue has a call in flight, its next calls join that queue, and the other runs' calls keep going as
-    grouped calls. Stand-in database calls, as above."""
+    grouped calls. Once the queue's call got through (the run is not stuck any more), what queued meanwhile goes
+    back to the grouped calls. Stand-in database calls, as above."""
     calls: list[tuple[str, int | None]] = []
     answered: list[str] = []
     run_of = {"s1": "stuck", "s2": "stuck", "o1": "other", "o2": "other"}
@@ -213,7 +214,7 @@ def test_a_group_that_cannot_take_its_locks_in_time_goes_run_by_run_and_the_othe
         async def single(args: dict[str, Any], lock_wait_ms: int | None = None) -> list[dict[str, Any]]:
             dispatch_id = args["dispatch_id"]
             calls.append((dispatch_id, lock_wait_ms))
-            if run_of[dispatch_id] == "stuck":
+            if run_of[dispatch_id] == "stuck" and not release.is_set():
                 if lock_wait_ms is not None:
                     raise LockTimeout("canceling statement due to lock timeout")
                 await release.wait()
@@ -242,8 +243,44 @@ def test_a_group_that_cannot_take_its_locks_in_time_goes_run_by_run_and_the_othe
         await asyncio.wait_for(asyncio.gather(stuck, stuck_next), 5)
 
     asyncio.run(main())
-    assert calls == [("s1", 100), ("s1", None), ("o1", 100), ("o2", 100), ("s2", None)], calls
+    assert calls == [("s1", 100), ("s1", None), ("o1", 100), ("o2", 100), ("s2", 100)], calls
     assert answered[:2] == ["o1", "o2"] and sorted(answered[2:]) == ["s1", "s2"], answered
+
+
+def test_lanes_keep_one_grouped_call_in_flight_each_and_a_run_always_takes_its_own() -> None:
+    """--group-lanes 2: runs "a" and "d" fall in different lanes (CRC-32 of the run id), so a call of each is in
+    flight at once; "b" shares "a"'s lane, so its call waits for that lane's call and goes in its next group.
+    Stand-in database calls, as above."""
+    started: list[list[str]] = []
+    run_of = {"a1": "a", "d1": "d", "a2": "a", "b1": "b"}
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def single(args: dict[str, Any], lock_wait_ms: int | None = None) -> list[dict[str, Any]]:
+            started.append([args["dispatch_id"]])
+            await release.wait()
+            return [{"dispatch_id": "next-" + args["dispatch_id"], "run_id": run_of[args["dispatch_id"]]}]
+
+        async def many(items: list[dict[str, Any]], lock_wait_ms: int | None = None) -> list[dict[str, Any]]:
+            started.append([i["dispatch_id"] for i in items])
+            return [
+                {"item": n, "error": None, "dispatch_id": "next-" + i["dispatch_id"], "run_id": "x"}
+                for n, i in enumerate(items, start=1)
+            ]
+
+        groups = RunGroups(single, many, lock_wait_ms=100, lanes=2)
+        groups.remember([{"dispatch_id": d, "run_id": r} for d, r in run_of.items()])
+        tasks = [asyncio.create_task(groups.complete_and_claim({"dispatch_id": d})) for d in ("a1", "d1", "a2", "b1")]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert started == [["a1"], ["d1"]], started  # one call per lane in flight; a2 and b1 held in a's lane
+        release.set()
+        answers = await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        assert [rows[0]["dispatch_id"] for rows in answers] == ["next-a1", "next-d1", "next-a2", "next-b1"]
+
+    asyncio.run(main())
+    assert started == [["a1"], ["d1"], ["a2", "b1"]], started
 
 
 def test_completions_of_several_runs_in_flight_together_share_one_transaction(db_dsn: str) -> None:
