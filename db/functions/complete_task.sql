@@ -788,10 +788,10 @@ BEGIN
     END IF;
   END LOOP;
 
-  -- Then the tasks (completed and refilled: one UPDATE; their rows read again, the refills' may be new versions),
-  -- then each run's row and events once: the runs not refilled, then the refilled ones in the order of their last
-  -- refill (awp._write_log takes each one's next place in the fairness order).
-  v_ctid := awp._task_rows(c_run, c_key);
+  -- Then the tasks (completed and refilled: one UPDATE; the completed ones at the row versions read above, which
+  -- nothing since has written, the refilled ones read now), then each run's row and events once: the runs not
+  -- refilled, then the refilled ones in the order of their last refill (awp._write_log takes each one's next place
+  -- in the fairness order).
   v_ftid := awp._task_rows(f_run, f_key);
   PERFORM set_config('enable_seqscan', 'off', true);   -- planned as a TID scan (see above)
   UPDATE awp.tasks y

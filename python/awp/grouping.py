@@ -194,9 +194,8 @@ class RunGroups:
         if held is not None:
             held.extend(items)
             return False
-        group, self._held[lane] = items[:MAX_GROUP], items[MAX_GROUP:]
-        self._start(self._send_group(lane, group))
-        return True
+        self._held[lane] = items
+        return self._next_group(lane)
 
     def _next_run(self, run_id: str) -> bool:
         """The call in flight for ``run_id``'s queue failed: send what waited there (True), or end the queue."""
