@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from awp.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS, RunGroups
+from awp.jsonio import dumps_bytes
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,11 @@ SATURATED_FOR_S = 5.0  # a request pool that made a request time out is reported
 def session_options(lock_timeout_ms: int, statement_timeout_ms: int) -> str:
     """libpq ``options`` of a request connection: UTC, and the two timeouts (milliseconds; 0 is no limit)."""
     return f"-c TimeZone=UTC -c lock_timeout={int(lock_timeout_ms)} -c statement_timeout={int(statement_timeout_ms)}"
+
+
+def _jsonb(value: Any) -> Jsonb:
+    """A jsonb argument, written by orjson (:func:`awp.jsonio.dumps_bytes`) instead of psycopg's default json.dumps."""
+    return Jsonb(value, dumps=dumps_bytes)
 
 
 def _waiting_at_most(argument: str, lock_wait_ms: int | None, wait: str) -> str:
@@ -241,7 +247,7 @@ class Database:
 
     async def apply_workflow_idempotent(self, key: str, request_hash: str, definition: Any) -> Row:
         return await self._row(
-            "SELECT * FROM awp.apply_workflow_idempotent(%s, %s, %s)", (key, request_hash, Jsonb(definition))
+            "SELECT * FROM awp.apply_workflow_idempotent(%s, %s, %s)", (key, request_hash, _jsonb(definition))
         )
 
     async def list_workflows(self, after: str | None = None, limit: int | None = None) -> list[Row]:
@@ -268,7 +274,7 @@ class Database:
     ) -> Row:
         return await self._row(
             "SELECT * FROM awp.start_run_idempotent(%s, %s, %s, %s, %s)",
-            (key, request_hash, workflow_id, version, Jsonb(run_input)),
+            (key, request_hash, workflow_id, version, _jsonb(run_input)),
         )
 
     async def list_runs(
@@ -325,7 +331,7 @@ class Database:
                 workflow_id,
                 cron,
                 interval_ms,
-                None if schedule_input is None else Jsonb(schedule_input),
+                None if schedule_input is None else _jsonb(schedule_input),
                 timezone,
             ),
         )
@@ -376,10 +382,10 @@ class Database:
             (
                 worker_id,
                 session_token,
-                Jsonb(leases),
+                _jsonb(leases),
                 claimed_through,
                 claims_pending,
-                Jsonb(dropped) if dropped is not None else None,
+                _jsonb(dropped) if dropped is not None else None,
             ),
             self.heartbeat_pool,
         )
@@ -389,7 +395,7 @@ class Database:
     ) -> bool:
         return await self._value(
             "SELECT awp.complete_task(%s, %s, %s, %s, %s) AS applied",
-            (worker_id, session_token, dispatch_id, lease_token, Jsonb(result)),
+            (worker_id, session_token, dispatch_id, lease_token, _jsonb(result)),
         )
 
     async def complete_and_claim(
@@ -421,7 +427,7 @@ class Database:
         return await self._rows(
             "SELECT * FROM awp.complete_and_claim(" + _waiting_at_most("%(worker_id)s", lock_wait_ms, "%(wait)s") + ","
             " %(session_token)s, %(dispatch_id)s, %(lease_token)s, %(result)s, %(slots)s, %(claim_seq)s)",
-            {**args, "result": Jsonb(args["result"]), "wait": str(lock_wait_ms)},
+            {**args, "result": _jsonb(args["result"]), "wait": str(lock_wait_ms)},
         )
 
     async def _complete_and_claim_many(self, items: list[dict[str, Any]], lock_wait_ms: int | None = None) -> list[Row]:
@@ -429,7 +435,7 @@ class Database:
             "SELECT g.item, g.error, (g.lease).* FROM awp.complete_and_claim_many("
             + _waiting_at_most("%(items)s", lock_wait_ms, "%(wait)s")
             + ") g",
-            {"items": Jsonb(items), "wait": str(lock_wait_ms)},
+            {"items": _jsonb(items), "wait": str(lock_wait_ms)},
         )
 
     async def complete_tasks(
@@ -437,7 +443,7 @@ class Database:
     ) -> dict[str, Any]:
         answer = await self._value(
             "SELECT awp.complete_tasks(%s, %s, %s, %s, %s) AS answer",
-            (worker_id, session_token, Jsonb(items), slots, claim_seq),
+            (worker_id, session_token, _jsonb(items), slots, claim_seq),
         )
         self.groups.remember(answer["leases"])
         return cast(dict[str, Any], answer)

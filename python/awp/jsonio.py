@@ -18,6 +18,7 @@ import sys
 from decimal import Decimal
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 
@@ -37,8 +38,19 @@ def dumps(value: Any) -> str:
     return json.dumps(value, default=json_default, ensure_ascii=False, separators=(",", ":"))
 
 
+def dumps_bytes(value: Any) -> bytes:
+    """:func:`dumps` as UTF-8 bytes, through orjson (about 10 x faster: every answer and every jsonb argument of the
+    gateway goes through it). The same JSON: orjson writes a datetime as ``isoformat()`` does (the database
+    sessions run in UTC, so their timestamps carry +00:00) and calls :func:`json_default` for Decimal. What orjson
+    refuses (an integer beyond 64 bits, a key that is not a string) goes through :func:`dumps`."""
+    try:
+        return orjson.dumps(value, default=json_default)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return dumps(value).encode()
+
+
 def json_response(value: Any, status: int = 200) -> web.Response:
-    return web.Response(text=dumps(value), status=status, content_type="application/json")
+    return web.Response(body=dumps_bytes(value), status=status, content_type="application/json", charset="utf-8")
 
 
 MAX_DEPTH = 64  # levels of nested objects and arrays in a request body (the body's own object is level 1)
@@ -101,13 +113,17 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+# One decoder for every call: json.loads with these arguments would build a decoder (and its scanner) each time.
+_DECODER = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_unique_keys)
+
+
 def loads(data: bytes | str, max_depth: int = MAX_DEPTH) -> Any:
     """Strict JSON (the module's docstring): raises :class:`RefusedJson` for what it refuses, another ValueError
     (UnicodeDecodeError for bytes that are not UTF-8) for what is not JSON."""
     if isinstance(data, bytes):
         data = data.decode("utf-8")  # strictly: json.loads would also take UTF-16/32 and encoded surrogates
     try:
-        value = json.loads(data, parse_constant=_no_constants, object_pairs_hook=_unique_keys)
+        value = _DECODER.decode(data)
     except RecursionError:
         raise RefusedJson(f"objects and arrays nest deeper than {max_depth} levels") from None
     check_value(value, max_depth)

@@ -41,6 +41,7 @@ class Metrics:
     def __init__(self) -> None:
         disable_created_metrics()  # no *_created series: they double the output for nothing
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self.requests = Counter(
             "awp_http_requests", "HTTP requests answered", ["method", "route", "status"], registry=r
         )
@@ -154,8 +155,13 @@ class Metrics:
         self.grouped_completions.inc(items)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
-        self.requests.labels(method, route, str(status)).inc()
-        self.latency.labels(method, route).observe(seconds)
+        # The children of (method, route, status) are kept: .labels() checks and joins its labels every time.
+        children = self._request_children.get((method, route, status))
+        if children is None:
+            children = self.requests.labels(method, route, str(status)), self.latency.labels(method, route)
+            self._request_children[(method, route, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def observe_pass(self, counts: dict[str, Any], seconds: float) -> None:
         self.coordinator_passes.inc()

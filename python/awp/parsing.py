@@ -32,11 +32,15 @@ def _malformed_body(exc: BaseException) -> ApiError:
     return bad_request(f"the request body is malformed: {reason[:200]}")
 
 
+def _too_large(limit: int) -> ApiError:
+    return ApiError.of(413, f"the request body exceeds {limit} bytes")
+
+
 async def read_body(request: web.Request, limit: int) -> bytes:
     """The raw body, at most ``limit`` bytes (413 beyond)."""
-    too_large = ApiError.of(413, f"the request body exceeds {limit} bytes")
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
+    length = request.content_length
+    if length is not None and length > limit:
+        raise _too_large(limit)
     data = bytearray()
     while True:
         try:
@@ -52,7 +56,9 @@ async def read_body(request: web.Request, limit: int) -> bytes:
             return bytes(data)
         data += chunk
         if len(data) > limit:
-            raise too_large
+            raise _too_large(limit)
+        if request.content.at_eof() and request.content.exception() is None:
+            return bytes(data)  # the whole body came in this chunk (the usual case): no read of b"" to tell
 
 
 async def json_body(request: web.Request, limit: int = BODY_LIMIT, allow_empty: bool = False) -> dict[str, Any]:

@@ -25,7 +25,6 @@ import collections
 import logging
 import re
 import time
-import uuid
 from typing import Any
 
 from aiohttp import hdrs, web, web_protocol
@@ -37,7 +36,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from awp.appstate import METRICS
 from awp.errors import GATEWAY_ERRORS, ApiError
 from awp.logsafe import escape_controls
-from awp.middleware import error_response
+from awp.middleware import error_response, new_request_id
 
 log = logging.getLogger("awp.gateway.http")
 
@@ -137,7 +136,7 @@ class GatewayRequestHandler(RequestHandler):
             # A bug (an exception that escaped the middleware): aiohttp logs it with its traceback (and raises
             # ConnectionError when part of an answer was sent already); the answer still gets the envelope.
             super().handle_error(request, status, exc, message)
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         code = GATEWAY_ERRORS.get(status) or ("internal_error" if status >= 500 else "invalid_request")
         if status < 500:
             reason = _reason(exc, message)
