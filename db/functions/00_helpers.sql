@@ -1,17 +1,13 @@
 -- Private helpers shared by the public functions: time, ids, tokens, hashing, sessions, events, errors.
 -- None of them is granted to awp_gateway; they run inside the SECURITY DEFINER callers.
--- The one-line SQL helpers _ms, _new_id, _token and _hash have no SET search_path on purpose: they name only
--- pg_catalog objects (and public.gen_random_bytes, schema-qualified), so the planner can inline them into the
--- caller's cached plan instead of planning a function call each time they run (a SET clause forbids inlining);
--- db/tests/01_schema.sql lists them among the exceptions. The private PL/pgSQL functions have none either
--- (docs/architecture.md, "Functions and search_path").
+-- Every function pins search_path = pg_catalog, pg_temp (docs/architecture.md, "Functions and search_path").
 
 -- awp._now(): the one clock. Database time (clock_timestamp), unless a test froze it with
 -- SET awp.test_now = '…' (pgTAP does; see db/tests). The frozen clock is honoured only in a test
 -- database (one with the pgtap extension, which migrations install nowhere else), so no client
 -- of a real database can move time for its leases. Takes no locks, raises nothing.
 CREATE OR REPLACE FUNCTION awp._now() RETURNS timestamptz
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_frozen text := current_setting('awp.test_now', true);
 BEGIN
@@ -30,41 +26,44 @@ COMMENT ON FUNCTION awp._now() IS 'The database clock used by every rule; frozen
 
 -- awp._ms(interval): an interval as whole milliseconds (rounded down, never negative).
 CREATE OR REPLACE FUNCTION awp._ms(p interval) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$
-  SELECT greatest(0, floor(extract(epoch FROM p) * 1000))::bigint
-$$;
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN greatest(0, floor(extract(epoch FROM p) * 1000))::bigint;
+END $$;
 COMMENT ON FUNCTION awp._ms(interval) IS 'An interval as non-negative whole milliseconds.';
 
 -- awp._new_id(prefix): a random identifier such as run_3f2a….
 CREATE OR REPLACE FUNCTION awp._new_id(p_prefix text) RETURNS text
-LANGUAGE sql VOLATILE AS $$
-  SELECT p_prefix || '_' || replace(pg_catalog.gen_random_uuid()::text, '-', '')
-$$;
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN p_prefix || '_' || replace(gen_random_uuid()::text, '-', '');
+END $$;
 COMMENT ON FUNCTION awp._new_id(text) IS 'A new random identifier with a type prefix.';
 
 -- awp._token(): 32 random bytes as base64url (43 characters). Returned once, never stored.
 CREATE OR REPLACE FUNCTION awp._token() RETURNS text
-LANGUAGE sql VOLATILE AS $$
-  SELECT translate(rtrim(encode(public.gen_random_bytes(32), 'base64'), '='), '+/', '-_')
-$$;
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN translate(rtrim(encode(public.gen_random_bytes(32), 'base64'), '='), '+/', '-_');
+END $$;
 COMMENT ON FUNCTION awp._token() IS 'A secret token: base64url of 32 random bytes.';
 
 -- awp._hash(text): SHA-256 of a token; only this is stored.
--- STABLE, not IMMUTABLE: convert_to is stable, and an IMMUTABLE wrapper around it would not be inlined.
 CREATE OR REPLACE FUNCTION awp._hash(p text) RETURNS bytea
-LANGUAGE sql STABLE AS $$
-  SELECT sha256(convert_to(coalesce(p, ''), 'UTF8'))
-$$;
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN sha256(convert_to(coalesce(p, ''), 'UTF8'));
+END $$;
 COMMENT ON FUNCTION awp._hash(text) IS 'SHA-256 of a secret token.';
 
 -- awp._executor_kinds(): the executor kinds a definition and a worker may name.
 CREATE OR REPLACE FUNCTION awp._executor_kinds() RETURNS text[]
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$ SELECT ARRAY['mock', 'python'] $$;
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT ARRAY['mock', 'python'] $$;
 COMMENT ON FUNCTION awp._executor_kinds() IS 'The known executor kinds.';
 
 -- awp._settings(): the settings row.
 CREATE OR REPLACE FUNCTION awp._settings() RETURNS awp.settings
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   s awp.settings;
 BEGIN
@@ -78,7 +77,7 @@ COMMENT ON FUNCTION awp._settings() IS 'The one settings row.';
 -- or an offline/stopped session; this check comes before every other check of a worker call.
 CREATE OR REPLACE FUNCTION awp._session(p_worker_id text, p_session_token text, p_lock boolean)
 RETURNS awp.workers
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   w awp.workers;
 BEGIN
@@ -101,8 +100,11 @@ COMMENT ON FUNCTION awp._session(text, text, boolean) IS 'Checks a worker sessio
 -- run ";run_id,revision,last_sequence,unfinished_delta" -- the revision of this transaction, the last
 -- event sequence used and the change to runs.unfinished_tasks not yet written. awp._append_events and
 -- awp._unfinished_add keep it; awp._log_flush() writes it to the run rows (one UPDATE per run), and
--- every public function that changes a run calls it before it returns (the deferred trigger
--- events_flush_log_state does at commit, as a safety net). Updating a hot run row once per call,
+-- every public function that changes a run calls it before it returns. The state lives only inside one public
+-- call: every SECURITY DEFINER function sets awp.log_state (and awp.new_dispatches) empty on entry and
+-- PostgreSQL gives the caller back its own value on exit (db/functions/zz_grants.sql), so a value a caller set
+-- is never read, and a state left unflushed is lost, not written at commit (the pgTAP suite's
+-- tests.sequences_contiguous and awp.check_invariants catch that). Updating a hot run row once per call,
 -- not once per step, keeps its version chain short: every further update of a row in one
 -- transaction makes each later lookup of it walk the chain, and blocks other writers longer.
 
@@ -110,7 +112,7 @@ COMMENT ON FUNCTION awp._session(text, text, boolean) IS 'Checks a worker sessio
 -- whose lock the caller holds. The revision is bumped once per transaction (runs.revision_xid).
 CREATE OR REPLACE FUNCTION awp._run_state(p_run_id text, OUT revision bigint, OUT last_sequence bigint,
                                           OUT unfinished_delta integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_state text := coalesce(current_setting('awp.log_state', true), '');
   v_pos   integer := strpos(v_state, ';' || p_run_id || ',');
@@ -131,7 +133,7 @@ COMMENT ON FUNCTION awp._run_state(text) IS 'A run''s revision, last sequence an
 -- awp._run_state_put(run, revision, last_sequence, unfinished_delta): stores a run's entry.
 CREATE OR REPLACE FUNCTION awp._run_state_put(p_run_id text, p_revision bigint, p_last_sequence bigint,
                                               p_unfinished_delta integer) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_state text := coalesce(current_setting('awp.log_state', true), '');
   v_pos   integer := strpos(v_state, ';' || p_run_id || ',');
@@ -157,7 +159,7 @@ COMMENT ON FUNCTION awp._run_state_put(text, bigint, bigint, integer) IS 'Stores
 CREATE OR REPLACE FUNCTION awp._append_events(p_run_id text, p_types text[], p_keys text[], p_from text[],
                                               p_to text[], p_reasons text[])
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_n integer := coalesce(cardinality(p_keys), 0);
   st  record;
@@ -177,7 +179,7 @@ COMMENT ON FUNCTION awp._append_events(text, text[], text[], text[], text[], tex
 -- awp._unfinished_add(run, delta): changes the run's unfinished_tasks by delta, in the state (see
 -- above); awp._unfinished_tasks(run) reads the value as it is now. The caller holds the run's lock.
 CREATE OR REPLACE FUNCTION awp._unfinished_add(p_run_id text, p_delta integer) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   st record;
 BEGIN
@@ -192,7 +194,7 @@ COMMENT ON FUNCTION awp._unfinished_add(text, integer) IS 'Changes a run''s unfi
 -- unfinished tasks; one UPDATE per run) and clears the state. Cheap when nothing was logged.
 -- Locks: the run rows, which every caller of _append_events and _unfinished_add already holds.
 CREATE OR REPLACE FUNCTION awp._log_flush() RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_state text := current_setting('awp.log_state', true);
 BEGIN
@@ -209,19 +211,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._log_flush() IS 'Writes the per-call run state (revision, last sequence, unfinished tasks) to the run rows.';
 
--- awp._log_flush_at_commit(): the deferred constraint trigger events_flush_log_state
--- (db/functions/zz_triggers.sql) runs this at commit for every event inserted: a no-op once the state is flushed, and a
--- guarantee that a public function that forgot awp._log_flush() cannot commit events without
--- their run's counters.
-CREATE OR REPLACE FUNCTION awp._log_flush_at_commit() RETURNS trigger
-LANGUAGE plpgsql SET search_path = '' AS $$
-BEGIN
-  IF coalesce(current_setting('awp.log_state', true), '') <> '' THEN
-    PERFORM awp._log_flush();
-  END IF;
-  RETURN NULL;
-END $$;
-COMMENT ON FUNCTION awp._log_flush_at_commit() IS 'Deferred trigger: flushes awp.log_state at commit when a function did not.';
 
 -- awp._append_events_alike(run, entity_type, keys, froms, to, reason): appends one event per key, all of one
 -- entity type, target status and reason (each key with its from status).
@@ -230,7 +219,7 @@ COMMENT ON FUNCTION awp._log_flush_at_commit() IS 'Deferred trigger: flushes awp
 CREATE OR REPLACE FUNCTION awp._append_events_alike(p_run_id text, p_entity_type text, p_keys text[], p_from text[],
                                                     p_to text, p_reason text)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_n integer := coalesce(cardinality(p_keys), 0);
 BEGIN
@@ -245,7 +234,7 @@ COMMENT ON FUNCTION awp._append_events_alike(text, text, text[], text[], text, t
 CREATE OR REPLACE FUNCTION awp._append_event(p_run_id text, p_entity_type text, p_key text, p_from text,
                                              p_to text, p_reason text)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM awp._append_events(p_run_id, ARRAY[p_entity_type], ARRAY[p_key], ARRAY[p_from], ARRAY[p_to], ARRAY[p_reason]);
 END $$;
@@ -262,7 +251,7 @@ CREATE OR REPLACE FUNCTION awp._write_log(p_run_id text, p_types text[], p_keys 
                                           p_reasons text[], p_unfinished_delta integer, p_dispatched boolean,
                                           p_now timestamptz)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_n    integer := coalesce(cardinality(p_keys), 0);
   v_xid  xid8 := pg_current_xact_id();
@@ -291,7 +280,7 @@ COMMENT ON FUNCTION awp._write_log(text, text[], text[], text[], text[], text[],
 
 -- awp._raise_invalid_request(message, detail): AWREQ (400 invalid_request): malformed or out-of-range input.
 CREATE OR REPLACE FUNCTION awp._raise_invalid_request(p_message text, p_detail text DEFAULT NULL) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWREQ', DETAIL = coalesce(p_detail, p_message);
 END $$;
@@ -299,7 +288,7 @@ COMMENT ON FUNCTION awp._raise_invalid_request(text, text) IS 'Raises invalid_re
 
 -- awp._raise_not_found(message, detail): AWNTF (404 not_found): an unknown run, task, workflow, worker, schedule.
 CREATE OR REPLACE FUNCTION awp._raise_not_found(p_message text, p_detail text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWNTF', DETAIL = p_detail;
 END $$;
@@ -307,7 +296,7 @@ COMMENT ON FUNCTION awp._raise_not_found(text, text) IS 'Raises not_found (AWNTF
 
 -- awp._raise_session_invalid(detail): AWSES (401 worker_session_invalid): the worker must register anew.
 CREATE OR REPLACE FUNCTION awp._raise_session_invalid(p_detail text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION 'worker session is invalid' USING ERRCODE = 'AWSES', DETAIL = p_detail;
 END $$;
@@ -315,7 +304,7 @@ COMMENT ON FUNCTION awp._raise_session_invalid(text) IS 'Raises worker_session_i
 
 -- awp._raise_protocol_unsupported(message, detail): AWPRO (400 worker_protocol_unsupported).
 CREATE OR REPLACE FUNCTION awp._raise_protocol_unsupported(p_message text, p_detail text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWPRO', DETAIL = p_detail;
 END $$;
@@ -323,7 +312,7 @@ COMMENT ON FUNCTION awp._raise_protocol_unsupported(text, text) IS 'Raises worke
 
 -- awp._raise_worker_draining(detail): AWDRN (409 worker_draining): a draining worker claims nothing new.
 CREATE OR REPLACE FUNCTION awp._raise_worker_draining(p_detail text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION 'worker is draining' USING ERRCODE = 'AWDRN', DETAIL = p_detail;
 END $$;
@@ -331,7 +320,7 @@ COMMENT ON FUNCTION awp._raise_worker_draining(text) IS 'Raises worker_draining 
 
 -- awp._raise_capacity_exceeded(detail): AWCAP (409 worker_capacity_exceeded): more slots asked than are free.
 CREATE OR REPLACE FUNCTION awp._raise_capacity_exceeded(p_detail text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION 'worker capacity exceeded' USING ERRCODE = 'AWCAP', DETAIL = p_detail;
 END $$;
@@ -339,7 +328,7 @@ COMMENT ON FUNCTION awp._raise_capacity_exceeded(text) IS 'Raises worker_capacit
 
 -- awp._raise_lease_lost(detail): AWLST (409 lease_lost): the lease is not (or no longer) this worker's to complete.
 CREATE OR REPLACE FUNCTION awp._raise_lease_lost(p_detail text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION 'lease lost' USING ERRCODE = 'AWLST', DETAIL = p_detail;
 END $$;
@@ -347,7 +336,7 @@ COMMENT ON FUNCTION awp._raise_lease_lost(text) IS 'Raises lease_lost (AWLST).';
 
 -- awp._raise_result_conflict(detail): AWCNF (409 result_conflict): a completed lease reported with another result.
 CREATE OR REPLACE FUNCTION awp._raise_result_conflict(p_detail text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION 'result conflict' USING ERRCODE = 'AWCNF', DETAIL = p_detail;
 END $$;
@@ -355,7 +344,7 @@ COMMENT ON FUNCTION awp._raise_result_conflict(text) IS 'Raises result_conflict 
 
 -- awp._raise_idempotency_conflict(message, detail): AWIDM (409 idempotency_conflict): a key reused for another request.
 CREATE OR REPLACE FUNCTION awp._raise_idempotency_conflict(p_message text, p_detail text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWIDM', DETAIL = p_detail;
 END $$;
@@ -364,7 +353,7 @@ COMMENT ON FUNCTION awp._raise_idempotency_conflict(text, text) IS 'Raises idemp
 -- awp._raise_leadership_lost(message, detail): AWLDR, internal (never a client's answer): a fenced coordinator
 -- pass, heartbeat or retention batch whose term is over (db/functions/leadership.sql).
 CREATE OR REPLACE FUNCTION awp._raise_leadership_lost(p_message text, p_detail text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWLDR', DETAIL = p_detail;
 END $$;
@@ -374,7 +363,7 @@ COMMENT ON FUNCTION awp._raise_leadership_lost(text, text) IS 'Raises leadership
 -- awp.complete_and_claim_many (awp._complete_and_refill_group) does not apply to this group; the caller rolls it
 -- back and settles the items one by one.
 CREATE OR REPLACE FUNCTION awp._raise_group_not_applicable(p_detail text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RAISE EXCEPTION 'group path not applicable' USING ERRCODE = 'AWGRP', DETAIL = p_detail;
 END $$;
@@ -384,7 +373,7 @@ COMMENT ON FUNCTION awp._raise_group_not_applicable(text) IS 'Raises group path 
 -- Channels: awp_dispatch (sent by awp._notify_pending: one per dispatch left pending),
 --           awp_coordinator (capacity freed, new run, completion, cancel, new worker).
 CREATE OR REPLACE FUNCTION awp._wake(p_channel text, p_payload text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM pg_notify(p_channel, coalesce(p_payload, ''));
 END $$;

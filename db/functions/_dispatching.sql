@@ -8,20 +8,29 @@
 -- then the oldest run. A run is listed while it is pending or running, its cancellation was not requested and
 -- it has a ready task of one of `kinds` (NULL: of any kind). The one definition of that order, for
 -- awp._create_dispatches, awp._refill_slot and awp._refill_slots; the rows come in it (read them as they
--- come: a FOR loop, ARRAY(...), LIMIT; do not join or re-sort). LANGUAGE sql STABLE without SET search_path
--- (every name is schema-qualified), so the planner inlines it into the caller's query and plans the scan as
--- if it were written there: a function called per run would lose the hot path its plans (AWP issue 11).
+-- come: a FOR loop, ARRAY(...), LIMIT; do not join or re-sort). PL/pgSQL, so its query's plan is cached (a SQL
+-- function with a SET clause cannot be inlined, and is planned again on every call).
 -- Locks: none (callers lock each run with SKIP LOCKED).
 CREATE OR REPLACE FUNCTION awp._fairness_order(p_kinds text[]) RETURNS TABLE (run_id text)
-LANGUAGE sql STABLE AS $$
-  SELECT x.run_id FROM awp.runs x
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN QUERY SELECT x.run_id FROM awp.runs x
    WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
      AND (SELECT y.ordinal FROM awp.tasks y
            WHERE y.run_id = x.run_id AND y.status = 'ready' AND (p_kinds IS NULL OR y.executor = ANY (p_kinds))
            ORDER BY y.ordinal LIMIT 1) IS NOT NULL
-   ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id
-$$;
+   ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id;
+END $$;
 COMMENT ON FUNCTION awp._fairness_order(text[]) IS 'The runs that may get a dispatch now (a ready task of one of kinds), in fairness order.';
+
+-- awp._kinds_with_room(kinds): the executor kinds of a budget's `kinds` ({kind: free slots}) with a free slot.
+-- Locks: none.
+CREATE OR REPLACE FUNCTION awp._kinds_with_room(p_kinds jsonb) RETURNS text[]
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN ARRAY(SELECT k.key FROM jsonb_each_text(p_kinds) k WHERE k.value::integer > 0 ORDER BY 1);
+END $$;
+COMMENT ON FUNCTION awp._kinds_with_room(jsonb) IS 'The executor kinds of a dispatch budget that have a free slot.';
 
 -- awp._dispatch_budget(): how many dispatches may be created right now:
 --   global_free  dispatch_limit - (pending + leased)
@@ -30,7 +39,7 @@ COMMENT ON FUNCTION awp._fairness_order(text[]) IS 'The runs that may get a disp
 -- Takes no locks (a slightly stale budget only delays or slightly over-offers pending dispatches;
 -- claims re-check every worker's capacity under its lock).
 CREATE OR REPLACE FUNCTION awp._dispatch_budget(OUT global_free integer, OUT worker_free integer, OUT kinds jsonb)
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   WITH live AS MATERIALIZED (   -- two arms so each uses its partial index, not a scan of all history
     SELECT d.status, d.executor_kind, d.worker_id FROM awp.dispatches d WHERE d.status = 'pending'
@@ -67,7 +76,7 @@ COMMENT ON FUNCTION awp._dispatch_budget() IS 'The dispatch budget now: global, 
 -- key and sorts every task of the run, finished ones included: measured 0.37 ms per call at 1,000
 -- tasks into a 2,000-task run, growing with the run, instead of a few microseconds.
 CREATE OR REPLACE FUNCTION awp._dispatch_one(p_run_id text, p_kinds jsonb) RETURNS text
-LANGUAGE plpgsql SET enable_sort = off AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off AS $$
 DECLARE
   r     record;
   t     record;
@@ -108,6 +117,35 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._dispatch_one(text, jsonb) IS 'Creates one pending dispatch for a run (caller holds the run lock) within its concurrency; returns the executor kind or NULL.';
 
+-- awp._dispatch_new_run(run): dispatch on start (docs/protocol.md, Refill and claim on complete): the new run's own
+-- ready tasks, within the three limits (as awp._create_dispatches: under its advisory lock, one budget). Other
+-- runs are left to the coordinator's passes and to refills, so a start costs the same however many runs wait
+-- (a backlog of a kind without a free slot included). Returns the number created. Locks: the advisory lock of
+-- awp._create_dispatches, then the run's row (the caller created it), then its tasks.
+CREATE OR REPLACE FUNCTION awp._dispatch_new_run(p_run_id text) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  b       record;
+  v_kinds jsonb;
+  v_left  integer;
+  v_kind  text;
+  v_n     integer := 0;
+BEGIN
+  PERFORM pg_advisory_xact_lock(hashtext('awp.create_dispatches'));
+  b := awp._dispatch_budget();
+  v_kinds := b.kinds;
+  v_left := least(b.global_free, b.worker_free);
+  WHILE v_left > 0 LOOP
+    v_kind := awp._dispatch_one(p_run_id, v_kinds);
+    EXIT WHEN v_kind IS NULL;
+    v_kinds := jsonb_set(v_kinds, ARRAY[v_kind], to_jsonb((v_kinds->>v_kind)::integer - 1));
+    v_left := v_left - 1;
+    v_n := v_n + 1;
+  END LOOP;
+  RETURN v_n;
+END $$;
+COMMENT ON FUNCTION awp._dispatch_new_run(text) IS 'Creates pending dispatches for a new run''s ready tasks within the limits; returns the count.';
+
 -- awp._notify_pending(): one NOTIFY awp_dispatch per dispatch this transaction created and left
 -- pending (payload "<executor kind> <dispatch id>", so PostgreSQL does not fold them into one): the
 -- ids come from the transaction-local setting awp.new_dispatches that awp._dispatch_one appends to
@@ -116,7 +154,7 @@ COMMENT ON FUNCTION awp._dispatch_one(text, jsonb) IS 'Creates one pending dispa
 -- creates dispatches, so a dispatch the same transaction already leased (complete_and_claim) wakes
 -- nobody. A hint only: waiting claims also re-check on their own.
 CREATE OR REPLACE FUNCTION awp._notify_pending() RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_ids text := current_setting('awp.new_dispatches', true);
   v_n   integer;
@@ -141,7 +179,7 @@ COMMENT ON FUNCTION awp._notify_pending() IS 'Sends one NOTIFY awp_dispatch per 
 -- 125 tasks, 16 workers spent 2.6 ms per task waiting for run rows held by refills from other runs).
 -- Locks: as said; a run this transaction holds already is taken again at once.
 CREATE OR REPLACE FUNCTION awp._try_run(p_run_id text) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF NOT pg_try_advisory_xact_lock(hashtextextended(p_run_id, 0)) THEN
     RETURN false;
@@ -159,7 +197,7 @@ COMMENT ON FUNCTION awp._try_run(text) IS 'Takes a run (advisory lock, then row)
 -- run concurrency is checked under the run's lock. Runs busy elsewhere are skipped (SKIP LOCKED).
 -- Returns true when a dispatch was created.
 CREATE OR REPLACE FUNCTION awp._refill_slot(p_worker awp.workers) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_kinds jsonb;
   v_run   text;
@@ -183,7 +221,7 @@ COMMENT ON FUNCTION awp._refill_slot(awp.workers) IS 'Refills the slot a complet
 -- one UPDATE of the tasks, one of the run row (its place in the fairness order) and one _append_events,
 -- instead of n of each. The caller holds the run's row lock. Returns the number created.
 CREATE OR REPLACE FUNCTION awp._dispatch_many(p_run_id text, p_kinds text[], p_n integer) RETURNS integer
-LANGUAGE plpgsql SET enable_sort = off AS $$   -- see awp._dispatch_one
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off AS $$   -- see awp._dispatch_one
 DECLARE
   r      record;
   v_room integer;
@@ -244,7 +282,7 @@ COMMENT ON FUNCTION awp._dispatch_many(text, text[], integer) IS 'Creates up to 
 -- that worker runs (as n single refills would), and each run gets its share in one
 -- awp._dispatch_many call. Runs busy elsewhere are skipped (SKIP LOCKED). Returns the number created.
 CREATE OR REPLACE FUNCTION awp._refill_slots(p_worker awp.workers, p_n integer) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_runs  text[];
   v_share integer;

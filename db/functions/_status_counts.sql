@@ -11,7 +11,7 @@
 -- counts go (TRUNCATE holds ACCESS EXCLUSIVE: no other change of that table is in flight). TG_ARGV[0] is
 -- the entity. Locks: none (inserts only; TRUNCATE: the entity's count rows).
 CREATE OR REPLACE FUNCTION awp._count_status() RETURNS trigger
-LANGUAGE plpgsql SET search_path = '' AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF TG_OP = 'TRUNCATE' THEN
     DELETE FROM awp.status_counts c WHERE c.entity = TG_ARGV[0];
@@ -33,7 +33,7 @@ COMMENT ON FUNCTION awp._count_status() IS 'Trigger: appends run/worker status c
 -- this statement's snapshot and stay) and with itself (a row deleted by a concurrent compaction is
 -- skipped). Locks: the delta rows it deletes.
 CREATE OR REPLACE FUNCTION awp._compact_status_counts() RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_n integer;
 BEGIN
@@ -51,7 +51,7 @@ COMMENT ON FUNCTION awp._compact_status_counts() IS 'Folds the status count delt
 -- awp._counts_by_status(entity): {status: n} of runs or workers (statuses with n = 0 left out). Reads the
 -- folded rows plus the deltas since the last compaction: O(status changes since then), never O(rows).
 CREATE OR REPLACE FUNCTION awp._counts_by_status(p_entity text) RETURNS jsonb
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}')
     FROM (SELECT c.status, sum(c.delta) AS n FROM awp.status_counts c
            WHERE c.entity = p_entity GROUP BY c.status HAVING sum(c.delta) <> 0) x

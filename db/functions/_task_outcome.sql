@@ -6,7 +6,7 @@
 -- awp.get_run for a live run; stored in runs.final_task_counts when the run finishes (its tasks never change
 -- again: migration 0011_final_task_counts). Locks: none.
 CREATE OR REPLACE FUNCTION awp._task_counts(p_run_id text) RETURNS jsonb
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT coalesce(jsonb_object_agg(c.status, c.n), '{}')
     FROM (SELECT t.status, count(*) AS n FROM awp.tasks t WHERE t.run_id = p_run_id GROUP BY 1) c
 $$;
@@ -16,7 +16,7 @@ COMMENT ON FUNCTION awp._task_counts(text) IS 'A run''s task counts by status.';
 -- `succeeded` (every task succeeded, and its output is set) or `failed`, its task counts stored
 -- (runs.final_task_counts). Returns the run's status.
 CREATE OR REPLACE FUNCTION awp._settle_run(p_run_id text) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_status text;
   v_left   integer;
@@ -48,7 +48,7 @@ COMMENT ON FUNCTION awp._settle_run(text) IS 'Finishes a run (succeeded/failed) 
 -- text): the tasks past that map to null and output_truncated is set; their outputs stay readable
 -- through awp.task_attempts.
 CREATE OR REPLACE FUNCTION awp._set_run_output(p_run_id text) RETURNS void
-LANGUAGE sql SET search_path = '' AS $$
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
   WITH leaves AS (
     SELECT t.task_key, a.output,
            sum(coalesce(octet_length(a.output::text), 4) + octet_length(t.task_key) + 6)
@@ -70,7 +70,7 @@ COMMENT ON FUNCTION awp._set_run_output(text) IS 'Sets a succeeded run''s output
 -- awp._skip_descendants(run, task): every task that transitively depends on a failed task
 -- (all of them still waiting) becomes `skipped`.
 CREATE OR REPLACE FUNCTION awp._skip_descendants(p_run_id text, p_task_key text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_keys text[];
 BEGIN
@@ -97,7 +97,7 @@ COMMENT ON FUNCTION awp._skip_descendants(text, text) IS 'Skips every waiting de
 -- NULL. Shared by awp._end_attempt and the hot path (awp._complete_and_refill). Locks: those task rows; the
 -- caller holds the run.
 CREATE OR REPLACE FUNCTION awp._unlock_dependants(p_run_id text, p_dependants text[], p_now timestamptz) RETURNS text[]
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_ready text[];
 BEGIN
@@ -132,7 +132,7 @@ CREATE OR REPLACE FUNCTION awp._end_attempt(p_run_id text, p_task_key text, p_at
                                             p_reason text, p_counted boolean, p_dispatch_status text,
                                             p_result_hash bytea)
 RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_now   timestamptz := awp._now();
   t       awp.tasks;
@@ -190,7 +190,7 @@ COMMENT ON FUNCTION awp._end_attempt(text, text, integer, text, boolean, jsonb, 
 -- counts stored: runs.final_task_counts).
 -- The caller holds the run lock; dispatches are locked in dispatch_id order.
 CREATE OR REPLACE FUNCTION awp._converge_cancel(p_run_id text) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_now    timestamptz := awp._now();
   v_status text;

@@ -28,7 +28,7 @@
 -- which keeps its status).
 CREATE OR REPLACE FUNCTION awp.transitions()
 RETURNS TABLE (entity_type text, from_status text, to_status text)
-LANGUAGE sql IMMUTABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE sql IMMUTABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   VALUES ('run', NULL, 'pending'), ('run', 'pending', 'running'), ('run', 'pending', 'canceled'),
          ('run', 'running', 'succeeded'), ('run', 'running', 'failed'), ('run', 'running', 'canceled'),
          ('run', 'pending', 'pending'), ('run', 'running', 'running'),
@@ -51,7 +51,7 @@ COMMENT ON FUNCTION awp.transitions() IS 'The allowed state transitions of runs,
 
 CREATE OR REPLACE FUNCTION awp.check_invariants(p_run_ids text[] DEFAULT NULL)
 RETURNS TABLE (invariant text, run_id text, entity_key text, detail text)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   WITH runs AS (
     SELECT r.* FROM awp.runs r WHERE p_run_ids IS NULL OR r.run_id = ANY (p_run_ids)
   ), tasks AS (

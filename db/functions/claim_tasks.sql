@@ -50,7 +50,7 @@ COMMENT ON VIEW awp._claim_candidates IS 'The pending dispatches a claim may lea
 CREATE OR REPLACE FUNCTION awp.claim_tasks(p_worker_id text, p_session_token text, p_slots integer,
                                            p_claim_seq bigint DEFAULT NULL)
 RETURNS SETOF awp.lease
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   w      awp.workers := awp._session(p_worker_id, p_session_token, true);
   v_free integer;
@@ -73,7 +73,7 @@ COMMENT ON FUNCTION awp.claim_tasks(text, text, integer, bigint) IS 'Leases up t
 
 -- awp._check_claim_seq(claim_seq): AWREQ unless it is null or at least 1. Locks: none.
 CREATE OR REPLACE FUNCTION awp._check_claim_seq(p_claim_seq bigint) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF p_claim_seq < 1 THEN
     PERFORM awp._raise_invalid_request('invalid claim_seq', 'claim_seq must be at least 1');
@@ -83,7 +83,7 @@ COMMENT ON FUNCTION awp._check_claim_seq(bigint) IS 'Validates a claim request n
 
 -- awp._free_slots(worker): the worker's max_concurrency less its leases. Locks: none.
 CREATE OR REPLACE FUNCTION awp._free_slots(w awp.workers) RETURNS integer
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN w.max_concurrency - (SELECT count(*) FROM awp.dispatches d WHERE d.worker_id = w.worker_id AND d.status = 'leased');
 END $$;
@@ -93,7 +93,7 @@ COMMENT ON FUNCTION awp._free_slots(awp.workers) IS 'Free slots of a worker: max
 -- written, at most every half heartbeat interval (one row write less per task). Used by every path that leases
 -- (awp._claim, awp._lease_refill). Locks: the worker row, which the caller holds.
 CREATE OR REPLACE FUNCTION awp._claim_is_alive(w awp.workers, s awp.settings, p_now timestamptz) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF w.last_heartbeat_at < p_now - make_interval(secs => s.heartbeat_interval_ms / 2000.0) THEN
     UPDATE awp.workers x SET last_heartbeat_at = p_now WHERE x.worker_id = w.worker_id;
@@ -107,7 +107,7 @@ COMMENT ON FUNCTION awp._claim_is_alive(awp.workers, awp.settings, timestamptz) 
 CREATE OR REPLACE FUNCTION awp._lease_terms(s awp.settings, p_now timestamptz, p_timeout_ms integer,
                                             OUT attempt_deadline timestamptz, OUT lease_expires_at timestamptz,
                                             OUT fencing_token bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   attempt_deadline := p_now + make_interval(secs => p_timeout_ms / 1000.0);
   lease_expires_at := least(p_now + make_interval(secs => s.lease_duration_ms / 1000.0), attempt_deadline);
@@ -122,7 +122,7 @@ COMMENT ON FUNCTION awp._lease_terms(awp.settings, timestamptz, integer) IS 'Dea
 CREATE OR REPLACE FUNCTION awp._claim(w awp.workers, p_slots integer, p_may_wait boolean,
                                       p_claim_seq bigint DEFAULT NULL)
 RETURNS SETOF awp.lease
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   s       awp.settings := awp._settings();
   v_worker_id text := w.worker_id;
@@ -231,7 +231,7 @@ COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases
 CREATE OR REPLACE FUNCTION awp._first_ready(p_run_id text, p_kinds text[], p_except text[],
                                             OUT task_key text, OUT executor text, OUT action text, OUT input jsonb,
                                             OUT attempts integer, OUT timeout_ms integer, OUT depends_on text[])
-LANGUAGE plpgsql SET enable_sort = off AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off AS $$
 BEGIN
   SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on
     INTO task_key, executor, action, input, attempts, timeout_ms, depends_on
@@ -273,7 +273,7 @@ CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint, 
                                              p_reasons text[] DEFAULT '{}', p_done text DEFAULT NULL,
                                              p_done_hash bytea DEFAULT NULL, p_done_result jsonb DEFAULT NULL)
 RETURNS SETOF awp.lease
-LANGUAGE plpgsql SET enable_sort = off AS $$   -- see awp._dispatch_one
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off AS $$   -- see awp._dispatch_one
 DECLARE
   v_now   timestamptz := coalesce(p_now, awp._now());
   s       awp.settings;
@@ -399,7 +399,7 @@ COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint, timestamptz, text, te
 -- that attempt had no output). Called only for tasks that are being leased, so every dependency has
 -- succeeded and its last attempt (tasks.attempts) is the succeeded one. Locks: none.
 CREATE OR REPLACE FUNCTION awp._upstream(p_run_id text, p_depends_on text[]) RETURNS jsonb
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   -- One primary-key probe per dependency (LIMIT 1 keeps it a probe): a join here may be planned as a scan of
   -- the whole run when the statistics expect small runs (see awp._task_waits).
   SELECT coalesce(jsonb_object_agg(u.task_key, a.output), '{}'::jsonb)
@@ -418,7 +418,7 @@ COMMENT ON FUNCTION awp._upstream(text, text[]) IS 'The outputs of a task''s dir
 -- holds the run and the dispatch.
 CREATE OR REPLACE FUNCTION awp._fail_oversize_lease(p_run_id text, p_task_key text, p_dispatch_id text,
                                                     p_attempt integer, p_bytes integer) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_msg text := format('the outputs of this task''s dependencies are %s bytes, over the %s-byte lease payload limit',
                        p_bytes, awp._limit_lease_payload_bytes());

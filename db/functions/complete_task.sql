@@ -17,7 +17,7 @@
 CREATE OR REPLACE FUNCTION awp._complete_task(w awp.workers, p_dispatch_id text, p_lease_token text,
                                               p_result jsonb, p_refill boolean DEFAULT true)
 RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   p_worker_id text := w.worker_id;
   v_kind   text;
@@ -103,7 +103,7 @@ COMMENT ON FUNCTION awp._complete_task(awp.workers, text, text, jsonb, boolean) 
 -- (a fan-out: more new work than the one refilled slot). Not on every completion of a busy run, where a pass
 -- finds nothing to do. Locks: none.
 CREATE OR REPLACE FUNCTION awp._wake_for_fan_out(p_run_id text, p_task_key text, p_kind text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF p_kind = 'success'
      AND (SELECT cardinality(t.dependants) FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key) > 0
@@ -117,7 +117,7 @@ COMMENT ON FUNCTION awp._wake_for_fan_out(text, text, text) IS 'Wakes the coordi
 CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
                                              p_lease_token text, p_result jsonb)
 RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_applied boolean := awp._complete_task(awp._session(p_worker_id, p_session_token, false), p_dispatch_id,
                                           p_lease_token, p_result);
@@ -132,7 +132,7 @@ COMMENT ON FUNCTION awp.complete_task(text, text, text, text, jsonb) IS 'Reports
 -- complete) whichever path settled it. The one definition, for awp._complete_task, the hot path
 -- (awp._complete_and_refill) and awp._fail_oversize_lease. Locks: none.
 CREATE OR REPLACE FUNCTION awp._result_hash(p jsonb) RETURNS bytea
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN sha256(convert_to(jsonb_build_object('kind', p->>'kind', 'output', p->'output', 'error_code', p->'error_code',
                                               'error_message', p->'error_message')::text, 'UTF8'));
@@ -144,7 +144,7 @@ COMMENT ON FUNCTION awp._result_hash(jsonb) IS 'The hash of a result that an ide
 -- run by awp._complete_task before the run lock (early reject) and under it (authoritative). Locks: none.
 CREATE OR REPLACE FUNCTION awp._holds_lease(d awp.dispatches, p_worker_id text, p_lease_token text)
 RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN d.worker_id IS NOT DISTINCT FROM p_worker_id AND d.lease_token_hash IS NOT DISTINCT FROM awp._hash(p_lease_token);
 END $$;
@@ -159,7 +159,7 @@ COMMENT ON FUNCTION awp._holds_lease(awp.dispatches, text, text) IS 'Whether a d
 -- Locks: those advisory locks, in run_id order (as complete_tasks settles its items), nothing else.
 CREATE OR REPLACE FUNCTION awp._queue_for_runs(p_worker_id text, p_dispatch_ids text[], p_lease_tokens text[])
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_run text;
 BEGIN
@@ -186,7 +186,7 @@ COMMENT ON FUNCTION awp._queue_for_runs(text, text[], text[]) IS 'Takes the advi
 
 -- awp._check_result(result): AWREQ unless result is a valid, size-limited result object.
 CREATE OR REPLACE FUNCTION awp._check_result(p jsonb) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_bad text;
 BEGIN
@@ -236,7 +236,7 @@ CREATE OR REPLACE FUNCTION awp.complete_and_claim(p_worker_id text, p_session_to
                                                   p_lease_token text, p_result jsonb, p_slots integer,
                                                   p_claim_seq bigint DEFAULT NULL)
 RETURNS SETOF awp.lease
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   w awp.workers;
 BEGIN
@@ -254,7 +254,7 @@ COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, intege
 CREATE OR REPLACE FUNCTION awp._complete_and_claim(w awp.workers, p_dispatch_id text, p_lease_token text,
                                                    p_result jsonb, p_slots integer, p_claim_seq bigint)
 RETURNS SETOF awp.lease
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_free     integer;
   v_n        integer;
@@ -325,7 +325,7 @@ COMMENT ON FUNCTION awp._complete_and_claim(awp.workers, text, text, jsonb, inte
 CREATE OR REPLACE FUNCTION awp._complete_and_refill(w awp.workers, p_dispatch_id text, p_lease_token text,
                                                     p_result jsonb, p_claim_seq bigint,
                                                     OUT outcome text, OUT lease awp.lease, OUT fan_out boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_run   text;
   v_hash  bytea;
@@ -406,7 +406,7 @@ COMMENT ON FUNCTION awp._complete_and_refill(awp.workers, text, text, jsonb, big
 -- plans its body again in every statement that calls it. The ctids come in the order of the pairs (a task not
 -- found is left out). Locks: none.
 CREATE OR REPLACE FUNCTION awp._task_rows(p_runs text[], p_keys text[]) RETURNS tid[]
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN ARRAY(SELECT p.ctid FROM unnest(p_runs, p_keys) WITH ORDINALITY AS u(run_id, task_key, o)
                CROSS JOIN LATERAL (SELECT x.ctid FROM awp.tasks x
@@ -425,7 +425,7 @@ COMMENT ON FUNCTION awp._task_rows(text[], text[]) IS 'The row versions (ctid) o
 -- gets back as many slots as it frees (where a group's workers are distinct, each freeing its one slot).
 -- Locks: none.
 CREATE OR REPLACE FUNCTION awp._group_path_kinds(p_items jsonb, p_one_worker boolean DEFAULT false) RETURNS text[]
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_kinds text[];
 BEGIN
@@ -507,7 +507,7 @@ COMMENT ON FUNCTION awp._group_path_kinds(jsonb, boolean) IS 'The executor kinds
 -- its run, take that dispatch alone and skip it when it is locked).
 CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb, p_kinds text[] DEFAULT NULL)
 RETURNS TABLE (item integer, lease awp.lease)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
   v_n     integer := jsonb_array_length(p_items);
   v_now   timestamptz;
@@ -831,7 +831,7 @@ COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb, text[]) IS 'The group 
 -- Every item of a group it settles gets a lease. Locks: as awp._complete_and_refill_group.
 CREATE OR REPLACE FUNCTION awp._group_path_or_nothing(p_items jsonb, p_kinds text[],
                                                       OUT items integer[], OUT leases awp.lease[])
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   SELECT array_agg(g.item ORDER BY g.item), array_agg(g.lease ORDER BY g.item) INTO items, leases
     FROM awp._complete_and_refill_group(p_items, p_kinds) g;
@@ -858,7 +858,7 @@ COMMENT ON FUNCTION awp._group_path_or_nothing(jsonb, text[]) IS 'The group path
 -- (worker_id, position) order its worker row and the locks of awp.complete_and_claim.
 CREATE OR REPLACE FUNCTION awp.complete_and_claim_many(p_items jsonb)
 RETURNS TABLE (item integer, error jsonb, lease awp.lease)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_item   record;
   v_run    text;
@@ -974,7 +974,7 @@ COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' com
 CREATE OR REPLACE FUNCTION awp.complete_tasks(p_worker_id text, p_session_token text, p_results jsonb,
                                               p_slots integer DEFAULT 0, p_claim_seq bigint DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   w        awp.workers := awp._session(p_worker_id, p_session_token, false);   -- AWSES first; locked below
   v_item   record;

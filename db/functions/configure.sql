@@ -15,7 +15,7 @@ CREATE OR REPLACE FUNCTION awp.configure(lease_duration_ms integer DEFAULT NULL,
                                          retention_ms bigint DEFAULT NULL,
                                          leader_lease_ms integer DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   s awp.settings;
   v record;
@@ -52,7 +52,7 @@ COMMENT ON FUNCTION awp.configure(integer, integer, integer, integer, bigint, in
 
 -- awp.get_settings(): the settings as jsonb.
 CREATE OR REPLACE FUNCTION awp.get_settings() RETURNS jsonb
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT jsonb_build_object('lease_duration_ms', s.lease_duration_ms,
                             'heartbeat_interval_ms', s.heartbeat_interval_ms,
                             'offline_after_heartbeats', s.offline_after_heartbeats,

@@ -12,7 +12,7 @@
 -- over (settings.coordinator_since), so a restarted or failed-over coordinator gives every worker
 -- a full window. Returns the number of workers marked.
 CREATE OR REPLACE FUNCTION awp.mark_offline_workers() RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   s        awp.settings := awp._settings();
   v_now    timestamptz := awp._now();
@@ -32,12 +32,33 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.mark_offline_workers() IS 'Marks silent workers offline (after a full window since the coordinator took over); returns the count.';
 
+-- awp._pass_skip(step, run, sqlstate, message): a run whose step failed in a pass run run by run (awp.coordinator_tick
+-- after its pass failed): a WARNING that the gateway's coordinator logs (the run is left as it was, retried by the
+-- next pass); returns false (nothing done for it). Locks: none.
+CREATE OR REPLACE FUNCTION awp._pass_skip(p_step text, p_run_id text, p_sqlstate text, p_message text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RAISE WARNING 'coordinator pass: run % skipped in %: % (SQLSTATE %)', p_run_id, p_step, p_message, p_sqlstate;
+  RETURN false;
+END $$;
+COMMENT ON FUNCTION awp._pass_skip(text, text, text, text) IS 'Reports a run whose coordinator step failed (WARNING); returns false.';
+
 -- awp.converge_cancellations(): converges every run whose cancellation was requested and that is
 -- not terminal yet. Returns the number of runs canceled.
 CREATE OR REPLACE FUNCTION awp.converge_cancellations() RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN awp._converge_cancellations(false);
+END $$;
+COMMENT ON FUNCTION awp.converge_cancellations() IS 'Converges requested cancellations (dispatches, attempts, tasks, run canceled); returns the number of runs.';
+
+-- awp._converge_cancellations(isolate): awp.converge_cancellations; with isolate, each run in a subtransaction of
+-- its own (awp._pass_skip: a run whose step fails is left as it was, the others go on).
+CREATE OR REPLACE FUNCTION awp._converge_cancellations(p_isolate boolean) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_run text;
+  v_ok  boolean;
   v_n   integer := 0;
 BEGIN
   FOR v_run IN
@@ -46,14 +67,22 @@ BEGIN
      ORDER BY r.cancel_requested_at
        FOR UPDATE SKIP LOCKED
   LOOP
-    IF awp._converge_cancel(v_run) THEN
-      v_n := v_n + 1;
+    IF NOT p_isolate THEN
+      v_ok := awp._converge_cancel(v_run);
+    ELSE
+      BEGIN
+        v_ok := awp._converge_cancel(v_run);
+        PERFORM awp._log_flush();
+      EXCEPTION WHEN OTHERS THEN
+        v_ok := awp._pass_skip('cancel convergence', v_run, SQLSTATE, SQLERRM);
+      END;
     END IF;
+    v_n := v_n + v_ok::integer;
   END LOOP;
   PERFORM awp._log_flush();
   RETURN v_n;
 END $$;
-COMMENT ON FUNCTION awp.converge_cancellations() IS 'Converges requested cancellations (dispatches, attempts, tasks, run canceled); returns the number of runs.';
+COMMENT ON FUNCTION awp._converge_cancellations(boolean) IS 'awp.converge_cancellations, optionally one subtransaction per run.';
 
 -- awp.reap_expired_leases(): settles leases that are no longer valid: the attempt deadline passed
 -- -> attempt timed_out (also when the lease expired too); the lease expired or its worker is
@@ -64,17 +93,23 @@ COMMENT ON FUNCTION awp.converge_cancellations() IS 'Converges requested cancell
 -- Candidates are taken with SKIP LOCKED and re-checked under the lock against a
 -- fresh clock (a lease renewed meanwhile is left alone). Returns the number reaped.
 CREATE OR REPLACE FUNCTION awp.reap_expired_leases() RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN awp._reap_expired_leases(false);
+END $$;
+COMMENT ON FUNCTION awp.reap_expired_leases() IS 'Expires invalid leases (attempt interrupted, timed_out or not_received, then retry or fail); returns the count.';
+
+-- awp._reap_expired_leases(isolate): awp.reap_expired_leases; with isolate, each lease in a subtransaction of its
+-- own (awp._pass_skip).
+CREATE OR REPLACE FUNCTION awp._reap_expired_leases(p_isolate boolean) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  c      record;
-  d      awp.dispatches;
-  v_now  timestamptz;
-  v_dead boolean;
-  v_to   text;
-  v_n    integer := 0;
+  c    record;
+  v_ok boolean;
+  v_n  integer := 0;
 BEGIN
   FOR c IN
-    SELECT x.dispatch_id FROM awp.dispatches x
+    SELECT x.dispatch_id, x.run_id FROM awp.dispatches x
       JOIN awp.runs r ON r.run_id = x.run_id
       JOIN awp.workers w ON w.worker_id = x.worker_id
      WHERE x.status = 'leased' AND r.cancel_requested_at IS NULL
@@ -84,42 +119,66 @@ BEGIN
      LIMIT 1000
        FOR UPDATE OF r, x SKIP LOCKED
   LOOP
-    SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = c.dispatch_id;
-    SELECT w.status IN ('offline', 'stopped') INTO v_dead FROM awp.workers w WHERE w.worker_id = d.worker_id;
-    v_now := awp._now();
-    IF d.status <> 'leased' THEN
-      CONTINUE;
-    ELSIF v_now >= d.attempt_deadline THEN
-      v_to := 'timed_out';
-    ELSIF v_now >= d.lease_expires_at OR v_dead THEN
-      v_to := 'interrupted';
+    IF NOT p_isolate THEN
+      v_ok := awp._reap_one(c.dispatch_id);
     ELSE
-      CONTINUE;   -- renewed after the candidate was read
+      BEGIN
+        v_ok := awp._reap_one(c.dispatch_id);
+        PERFORM awp._log_flush();
+      EXCEPTION WHEN OTHERS THEN
+        v_ok := awp._pass_skip('reaping', c.run_id, SQLSTATE, SQLERRM);
+      END;
     END IF;
-    IF d.uncounted = 'not_received' THEN
-      v_to := 'not_received';
-    END IF;
-    PERFORM awp._append_event(d.run_id, 'dispatch', d.dispatch_id, 'leased', 'expired',
-                              CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
-                                        WHEN 'not_received' THEN 'not received by its worker'
-                                        ELSE CASE WHEN v_dead THEN 'worker offline' ELSE 'lease expired' END END
-                              || CASE WHEN d.uncounted = 'outage' THEN ' after an outage' ELSE '' END);
-    PERFORM awp._end_attempt(d.run_id, d.task_key, d.attempt, v_to, true, NULL,
-                             CASE v_to WHEN 'timed_out' THEN 'attempt_timeout' WHEN 'not_received' THEN 'not_received'
-                                       ELSE 'lease_expired' END,
-                             CASE v_to WHEN 'timed_out' THEN 'the attempt deadline passed'
-                                       WHEN 'not_received' THEN 'its worker never received the lease (the claim answer was lost)'
-                                       ELSE 'the lease expired before the attempt completed' END,
-                             CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
-                                       WHEN 'not_received' THEN 'not received by its worker' ELSE 'lease expired' END
-                             || CASE WHEN d.uncounted = 'outage' THEN ' after an outage' ELSE '' END,
-                             d.uncounted IS NULL, 'expired', NULL);   -- the dispatch expires with its attempt
-    v_n := v_n + 1;
+    v_n := v_n + v_ok::integer;
   END LOOP;
   PERFORM awp._log_flush();
   RETURN v_n;
 END $$;
-COMMENT ON FUNCTION awp.reap_expired_leases() IS 'Expires invalid leases (attempt interrupted, timed_out or not_received, then retry or fail); returns the count.';
+COMMENT ON FUNCTION awp._reap_expired_leases(boolean) IS 'awp.reap_expired_leases, optionally one subtransaction per lease.';
+
+-- awp._reap_one(dispatch): settles one lease that awp._reap_expired_leases found invalid and locked (with its run),
+-- re-checked against a fresh clock; false when it was renewed or settled meanwhile.
+CREATE OR REPLACE FUNCTION awp._reap_one(p_dispatch_id text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  d      awp.dispatches;
+  v_now  timestamptz;
+  v_dead boolean;
+  v_to   text;
+BEGIN
+  SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
+  SELECT w.status IN ('offline', 'stopped') INTO v_dead FROM awp.workers w WHERE w.worker_id = d.worker_id;
+  v_now := awp._now();
+  IF d.status <> 'leased' THEN
+    RETURN false;
+  ELSIF v_now >= d.attempt_deadline THEN
+    v_to := 'timed_out';
+  ELSIF v_now >= d.lease_expires_at OR v_dead THEN
+    v_to := 'interrupted';
+  ELSE
+    RETURN false;   -- renewed after the candidate was read
+  END IF;
+  IF d.uncounted = 'not_received' THEN
+    v_to := 'not_received';
+  END IF;
+  PERFORM awp._append_event(d.run_id, 'dispatch', d.dispatch_id, 'leased', 'expired',
+                            CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
+                                      WHEN 'not_received' THEN 'not received by its worker'
+                                      ELSE CASE WHEN v_dead THEN 'worker offline' ELSE 'lease expired' END END
+                            || CASE WHEN d.uncounted = 'outage' THEN ' after an outage' ELSE '' END);
+  PERFORM awp._end_attempt(d.run_id, d.task_key, d.attempt, v_to, true, NULL,
+                           CASE v_to WHEN 'timed_out' THEN 'attempt_timeout' WHEN 'not_received' THEN 'not_received'
+                                     ELSE 'lease_expired' END,
+                           CASE v_to WHEN 'timed_out' THEN 'the attempt deadline passed'
+                                     WHEN 'not_received' THEN 'its worker never received the lease (the claim answer was lost)'
+                                     ELSE 'the lease expired before the attempt completed' END,
+                           CASE v_to WHEN 'timed_out' THEN 'attempt deadline passed'
+                                     WHEN 'not_received' THEN 'not received by its worker' ELSE 'lease expired' END
+                           || CASE WHEN d.uncounted = 'outage' THEN ' after an outage' ELSE '' END,
+                           d.uncounted IS NULL, 'expired', NULL);   -- the dispatch expires with its attempt
+  RETURN true;
+END $$;
+COMMENT ON FUNCTION awp._reap_one(text) IS 'Settles one invalid lease (attempt interrupted, timed_out or not_received); false when renewed meanwhile.';
 
 -- awp._resume_leases(last_pass): after an outage (docs/protocol.md, Lease recovery), every lease that was
 -- live at the last coordinator pass (lease_expires_at > last_pass: no reaper has seen it end) gets one full
@@ -129,7 +188,7 @@ COMMENT ON FUNCTION awp.reap_expired_leases() IS 'Expires invalid leases (attemp
 -- as not received keeps that. Returns the number of leases resumed. Locks: the dispatches with SKIP LOCKED
 -- (a lease another transaction holds right now is being completed, renewed or released by its worker).
 CREATE OR REPLACE FUNCTION awp._resume_leases(p_last_pass timestamptz) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   s     awp.settings := awp._settings();
   v_now timestamptz := awp._now();
@@ -157,11 +216,20 @@ COMMENT ON FUNCTION awp._resume_leases(timestamptz) IS 'After an outage: gives e
 -- awp.promote_retries(): waiting_retry tasks whose ready_at has come become ready.
 -- Returns the number promoted.
 CREATE OR REPLACE FUNCTION awp.promote_retries() RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN awp._promote_retries(false);
+END $$;
+COMMENT ON FUNCTION awp.promote_retries() IS 'Makes due waiting_retry tasks ready; returns the count.';
+
+-- awp._promote_retries(isolate): awp.promote_retries; with isolate, each run in a subtransaction of its own
+-- (awp._pass_skip).
+CREATE OR REPLACE FUNCTION awp._promote_retries(p_isolate boolean) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_run  text;
   v_now  timestamptz := awp._now();
-  v_keys text[];
+  v_k    integer;
   v_n    integer := 0;
 BEGIN
   FOR v_run IN
@@ -171,30 +239,61 @@ BEGIN
                          WHERE t.status = 'waiting_retry' AND t.ready_at <= v_now)
        FOR UPDATE OF r SKIP LOCKED
   LOOP
-    WITH u AS (
-      UPDATE awp.tasks t SET status = 'ready', ready_at = NULL, updated_at = v_now
-       WHERE t.run_id = v_run AND t.status = 'waiting_retry' AND t.ready_at <= v_now
-      RETURNING t.task_key, t.ordinal
-    )
-    SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_keys FROM u;
-    PERFORM awp._append_events_alike(v_run, 'task', v_keys,
-                                     array_fill('waiting_retry'::text, ARRAY[coalesce(cardinality(v_keys), 0)]),
-                                     'ready', 'retry interval elapsed');
-    v_n := v_n + coalesce(cardinality(v_keys), 0);
+    IF NOT p_isolate THEN
+      v_k := awp._promote_run(v_run, v_now);
+    ELSE
+      BEGIN
+        v_k := awp._promote_run(v_run, v_now);
+        PERFORM awp._log_flush();
+      EXCEPTION WHEN OTHERS THEN
+        v_k := awp._pass_skip('retry promotion', v_run, SQLSTATE, SQLERRM)::integer;
+      END;
+    END IF;
+    v_n := v_n + v_k;
   END LOOP;
   PERFORM awp._log_flush();
   RETURN v_n;
 END $$;
-COMMENT ON FUNCTION awp.promote_retries() IS 'Makes due waiting_retry tasks ready; returns the count.';
+COMMENT ON FUNCTION awp._promote_retries(boolean) IS 'awp.promote_retries, optionally one subtransaction per run.';
+
+-- awp._promote_run(run, now): makes the run's due waiting_retry tasks ready (the caller holds the run's lock);
+-- returns how many.
+CREATE OR REPLACE FUNCTION awp._promote_run(p_run_id text, p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_keys text[];
+BEGIN
+  WITH u AS (
+    UPDATE awp.tasks t SET status = 'ready', ready_at = NULL, updated_at = p_now
+     WHERE t.run_id = p_run_id AND t.status = 'waiting_retry' AND t.ready_at <= p_now
+    RETURNING t.task_key, t.ordinal
+  )
+  SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_keys FROM u;
+  PERFORM awp._append_events_alike(p_run_id, 'task', v_keys,
+                                   array_fill('waiting_retry'::text, ARRAY[coalesce(cardinality(v_keys), 0)]),
+                                   'ready', 'retry interval elapsed');
+  RETURN coalesce(cardinality(v_keys), 0);
+END $$;
+COMMENT ON FUNCTION awp._promote_run(text, timestamptz) IS 'Makes a run''s due waiting_retry tasks ready; returns the count.';
 
 -- awp.withdraw_orphan_dispatches(): a pending dispatch whose executor kind no active worker
 -- supports is canceled and its task goes back to ready (no attempt, no retry spent).
 -- Returns the number withdrawn.
 CREATE OR REPLACE FUNCTION awp.withdraw_orphan_dispatches() RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN awp._withdraw_orphan_dispatches(false);
+END $$;
+COMMENT ON FUNCTION awp.withdraw_orphan_dispatches() IS 'Withdraws pending dispatches no active worker can take (task back to ready); returns the count.';
+
+-- awp._withdraw_orphan_dispatches(isolate): awp.withdraw_orphan_dispatches; with isolate, each dispatch in a
+-- subtransaction of its own (awp._pass_skip).
+CREATE OR REPLACE FUNCTION awp._withdraw_orphan_dispatches(p_isolate boolean) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   c     record;
   v_now timestamptz := awp._now();
+  v_ok  boolean;
   v_n   integer := 0;
 BEGIN
   FOR c IN
@@ -206,17 +305,37 @@ BEGIN
      ORDER BY d.dispatch_id
        FOR UPDATE OF r, d SKIP LOCKED
   LOOP
-    UPDATE awp.dispatches d SET status = 'canceled', finished_at = v_now WHERE d.dispatch_id = c.dispatch_id;
-    UPDATE awp.tasks t SET status = 'ready', updated_at = v_now
-     WHERE t.run_id = c.run_id AND t.task_key = c.task_key AND t.status = 'queued';
-    PERFORM awp._append_event(c.run_id, 'dispatch', c.dispatch_id, 'pending', 'canceled', 'no compatible active worker');
-    PERFORM awp._append_event(c.run_id, 'task', c.task_key, 'queued', 'ready', 'no compatible active worker');
-    v_n := v_n + 1;
+    IF NOT p_isolate THEN
+      v_ok := awp._withdraw_one(c.dispatch_id, c.run_id, c.task_key, v_now);
+    ELSE
+      BEGIN
+        v_ok := awp._withdraw_one(c.dispatch_id, c.run_id, c.task_key, v_now);
+        PERFORM awp._log_flush();
+      EXCEPTION WHEN OTHERS THEN
+        v_ok := awp._pass_skip('orphan withdrawal', c.run_id, SQLSTATE, SQLERRM);
+      END;
+    END IF;
+    v_n := v_n + v_ok::integer;
   END LOOP;
   PERFORM awp._log_flush();
   RETURN v_n;
 END $$;
-COMMENT ON FUNCTION awp.withdraw_orphan_dispatches() IS 'Withdraws pending dispatches no active worker can take (task back to ready); returns the count.';
+COMMENT ON FUNCTION awp._withdraw_orphan_dispatches(boolean) IS 'awp.withdraw_orphan_dispatches, optionally one subtransaction per dispatch.';
+
+-- awp._withdraw_one(dispatch, run, task, now): cancels one pending dispatch (locked by the caller, with its run)
+-- and puts its task back to ready. Returns true.
+CREATE OR REPLACE FUNCTION awp._withdraw_one(p_dispatch_id text, p_run_id text, p_task_key text, p_now timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  UPDATE awp.dispatches d SET status = 'canceled', finished_at = p_now WHERE d.dispatch_id = p_dispatch_id;
+  UPDATE awp.tasks t SET status = 'ready', updated_at = p_now
+   WHERE t.run_id = p_run_id AND t.task_key = p_task_key AND t.status = 'queued';
+  PERFORM awp._append_event(p_run_id, 'dispatch', p_dispatch_id, 'pending', 'canceled', 'no compatible active worker');
+  PERFORM awp._append_event(p_run_id, 'task', p_task_key, 'queued', 'ready', 'no compatible active worker');
+  RETURN true;
+END $$;
+COMMENT ON FUNCTION awp._withdraw_one(text, text, text, timestamptz) IS 'Withdraws one orphan pending dispatch (task back to ready).';
 
 -- awp.create_dispatches(): turns ready tasks into pending dispatches under the three limits of
 -- docs/protocol.md, rule 8 (run concurrency over queued + running; free capacity of compatible active
@@ -229,8 +348,8 @@ COMMENT ON FUNCTION awp.withdraw_orphan_dispatches() IS 'Withdraws pending dispa
 -- Locks: a transaction-level advisory lock serialises every transaction that adds to pending +
 -- leased (coordinator passes, run starts) so two of them cannot both spend the last unit of a limit;
 -- it is taken before the budget is read. Runs are then locked with SKIP LOCKED.
-CREATE OR REPLACE FUNCTION awp._create_dispatches() RETURNS integer
-LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION awp._create_dispatches(p_isolate boolean DEFAULT false) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   b       record;
   v_kinds jsonb;
@@ -246,11 +365,22 @@ BEGIN
   v_left := least(b.global_free, b.worker_free);
   LOOP
     v_round := 0;
-    FOR v_run IN SELECT f.run_id FROM awp._fairness_order(NULL) f LOOP
+    -- Only runs with a ready task of a kind that has room: a backlog of a kind without a free slot costs nothing.
+    FOR v_run IN SELECT f.run_id FROM awp._fairness_order(awp._kinds_with_room(v_kinds)) f LOOP
       EXIT WHEN v_left <= 0;
       PERFORM 1 FROM awp.runs x WHERE x.run_id = v_run FOR UPDATE SKIP LOCKED;
       CONTINUE WHEN NOT FOUND;
-      v_kind := awp._dispatch_one(v_run, v_kinds);
+      IF NOT p_isolate THEN
+        v_kind := awp._dispatch_one(v_run, v_kinds);
+      ELSE
+        BEGIN
+          v_kind := awp._dispatch_one(v_run, v_kinds);
+          PERFORM awp._log_flush();
+        EXCEPTION WHEN OTHERS THEN
+          v_kind := NULL;
+          PERFORM awp._pass_skip('dispatch creation', v_run, SQLSTATE, SQLERRM);
+        END;
+      END IF;
       CONTINUE WHEN v_kind IS NULL;
       v_kinds := jsonb_set(v_kinds, ARRAY[v_kind], to_jsonb((v_kinds->>v_kind)::integer - 1));
       v_left := v_left - 1;
@@ -261,10 +391,10 @@ BEGIN
   END LOOP;
   RETURN v_n;
 END $$;
-COMMENT ON FUNCTION awp._create_dispatches() IS 'Creates pending dispatches for ready tasks under the backpressure limits and the fairness rule, without NOTIFY; returns the count.';
+COMMENT ON FUNCTION awp._create_dispatches(boolean) IS 'Creates pending dispatches for ready tasks under the backpressure limits and the fairness rule, without NOTIFY; returns the count.';
 
 CREATE OR REPLACE FUNCTION awp.create_dispatches() RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_n integer := awp._create_dispatches();
 BEGIN
@@ -283,13 +413,15 @@ COMMENT ON FUNCTION awp.create_dispatches() IS 'Creates pending dispatches for r
 -- write, unless this session still leads with that term (db/functions/leadership.sql); it renews the
 -- leadership (coordinator_leader.last_seen_at) at its end. Without a term (a DBA's pass from psql) there is
 -- no such check and no renewal.
--- Returns {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed} (counts) and
--- "limited": the limits that still hold ready tasks back after the pass (awp._limits_held(), e.g.
+-- A run whose step fails does not stop the pass: the per-run steps are then run again one run at a time, the
+-- failing run is skipped with a WARNING (awp._pass_skip), and the result has "isolated": true.
+-- Returns {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed} (counts),
+-- and "limited": the limits that still hold ready tasks back after the pass (awp._limits_held(), e.g.
 -- ["workers_full"]; [] when none), which the gateway counts for /metrics (docs/limits.md).
 -- Locks: the coordinator_leader row first when p_term is given, then as the steps above.
 CREATE OR REPLACE FUNCTION awp.coordinator_tick(p_takeover boolean DEFAULT false, p_term bigint DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   s       awp.settings;
   v_now   timestamptz := awp._now();
@@ -301,6 +433,7 @@ DECLARE
   v_disp  integer;
   v_fired integer;
   v_resumed integer := 0;
+  v_isolated boolean := false;
 BEGIN
   IF p_term IS NOT NULL THEN
     PERFORM awp._check_leader(p_term, true);
@@ -318,11 +451,24 @@ BEGIN
   IF p_takeover AND s.last_tick_at < v_now - make_interval(secs => s.heartbeat_interval_ms / 1000.0) THEN
     v_resumed := awp._resume_leases(s.last_tick_at);
   END IF;
-  v_can  := awp.converge_cancellations();
-  v_reap := awp.reap_expired_leases();
-  v_prom := awp.promote_retries();
-  v_wd   := awp.withdraw_orphan_dispatches();
-  v_disp := awp._create_dispatches();
+  -- One bad run must not stop everyone's dispatch: when the per-run steps fail, they are undone and run again
+  -- with each run in a subtransaction of its own (awp._pass_skip reports and skips the failing ones). Only the
+  -- failing pass pays for the subtransactions.
+  BEGIN
+    v_can  := awp._converge_cancellations(false);
+    v_reap := awp._reap_expired_leases(false);
+    v_prom := awp._promote_retries(false);
+    v_wd   := awp._withdraw_orphan_dispatches(false);
+    v_disp := awp._create_dispatches(false);
+  EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'coordinator pass failed: % (SQLSTATE %); running it again run by run', SQLERRM, SQLSTATE;
+    v_isolated := true;
+    v_can  := awp._converge_cancellations(true);
+    v_reap := awp._reap_expired_leases(true);
+    v_prom := awp._promote_retries(true);
+    v_wd   := awp._withdraw_orphan_dispatches(true);
+    v_disp := awp._create_dispatches(true);
+  END;
   PERFORM awp._notify_pending();
   IF p_term IS NOT NULL THEN   -- at the end: a long pass counts as alive until it commits
     UPDATE awp.coordinator_leader x SET last_seen_at = awp._now();
@@ -330,6 +476,7 @@ BEGIN
   RETURN jsonb_build_object('canceled', v_can, 'reaped', v_reap, 'offline', v_off,
                             'promoted', v_prom, 'withdrawn', v_wd, 'dispatched', v_disp,
                             'schedules_fired', v_fired, 'resumed', v_resumed,
-                            'limited', to_jsonb(awp._limits_held()));
+                            'limited', to_jsonb(awp._limits_held()))
+         || CASE WHEN v_isolated THEN '{"isolated": true}'::jsonb ELSE '{}' END;
 END $$;
 COMMENT ON FUNCTION awp.coordinator_tick(boolean, bigint) IS 'One full coordinator pass (fenced by the active coordinator''s term when given: AWLDR, nothing written, once it no longer leads); returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed} and the limits still holding ready tasks (limited).';

@@ -5,21 +5,21 @@
 -- Locks: the workflows row FOR UPDATE (serialises versions of one workflow).
 
 -- awp._int_ok(value, lo, hi): is a JSON value an integer within [lo, hi]?
--- No SET search_path on purpose: it names only pg_catalog objects, and without the SET clause
--- PostgreSQL inlines it (validation calls it for every task of a 10,000-task definition).
+-- PL/pgSQL: its expression's plan is cached (validation calls it for every task of a 10,000-task definition).
 CREATE OR REPLACE FUNCTION awp._int_ok(p jsonb, p_lo bigint, p_hi bigint) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-  SELECT CASE WHEN jsonb_typeof(p) = 'number'
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN CASE WHEN jsonb_typeof(p) = 'number'
               THEN p::numeric = trunc(p::numeric) AND p::numeric BETWEEN p_lo AND p_hi
-              ELSE false END
-$$;
+              ELSE false END;
+END $$;
 COMMENT ON FUNCTION awp._int_ok(jsonb, bigint, bigint) IS 'True when a JSON value is an integer in a range.';
 
 -- awp._validate_definition(definition): AWREQ (with a DETAIL naming the problem) unless the definition is
 -- valid. It only checks: defaults are applied by awp.start_run, and the stored definition is the one given,
 -- so its hash is that of the given JSON. Locks: none.
 CREATE OR REPLACE FUNCTION awp._validate_definition(p jsonb) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_err    text;
   v_n      integer;
@@ -40,6 +40,7 @@ DECLARE
   v_path   integer[];
   v_step   integer;
   v_kinds  text[] := awp._executor_kinds();
+  v_edges  bigint;
 BEGIN
   IF p IS NULL OR jsonb_typeof(p) <> 'object' THEN
     PERFORM awp._raise_invalid_request('definition must be a JSON object');
@@ -63,6 +64,14 @@ BEGIN
   IF v_n < 1 OR v_n > 10000 THEN
     PERFORM awp._raise_invalid_request('invalid tasks',
       format('tasks must hold 1-10000 tasks, got %s', v_n));
+  END IF;
+  -- Counted before anything walks the graph, so a dense one is refused at once.
+  SELECT coalesce(sum(jsonb_array_length(t->'depends_on')), 0) INTO v_edges
+    FROM jsonb_array_elements(p->'tasks') t WHERE jsonb_typeof(t->'depends_on') = 'array';
+  IF v_edges > awp._limit_definition_edges() THEN
+    PERFORM awp._raise_invalid_request('too many dependencies',
+      format('the tasks'' depends_on hold %s entries in all, over the limit of %s', v_edges,
+             awp._limit_definition_edges()));
   END IF;
 
   -- Per-task shape: the first offending task, in definition order.
@@ -213,7 +222,7 @@ COMMENT ON FUNCTION awp._validate_definition(jsonb) IS 'Checks a workflow defini
 -- awp.apply_workflow(definition): like create_workflow_version, plus whether a version was created.
 CREATE OR REPLACE FUNCTION awp.apply_workflow(p_definition jsonb)
 RETURNS TABLE (workflow_id text, version integer, created boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_def    jsonb := p_definition;   -- stored as given
   v_id     text := v_def->>'id';
@@ -239,7 +248,7 @@ COMMENT ON FUNCTION awp.apply_workflow(jsonb) IS 'Validates a definition and sto
 -- awp.create_workflow_version(definition): the SQL API in README.md.
 CREATE OR REPLACE FUNCTION awp.create_workflow_version(p_definition jsonb)
 RETURNS TABLE (workflow_id text, version integer)
-LANGUAGE sql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT a.workflow_id, a.version FROM awp.apply_workflow(p_definition) a
 $$;
 COMMENT ON FUNCTION awp.create_workflow_version(jsonb) IS 'Validates a workflow definition (AWREQ) and returns its new version, or the latest version when the definition is identical.';

@@ -7,7 +7,7 @@ CREATE OR REPLACE FUNCTION awp.drain_worker(p_worker_id text, p_session_token te
 RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
                max_concurrency integer, active_leases integer, last_heartbeat_at timestamptz,
                registered_at timestamptz, stopped_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   w     awp.workers := awp._session(p_worker_id, p_session_token, true);

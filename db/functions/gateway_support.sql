@@ -6,7 +6,7 @@
 -- invalid session wins over every other error (python/awp/openapi.yaml). Locks: none.
 CREATE OR REPLACE FUNCTION awp.check_worker_session(p_worker_id text, p_session_token text)
 RETURNS text
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN (awp._session(p_worker_id, p_session_token, false)).status;
 END $$;
@@ -20,7 +20,7 @@ RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestampt
                action text, depends_on text[], max_attempts integer, timeout_ms integer,
                updated_at timestamptz, finished_at timestamptz, attempt_history jsonb,
                wait_reason text, wait_detail text)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_history jsonb;
 BEGIN
@@ -45,7 +45,7 @@ COMMENT ON FUNCTION awp.get_task(text, text) IS 'One task of a run with its atte
 -- runs. Terminal dispatches are not counted. Locks: none.
 CREATE OR REPLACE FUNCTION awp.metrics_snapshot()
 RETURNS jsonb
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT jsonb_build_object(
     'runs', awp._counts_by_status('run'),
     'dispatches', (SELECT coalesce(jsonb_object_agg(x.status, x.n), '{}') FROM

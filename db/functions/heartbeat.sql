@@ -35,7 +35,7 @@
 -- in one transaction) leaves the doubled value as it is, unless the caller has set another one meanwhile
 -- (awp.outwait_set keeps the value this set). Locks: none.
 CREATE OR REPLACE FUNCTION awp._outwait_completion() RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_ms  bigint := (extract(epoch FROM current_setting('lock_timeout')::interval) * 1000)::bigint;
   v_set text := current_setting('awp.outwait_set', true);
@@ -51,7 +51,7 @@ COMMENT ON FUNCTION awp._outwait_completion() IS 'Doubles lock_timeout for this 
 -- awp._check_lease_refs(refs, name): AWREQ (naming the heartbeat argument `name`) unless refs is an array of at
 -- most awp._limit_heartbeat_list() {"dispatch_id": string, "lease_token": string} objects. Locks: none.
 CREATE OR REPLACE FUNCTION awp._check_lease_refs(p_refs jsonb, p_name text) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF jsonb_typeof(p_refs) <> 'array' OR jsonb_array_length(p_refs) > awp._limit_heartbeat_list() OR EXISTS (
        SELECT 1 FROM jsonb_array_elements(p_refs) e
@@ -71,7 +71,7 @@ CREATE OR REPLACE FUNCTION awp.heartbeat(p_worker_id text, p_session_token text,
                                          p_claims_pending bigint[] DEFAULT NULL,
                                          p_dropped jsonb DEFAULT NULL)
 RETURNS TABLE (dispatch_id text, status text, lease_remaining_ms bigint)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   w      awp.workers;

@@ -10,7 +10,7 @@
 -- key with a different request, AWREQ for a bad key.
 CREATE OR REPLACE FUNCTION awp._idempotency_begin(p_scope text, p_key text, p_request_hash text)
 RETURNS jsonb
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   k awp.idempotency_keys;
 BEGIN
@@ -35,7 +35,7 @@ COMMENT ON FUNCTION awp._idempotency_begin(text, text, text) IS 'Claims an idemp
 -- awp._idempotency_finish(scope, key, response): stores the answer of the request owning the key.
 CREATE OR REPLACE FUNCTION awp._idempotency_finish(p_scope text, p_key text, p_response jsonb)
 RETURNS void
-LANGUAGE sql SET search_path = '' AS $$
+LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $$
   UPDATE awp.idempotency_keys x SET response = p_response
    WHERE x.scope = p_scope AND x.idempotency_key = p_key
 $$;
@@ -48,7 +48,7 @@ COMMENT ON FUNCTION awp._idempotency_finish(text, text, jsonb) IS 'Stores the an
 CREATE OR REPLACE FUNCTION awp.apply_workflow_idempotent(p_idempotency_key text, p_request_hash text,
                                                          p_definition jsonb)
 RETURNS TABLE (workflow_id text, version integer, created boolean, replayed boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_old jsonb := awp._idempotency_begin('workflows', p_idempotency_key, p_request_hash);
   a     record;
@@ -71,7 +71,7 @@ CREATE OR REPLACE FUNCTION awp.start_run_idempotent(p_idempotency_key text, p_re
                                                     p_workflow_id text, p_version integer,
                                                     p_input jsonb DEFAULT NULL)
 RETURNS TABLE (run_id text, status text, replayed boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_old    jsonb := awp._idempotency_begin('runs', p_idempotency_key, p_request_hash);
   v_run_id text;

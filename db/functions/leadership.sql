@@ -11,13 +11,13 @@
 -- awp._coordinator_lock_key(): the key of the coordinator's session advisory lock ("AWP_COOR"; the same as
 -- LOCK_KEY in python/awp/coordinator.py). Locks: none.
 CREATE OR REPLACE FUNCTION awp._coordinator_lock_key() RETURNS bigint
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$ SELECT 4708320305520529234::bigint $$;
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 4708320305520529234::bigint $$;
 COMMENT ON FUNCTION awp._coordinator_lock_key() IS 'The key of the coordinator''s session advisory lock.';
 
 -- awp._coordinator_lock_holder(): the pid of the session that holds the coordinator's lock in this
 -- database, or NULL. Reads pg_locks (every role may). Locks: none.
 CREATE OR REPLACE FUNCTION awp._coordinator_lock_holder() RETURNS integer
-LANGUAGE sql VOLATILE SET search_path = '' AS $$
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
   SELECT l.pid FROM pg_catalog.pg_locks l
    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
@@ -31,7 +31,7 @@ COMMENT ON FUNCTION awp._coordinator_lock_holder() IS 'The pid of the session ho
 -- awp.take_leadership. Locks: none.
 CREATE OR REPLACE FUNCTION awp._leadership_refused(p_reason text, l awp.coordinator_leader, p_lease integer,
                                                    p_remaining bigint, p_pid integer) RETURNS jsonb
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT jsonb_build_object('leader', false, 'reason', p_reason, 'term', l.term, 'holder', l.holder,
                             'pid', p_pid, 'lease_remaining_ms', p_remaining, 'leader_lease_ms', p_lease)
 $$;
@@ -55,7 +55,7 @@ COMMENT ON FUNCTION awp._leadership_refused(text, awp.coordinator_leader, intege
 -- Locks: the coordinator's session advisory lock (kept: the session leads while it holds it), then the
 -- coordinator_leader row (NOWAIT before ending a silent leader's session; to record or renew).
 CREATE OR REPLACE FUNCTION awp.take_leadership(p_holder text) RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_key     bigint := awp._coordinator_lock_key();
   v_me      integer := pg_catalog.pg_backend_pid();
@@ -119,7 +119,7 @@ COMMENT ON FUNCTION awp.take_leadership(text) IS 'One election step of a coordin
 -- Locks: the coordinator_leader row, FOR NO KEY UPDATE when p_session (passes and heartbeats renew it),
 -- else FOR KEY SHARE (retention batches, on a connection of their own, never wait for a pass).
 CREATE OR REPLACE FUNCTION awp._check_leader(p_term bigint, p_session boolean) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   l awp.coordinator_leader;
 BEGIN
@@ -140,7 +140,7 @@ COMMENT ON FUNCTION awp._check_leader(bigint, boolean) IS 'Raises AWLDR unless c
 -- when its pass interval is long compared with the lease). AWLDR when term (or this session) no longer
 -- leads. Returns {"term", "leader_lease_ms"}. Locks: the coordinator_leader row.
 CREATE OR REPLACE FUNCTION awp.leader_heartbeat(p_term bigint) RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM awp._check_leader(p_term, true);
   UPDATE awp.coordinator_leader x SET last_seen_at = awp._now();
@@ -153,7 +153,7 @@ COMMENT ON FUNCTION awp.leader_heartbeat(bigint) IS 'Renews the active coordinat
 CREATE OR REPLACE FUNCTION awp.get_leader()
 RETURNS TABLE (term bigint, holder text, backend_pid integer, since timestamptz, last_seen_at timestamptz,
                silent_ms bigint, leader_lease_ms integer, lock_holder_pid integer)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN QUERY
   SELECT l.term, l.holder, l.backend_pid, l.since, l.last_seen_at, awp._ms(awp._now() - l.last_seen_at),

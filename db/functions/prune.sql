@@ -30,7 +30,7 @@ CREATE OR REPLACE FUNCTION awp._prune_batch(p_cutoff timestamptz, p_max_runs int
                                             p_max_tasks integer DEFAULT 5000, p_max_workers integer DEFAULT 200,
                                             p_max_keys integer DEFAULT 2000)
 RETURNS jsonb
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_cand    text[];
   v_found   integer;
@@ -128,7 +128,7 @@ COMMENT ON FUNCTION awp._prune_batch(timestamptz, integer, integer, integer, int
 -- Locks: as awp._prune_batch, for the whole call (one transaction).
 CREATE OR REPLACE FUNCTION awp.prune(older_than interval)
 RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_cutoff  timestamptz;
   v_started timestamptz := clock_timestamp();
@@ -164,7 +164,7 @@ COMMENT ON FUNCTION awp.prune(interval) IS 'Deletes finished runs (with tasks, d
 -- Locks: the coordinator_leader row (FOR KEY SHARE, when p_term is given), then as awp._prune_batch.
 CREATE OR REPLACE FUNCTION awp.apply_retention(p_term bigint DEFAULT NULL)
 RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   s awp.settings := awp._settings();
 BEGIN

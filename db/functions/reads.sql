@@ -9,7 +9,7 @@
 
 -- awp._check_page(limit): AWREQ unless the limit is NULL or from 1 to 1000. Locks: none.
 CREATE OR REPLACE FUNCTION awp._check_page(p_limit integer) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF p_limit IS NOT NULL AND p_limit NOT BETWEEN 1 AND awp._limit_page_rows() THEN
     PERFORM awp._raise_invalid_request('invalid limit', format('limit must be from 1 to %s', awp._limit_page_rows()));
@@ -24,7 +24,7 @@ CREATE OR REPLACE FUNCTION awp._worker_rows(p_worker_id text, p_after_registered
 RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
                max_concurrency integer, active_leases integer, last_heartbeat_at timestamptz,
                registered_at timestamptz, stopped_at timestamptz)
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT w.worker_id, w.display_name, w.status, w.executor_kinds, w.max_concurrency,
          (SELECT count(*)::integer FROM awp.dispatches d WHERE d.worker_id = w.worker_id AND d.status = 'leased'),
          w.last_heartbeat_at, w.registered_at, w.stopped_at
@@ -46,7 +46,7 @@ CREATE OR REPLACE FUNCTION awp.list_workers(p_after_registered_at timestamptz DE
 RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
                max_concurrency integer, active_leases integer, last_heartbeat_at timestamptz,
                registered_at timestamptz, stopped_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM awp._check_page(p_limit);
   IF (p_after_registered_at IS NULL) <> (p_after_worker_id IS NULL) THEN
@@ -60,7 +60,7 @@ CREATE OR REPLACE FUNCTION awp.get_worker(p_worker_id text)
 RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[],
                max_concurrency integer, active_leases integer, last_heartbeat_at timestamptz,
                registered_at timestamptz, stopped_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN QUERY SELECT * FROM awp._worker_rows(p_worker_id);
   IF NOT FOUND THEN
@@ -78,7 +78,7 @@ RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status t
                cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
                finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
                schedule_id text)
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT r.run_id, r.workflow_id, r.workflow_version, r.status, r.revision, r.cancel_requested_at,
          r.created_at, r.started_at, r.finished_at, r.concurrency, r.idempotency_key,
          coalesce(r.final_task_counts, awp._task_counts(r.run_id)),   -- counted only while the run is live
@@ -105,7 +105,7 @@ RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status t
                finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
                schedule_id text, input jsonb, output jsonb, output_truncated boolean,
                waiting_for_executors text[], waiting jsonb)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN QUERY
   SELECT x.*, r.input, r.output, r.output_truncated,
@@ -124,7 +124,7 @@ COMMENT ON FUNCTION awp.get_run(text) IS 'One run with its revision, task counts
 -- which an unchanged revision makes needless. AWNTF when unknown. Locks: none.
 CREATE OR REPLACE FUNCTION awp.run_revision(p_run_id text)
 RETURNS TABLE (revision bigint, status text)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN QUERY SELECT r.revision, r.status FROM awp.runs r WHERE r.run_id = p_run_id;
   IF NOT FOUND THEN
@@ -136,7 +136,7 @@ COMMENT ON FUNCTION awp.run_revision(text) IS 'A run''s revision and status (one
 -- awp._waiting_for_executors(run_id): executor kinds of the run's ready or queued tasks that no active
 -- worker offers, sorted. Locks: none.
 CREATE OR REPLACE FUNCTION awp._waiting_for_executors(p_run_id text) RETURNS text[]
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT coalesce(array_agg(DISTINCT t.executor ORDER BY t.executor), '{}')
     FROM awp.tasks t
    WHERE t.run_id = p_run_id AND t.status IN ('ready', 'queued')
@@ -157,7 +157,7 @@ RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status t
                cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
                finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
                schedule_id text)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM awp._check_page(coalesce(p_limit, 0));   -- a NULL limit is refused too: list_runs always pages
   IF p_status IS NOT NULL AND p_status NOT IN ('pending', 'running', 'succeeded', 'failed', 'canceled') THEN
@@ -171,7 +171,7 @@ END $$;
 COMMENT ON FUNCTION awp.list_runs(text, text, text, integer, timestamptz) IS 'Runs, newest first, filtered by workflow and status, keyset-paged after a run id.';
 
 CREATE OR REPLACE FUNCTION awp._require_run(p_run_id text) RETURNS void
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM awp.runs r WHERE r.run_id = p_run_id) THEN
     PERFORM awp._raise_not_found('run not found', format('no run %s', p_run_id));
@@ -188,7 +188,7 @@ CREATE OR REPLACE FUNCTION awp.run_tasks(p_run_id text, p_after_task_key text DE
 RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestamptz, executor text,
                action text, depends_on text[], max_attempts integer, timeout_ms integer,
                updated_at timestamptz, finished_at timestamptz, wait_reason text, wait_detail text)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_after integer := -1;
 BEGIN
@@ -213,7 +213,7 @@ CREATE OR REPLACE FUNCTION awp.task_attempts(p_run_id text, p_task_key text)
 RETURNS TABLE (attempt integer, status text, worker_id text, dispatch_id text, started_at timestamptz,
                finished_at timestamptz, output jsonb, error_code text, error_message text,
                fencing_token bigint, deadline timestamptz, counted boolean)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key) THEN
     PERFORM awp._require_run(p_run_id);
@@ -230,7 +230,7 @@ CREATE OR REPLACE FUNCTION awp.run_events(p_run_id text, p_after_sequence bigint
                                           p_limit integer DEFAULT NULL)
 RETURNS TABLE (sequence bigint, revision bigint, entity_type text, entity_key text, from_status text,
                to_status text, reason text, occurred_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM awp._require_run(p_run_id);
   RETURN QUERY
@@ -246,7 +246,7 @@ COMMENT ON FUNCTION awp.run_events(text, bigint, integer) IS 'The events of a ru
 -- with their latest version (updated_at = when it was stored). Locks: none.
 CREATE OR REPLACE FUNCTION awp._workflow_rows(p_workflow_id text, p_after text, p_limit integer)
 RETURNS TABLE (workflow_id text, latest_version integer, created_at timestamptz, updated_at timestamptz)
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT w.workflow_id, v.version, w.created_at, v.created_at
     FROM awp.workflows w
     CROSS JOIN LATERAL (SELECT x.version, x.created_at FROM awp.workflow_versions x
@@ -262,7 +262,7 @@ COMMENT ON FUNCTION awp._workflow_rows(text, text, integer) IS 'Workflows with t
 -- the workflow_id of the last row. Locks: none.
 CREATE OR REPLACE FUNCTION awp.list_workflows(p_after text DEFAULT NULL, p_limit integer DEFAULT NULL)
 RETURNS TABLE (workflow_id text, latest_version integer, created_at timestamptz, updated_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM awp._check_page(p_limit);
   RETURN QUERY SELECT * FROM awp._workflow_rows(NULL, p_after, p_limit);
@@ -271,7 +271,7 @@ COMMENT ON FUNCTION awp.list_workflows(text, integer) IS 'Workflows with their l
 
 CREATE OR REPLACE FUNCTION awp.get_workflow(p_workflow_id text)
 RETURNS TABLE (workflow_id text, latest_version integer, created_at timestamptz, updated_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN QUERY SELECT * FROM awp._workflow_rows(p_workflow_id, NULL, 1);
   IF NOT FOUND THEN
@@ -286,7 +286,7 @@ CREATE OR REPLACE FUNCTION awp.workflow_versions(p_workflow_id text, p_after_ver
                                                  p_limit integer DEFAULT NULL)
 RETURNS TABLE (workflow_id text, version integer, definition_hash text, task_count integer,
                created_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM awp._check_page(p_limit);
   IF NOT EXISTS (SELECT 1 FROM awp.workflows w WHERE w.workflow_id = p_workflow_id) THEN
@@ -303,7 +303,7 @@ COMMENT ON FUNCTION awp.workflow_versions(text, integer, integer) IS 'The versio
 CREATE OR REPLACE FUNCTION awp.get_workflow_version(p_workflow_id text, p_version integer)
 RETURNS TABLE (workflow_id text, version integer, definition_hash text, task_count integer,
                created_at timestamptz, definition jsonb)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN QUERY SELECT v.workflow_id, v.version, v.definition_hash, v.task_count, v.created_at, v.definition
                  FROM awp.workflow_versions v WHERE v.workflow_id = p_workflow_id AND v.version = p_version;

@@ -6,7 +6,7 @@ CREATE OR REPLACE FUNCTION awp.register_worker(p_display_name text, p_executor_k
                                                p_max_concurrency integer, p_protocol_version integer DEFAULT 1)
 RETURNS TABLE (worker_id text, session_token text, heartbeat_interval_ms integer,
                lease_duration_ms integer, protocol_version integer)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   v_id    text := awp._new_id('wkr');

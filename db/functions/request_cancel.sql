@@ -5,7 +5,7 @@
 -- Locks: the run row, then its live dispatches (fixed order Run, then Dispatch).
 CREATE OR REPLACE FUNCTION awp.request_cancel(p_run_id text)
 RETURNS TABLE (run_id text, status text, cancel_requested_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   r awp.runs;

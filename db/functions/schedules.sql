@@ -18,7 +18,7 @@
 CREATE OR REPLACE FUNCTION awp._cron_value(p_token text, p_field text, p_lo integer, p_hi integer,
                                            p_names text[], p_name_base integer)
 RETURNS integer
-LANGUAGE plpgsql IMMUTABLE AS $$
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v integer;
 BEGIN
@@ -45,7 +45,7 @@ COMMENT ON FUNCTION awp._cron_value(text, text, integer, integer, text[], intege
 CREATE OR REPLACE FUNCTION awp._cron_field(p_text text, p_field text, p_lo integer, p_hi integer,
                                            p_names text[] DEFAULT NULL, p_name_base integer DEFAULT 0)
 RETURNS integer[]
-LANGUAGE plpgsql IMMUTABLE AS $$
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_part  text;
   v_base  text;
@@ -105,7 +105,7 @@ COMMENT ON FUNCTION awp._cron_field(text, text, integer, integer, text[], intege
 -- Raises AWREQ with a detail naming the problem, also for a day-of-month that no month selected has.
 -- Takes no locks.
 CREATE OR REPLACE FUNCTION awp._cron_parse(p_cron text) RETURNS jsonb
-LANGUAGE plpgsql IMMUTABLE AS $$
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_text   text := btrim(regexp_replace(coalesce(p_cron, ''), '\s+', ' ', 'g'));
   v_f      text[];
@@ -157,7 +157,7 @@ COMMENT ON FUNCTION awp._cron_parse(text) IS 'Parses a cron expression (5 or 6 f
 CREATE OR REPLACE FUNCTION awp._cron_time(p_h integer[], p_mi integer[], p_s integer[], p_from time,
                                           p_fwd boolean)
 RETURNS time
-LANGUAGE plpgsql IMMUTABLE AS $$
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_h0  integer := extract(hour FROM p_from);
   v_mi0 integer := extract(minute FROM p_from);
@@ -196,7 +196,7 @@ COMMENT ON FUNCTION awp._cron_time(integer[], integer[], integer[], time, boolea
 -- <= from (backward), whole seconds, that the parsed expression matches; NULL when there is none
 -- within 100 years. Whole months and days that do not match are skipped.
 CREATE OR REPLACE FUNCTION awp._cron_local(p jsonb, p_from timestamp, p_fwd boolean) RETURNS timestamp
-LANGUAGE plpgsql IMMUTABLE AS $$
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_s     integer[] := ARRAY(SELECT jsonb_array_elements_text(p->'second')::integer);
   v_mi    integer[] := ARRAY(SELECT jsonb_array_elements_text(p->'minute')::integer);
@@ -240,7 +240,7 @@ COMMENT ON FUNCTION awp._cron_local(jsonb, timestamp, boolean) IS 'The first (la
 
 -- awp._tz_offset(at, tz): the UTC offset of time zone tz at instant at.
 CREATE OR REPLACE FUNCTION awp._tz_offset(p_at timestamptz, p_tz text) RETURNS interval
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT (p_at AT TIME ZONE p_tz) - (p_at AT TIME ZONE 'UTC')
 $$;
 COMMENT ON FUNCTION awp._tz_offset(timestamptz, text) IS 'The UTC offset of a time zone at an instant.';
@@ -249,7 +249,7 @@ COMMENT ON FUNCTION awp._tz_offset(timestamptz, text) IS 'The UTC offset of a ti
 -- first of two when the clock went back over it; the instant of the jump when the clock jumped over
 -- it. Never decreases as the wall-clock time grows (assumes offset changes at least a day apart).
 CREATE OR REPLACE FUNCTION awp._wall_instant(p_wall timestamp, p_tz text) RETURNS timestamptz
-LANGUAGE plpgsql STABLE STRICT AS $$
+LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_u   timestamptz := p_wall AT TIME ZONE p_tz;   -- PostgreSQL: the later instant of a repeated time;
                                                     -- a skipped time read with the offset before the jump
@@ -284,7 +284,7 @@ COMMENT ON FUNCTION awp._wall_instant(timestamp, text) IS 'The instant a wall-cl
 -- (awp._wall_instant) is after at. Usually the wall-clock reading of at plus what is left of its
 -- second; around a clock change, found by bisection (awp._wall_instant never decreases).
 CREATE OR REPLACE FUNCTION awp._wall_bound(p_at timestamptz, p_tz text) RETURNS timestamp
-LANGUAGE plpgsql STABLE STRICT AS $$
+LANGUAGE plpgsql STABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_w   timestamp := date_trunc('second', p_at AT TIME ZONE p_tz) + interval '1 second';
   v_lo  timestamp;
@@ -313,28 +313,28 @@ COMMENT ON FUNCTION awp._wall_bound(timestamptz, text) IS 'The first wall-clock 
 -- awp._cron_prev(cron, at, tz): the last fire time at or before `at`. Take no locks.
 CREATE OR REPLACE FUNCTION awp._cron_next(p jsonb, p_after timestamptz, p_tz text DEFAULT 'UTC')
 RETURNS timestamptz
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT awp._wall_instant(awp._cron_local(p, awp._wall_bound(p_after, p_tz), true), p_tz)
 $$;
 COMMENT ON FUNCTION awp._cron_next(jsonb, timestamptz, text) IS 'The first fire time of a parsed cron expression after an instant, in a time zone.';
 
 CREATE OR REPLACE FUNCTION awp._cron_next(p_cron text, p_after timestamptz, p_tz text DEFAULT 'UTC')
 RETURNS timestamptz
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT awp._cron_next(awp._cron_parse(p_cron), p_after, p_tz)
 $$;
 COMMENT ON FUNCTION awp._cron_next(text, timestamptz, text) IS 'The first fire time of a cron expression after an instant, in a time zone (AWREQ for a bad expression).';
 
 CREATE OR REPLACE FUNCTION awp._cron_prev(p jsonb, p_at timestamptz, p_tz text DEFAULT 'UTC')
 RETURNS timestamptz
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT awp._wall_instant(awp._cron_local(p, awp._wall_bound(p_at, p_tz) - interval '1 second', false), p_tz)
 $$;
 COMMENT ON FUNCTION awp._cron_prev(jsonb, timestamptz, text) IS 'The last fire time of a parsed cron expression at or before an instant, in a time zone.';
 
 CREATE OR REPLACE FUNCTION awp._cron_prev(p_cron text, p_at timestamptz, p_tz text DEFAULT 'UTC')
 RETURNS timestamptz
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT awp._cron_prev(awp._cron_parse(p_cron), p_at, p_tz)
 $$;
 COMMENT ON FUNCTION awp._cron_prev(text, timestamptz, text) IS 'The last fire time of a cron expression at or before an instant, in a time zone (AWREQ for a bad expression).';
@@ -346,7 +346,7 @@ COMMENT ON FUNCTION awp._cron_prev(text, timestamptz, text) IS 'The last fire ti
 -- created_at + k * interval_ms, k >= 1. Takes no locks.
 CREATE OR REPLACE FUNCTION awp._schedule_fire(s awp.schedules, p_at timestamptz, p_fwd boolean)
 RETURNS timestamptz
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_k bigint;
 BEGIN
@@ -379,7 +379,7 @@ CREATE OR REPLACE FUNCTION awp.create_schedule(schedule_id text, workflow_id tex
                                                interval_ms integer DEFAULT NULL, input jsonb DEFAULT NULL,
                                                timezone text DEFAULT 'UTC')
 RETURNS SETOF awp.schedules
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_id     text := schedule_id;
   v_wf     text := workflow_id;
@@ -452,7 +452,7 @@ COMMENT ON FUNCTION awp.create_schedule(text, text, text, integer, jsonb, text) 
 -- Locks: the schedule row (waits for a coordinator pass firing it to commit).
 CREATE OR REPLACE FUNCTION awp.delete_schedule(schedule_id text)
 RETURNS SETOF awp.schedules
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_id text := schedule_id;
 BEGIN
@@ -469,7 +469,7 @@ COMMENT ON FUNCTION awp.delete_schedule(text) IS 'Deletes a schedule and returns
 -- that retention pruned since (docs/retention.md). Limit 1-1000 (AWREQ otherwise). Locks: none (reads).
 CREATE OR REPLACE FUNCTION awp.list_schedules(p_after text DEFAULT NULL, p_limit integer DEFAULT NULL)
 RETURNS SETOF awp.schedules
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM awp._check_page(p_limit);
   RETURN QUERY SELECT * FROM awp.schedules s WHERE p_after IS NULL OR s.schedule_id > p_after
@@ -488,7 +488,7 @@ COMMENT ON FUNCTION awp.list_schedules(text, integer) IS 'The schedules with the
 -- Locks: due schedule rows FOR UPDATE SKIP LOCKED (a concurrent pass skips them; next_fire_at is
 -- re-checked under the lock), then per run as awp.start_run.
 CREATE OR REPLACE FUNCTION awp.fire_schedules() RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_now   timestamptz := awp._now();
   v_id    text;

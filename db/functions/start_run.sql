@@ -6,12 +6,12 @@
 -- it raises AWIDM. Defaults are applied here (concurrency 10, max_attempts 1,
 -- interval_ms 1000, timeout_ms 300000, input {}, action = key). Raises AWNTF for an unknown workflow
 -- or version, AWREQ for a bad key or input.
--- Locks: inserts (the unique index serialises two starts with one key), then as
--- awp.create_dispatches (other runs with SKIP LOCKED).
+-- Locks: inserts (the unique index serialises two starts with one key), then as awp._dispatch_new_run (the
+-- new run only).
 CREATE OR REPLACE FUNCTION awp._start_run(p_workflow_id text, p_version integer, p_idempotency_key text,
                                           p_input jsonb, p_schedule_id text)
 RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_def    jsonb;
   v_ver    integer;
@@ -84,10 +84,9 @@ BEGIN
   PERFORM awp._append_events_alike(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
                                    'waiting_dependencies', 'task created')
      FROM awp.tasks t WHERE t.run_id = v_run_id AND t.status = 'waiting_dependencies';
-  -- Dispatch on start (docs/protocol.md, Refill and claim on complete): dispatch now what the limits and the
-  -- fairness rule allow (a new run is first in line), so an idle worker's long-poll wakes without waiting for a
-  -- coordinator pass.
-  IF awp._create_dispatches() = 0 THEN
+  -- Dispatch on start (docs/protocol.md, Refill and claim on complete): the run's own ready tasks, within the
+  -- limits, so an idle worker's long-poll wakes without waiting for a coordinator pass.
+  IF awp._dispatch_new_run(v_run_id) = 0 THEN
     PERFORM awp._wake('awp_coordinator', 'run_started');
   END IF;
   PERFORM awp._notify_pending();
@@ -98,7 +97,7 @@ COMMENT ON FUNCTION awp._start_run(text, integer, text, jsonb, text) IS 'awp.sta
 CREATE OR REPLACE FUNCTION awp.start_run(p_workflow_id text, p_version integer DEFAULT NULL,
                                          p_idempotency_key text DEFAULT NULL, p_input jsonb DEFAULT NULL)
 RETURNS text
-LANGUAGE sql SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT awp._start_run(p_workflow_id, p_version, p_idempotency_key, p_input, NULL)
 $$;
 COMMENT ON FUNCTION awp.start_run(text, integer, text, jsonb) IS 'Starts a run of a workflow version (latest when null) with an input object; the same idempotency key and input return the same run (another input: AWIDM); AWNTF when unknown.';
@@ -107,7 +106,7 @@ COMMENT ON FUNCTION awp.start_run(text, integer, text, jsonb) IS 'Starts a run o
 -- of jsonb text (the rule of a task's input); `what` names it in the message ('run input', 'schedule input').
 -- Locks: none.
 CREATE OR REPLACE FUNCTION awp._check_input(p_input jsonb, p_what text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE AS $$
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF jsonb_typeof(p_input) IS DISTINCT FROM 'object' THEN
     PERFORM awp._raise_invalid_request('invalid ' || p_what, 'input must be a JSON object');
@@ -123,7 +122,7 @@ COMMENT ON FUNCTION awp._check_input(jsonb, text) IS 'Validates a run or schedul
 -- when none; AWIDM when that run was started with another input.
 CREATE OR REPLACE FUNCTION awp._existing_run(p_workflow_id text, p_idempotency_key text, p_input jsonb)
 RETURNS text
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_run_id text;
   v_input  jsonb;

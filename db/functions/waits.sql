@@ -29,7 +29,7 @@
 
 -- awp._wait_secs(interval): a short human duration ("850 ms", "4.9 s", "2 min 5 s", "3 h 20 min").
 CREATE OR REPLACE FUNCTION awp._wait_secs(p interval) RETURNS text
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT CASE
            WHEN s < 1 THEN round(s * 1000)::bigint || ' ms'
            WHEN s < 60 THEN trim(to_char(s, 'FM990.0')) || ' s'
@@ -42,7 +42,7 @@ COMMENT ON FUNCTION awp._wait_secs(interval) IS 'A short human-readable duration
 
 -- awp._wait_ts(ts): a timestamp as ISO 8601 UTC with milliseconds, for wait details.
 CREATE OR REPLACE FUNCTION awp._wait_ts(p timestamptz) RETURNS text
-LANGUAGE sql IMMUTABLE SET search_path = '' AS $$
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT to_char(p AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')
 $$;
 COMMENT ON FUNCTION awp._wait_ts(timestamptz) IS 'A timestamp as ISO 8601 UTC text, for wait details.';
@@ -54,7 +54,7 @@ COMMENT ON FUNCTION awp._wait_ts(timestamptz) IS 'A timestamp as ISO 8601 UTC te
 CREATE OR REPLACE FUNCTION awp._kind_capacity()
 RETURNS TABLE (executor_kind text, workers integer, slots integer, free_slots integer, pending integer,
                leased integer)
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   WITH live AS MATERIALIZED (   -- two arms so each uses its partial index (as awp._dispatch_budget)
     SELECT d.status, d.executor_kind, d.worker_id FROM awp.dispatches d WHERE d.status = 'pending'
     UNION ALL
@@ -86,7 +86,7 @@ COMMENT ON FUNCTION awp._kind_capacity() IS 'Per executor kind: active workers, 
 -- or unknown run. p_details false leaves detail NULL (cheaper, for counts). Locks: none.
 CREATE OR REPLACE FUNCTION awp._task_waits(p_run_id text, p_details boolean DEFAULT true)
 RETURNS TABLE (task_key text, status text, reason text, detail text, waiting_on text[])
-LANGUAGE plpgsql STABLE SET jit = off AS $$   -- JIT would cost ~1 s on a 10,000-task run
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$   -- JIT would cost ~1 s on a 10,000-task run
 #variable_conflict use_column
 DECLARE
   r          awp.runs;
@@ -283,7 +283,7 @@ COMMENT ON FUNCTION awp._task_waits(text, boolean) IS 'Why each waiting task of 
 -- (none when it has finished), in definition order. AWNTF when unknown. Locks: none.
 CREATE OR REPLACE FUNCTION awp.run_waits(p_run_id text)
 RETURNS TABLE (task_key text, status text, reason text, detail text, waiting_on text[])
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM awp._require_run(p_run_id);
   RETURN QUERY SELECT * FROM awp._task_waits(p_run_id);
@@ -293,7 +293,7 @@ COMMENT ON FUNCTION awp.run_waits(text) IS 'Why each waiting task of a run waits
 -- awp._run_wait_counts(run_id): the run's waiting tasks by reason code, e.g. {"workers_full": 1800}
 -- ({} when none waits).
 CREATE OR REPLACE FUNCTION awp._run_wait_counts(p_run_id text) RETURNS jsonb
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT coalesce(jsonb_object_agg(w.reason, w.n), '{}')
     FROM (SELECT x.reason, count(*) AS n FROM awp._task_waits(p_run_id, false) x GROUP BY 1) w
 $$;
@@ -305,7 +305,7 @@ COMMENT ON FUNCTION awp._run_wait_counts(text) IS 'A run''s waiting tasks counte
 -- another kind are not looked at). Cheap enough for every pass: per live run with a ready task, one
 -- index probe and its in-flight count, plus one budget. Locks: none.
 CREATE OR REPLACE FUNCTION awp._limits_held() RETURNS text[]
-LANGUAGE sql STABLE SET search_path = '' AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   WITH b AS MATERIALIZED (   -- computed only when some run has a ready task (first use of the InitPlans below)
     SELECT x.global_free, x.worker_free, x.kinds FROM awp._dispatch_budget() x
   )
@@ -332,7 +332,7 @@ COMMENT ON FUNCTION awp._limits_held() IS 'The limits that hold ready tasks back
 -- or of a ready task): {"workers", "slots", "free_slots", "pending", "leased", "ready"} as jsonb,
 -- for /metrics and `awp status`. Live rows only. Locks: none.
 CREATE OR REPLACE FUNCTION awp.executor_stats() RETURNS jsonb
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   WITH kc AS (SELECT * FROM awp._kind_capacity()),
   ready AS (
     SELECT t.executor AS kind, count(*) AS n FROM awp.tasks t
@@ -353,7 +353,7 @@ COMMENT ON FUNCTION awp.executor_stats() IS 'Per executor kind: active workers, 
 -- The oldest waiting task is the ready or queued task of a live run that has been so the longest.
 -- Live rows only. Locks: none.
 CREATE OR REPLACE FUNCTION awp.cluster_status() RETURNS jsonb
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = '' AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   s      awp.settings := awp._settings();
   o      record;

@@ -2,7 +2,7 @@
 -- and the shape of every function (comment, search_path, SECURITY DEFINER, the signatures of README.md's SQL API).
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(113);
+SELECT plan(112);
 
 -- ---------------------------------------------------------------- tables
 SELECT has_table('awp', t, 'table awp.' || t || ' exists')
@@ -118,11 +118,9 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  ORDER BY 1),
           '{}'::text[], 'every awp function has a COMMENT');
 -- search_path (docs/architecture.md, "Functions and search_path"): the functions anyone but their owner may execute
--- are SECURITY DEFINER and set it (the next test); trigger functions set it too (they run at commit, or for a
--- DBA's own statements); SQL functions set it (it keeps their bodies out of their callers' plans), except the
--- helpers that must be inlined: awp._int_ok, _ms, _new_id, _token, _hash, _fairness_order and the limit constants
--- awp._limit_*() (create_workflow_version.sql, 00_helpers.sql, _dispatching.sql and 00_limits.sql say why); the
--- private PL/pgSQL functions do not: they run only inside those callers (search_path '') or as their owner.
+-- are SECURITY DEFINER (the next test), and every function in schema awp, public or private, of any language,
+-- pins search_path = pg_catalog, pg_temp: pg_temp named last, so no type or table a caller creates in its
+-- temporary schema is found before pg_catalog's (db/migrations/0012_caller_environment.sql).
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace AND NOT p.prosecdef
                    AND EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
@@ -130,24 +128,19 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  ORDER BY 1),
           '{}'::text[], 'only SECURITY DEFINER functions may be executed by anyone but their owner');
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
-                 WHERE p.pronamespace = 'awp'::regnamespace AND p.prorettype = 'trigger'::regtype
-                   AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)
-                 ORDER BY 1),
-          '{}'::text[], 'every trigger function has SET search_path = ''''');
-SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace
-                   AND p.prolang = (SELECT l.oid FROM pg_language l WHERE l.lanname = 'sql')
-                   AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)
-                   AND p.oid NOT IN ('awp._int_ok(jsonb, bigint, bigint)'::regprocedure, 'awp._ms(interval)'::regprocedure,
-                                     'awp._new_id(text)'::regprocedure, 'awp._token()'::regprocedure,
-                                     'awp._hash(text)'::regprocedure, 'awp._fairness_order(text[])'::regprocedure)
-                   AND NOT (p.proname LIKE '\_limit\_%' AND p.pronargs = 0 AND p.provolatile = 'i')
+                   AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)
+                   AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')
                  ORDER BY 1),
-          '{}'::text[], 'every SQL function but the inlined helpers has SET search_path = ''''');
+          '{}'::text[], 'every awp function pins SET search_path = pg_catalog, pg_temp');
+-- The caller's state settings (db/functions/zz_grants.sql): every SECURITY DEFINER function starts with
+-- awp.log_state and awp.new_dispatches empty (PostgreSQL restores the caller's value on exit).
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace AND p.prosecdef
-                   AND NOT coalesce('search_path=""' = ANY (p.proconfig), false)),
-          '{}'::text[], 'no SECURITY DEFINER function lacks SET search_path = ''''');
+                   AND NOT (coalesce('awp.log_state=' = ANY (p.proconfig), false)
+                            AND coalesce('awp.new_dispatches=' = ANY (p.proconfig), false))
+                 ORDER BY 1),
+          '{}'::text[], 'every SECURITY DEFINER function sets awp.log_state and awp.new_dispatches empty on entry');
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace AND left(p.proname, 1) <> '_' AND NOT p.prosecdef
                  ORDER BY 1),

@@ -4,7 +4,7 @@
 -- events in the same order, one revision per transaction, and refuse what that path refuses.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(53);
+SELECT plan(47);
 
 SELECT tests.freeze('2026-01-01 00:00:00+00');
 -- a and b first; c and d depend on a; e is independent. Concurrency 2.
@@ -202,38 +202,6 @@ SELECT is(ARRAY[tests.run_status(:'wrun'), tests.task_status(:'wrun', 'p18')], '
 SELECT is(tests.rev(:'wrun'), :wrev::bigint + 1, 'one revision for the call');
 SELECT ok(tests.sequences_contiguous(:'wrun'), 'sequences stay contiguous');
 SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold');
-
--- 8. The deferred flush of awp.log_state (the constraint trigger events_flush_log_state, db/functions/zz_triggers.sql)
---    is queued only by an event inserted while the state holds a run: the hot path queues none; events appended
---    and left unflushed are still written to the run's row at commit (here: when the trigger is made immediate).
-SET LOCAL track_functions = 'pl';
-SELECT tests.make_run('f', jsonb_build_array(tests.task('f1'), tests.task('f2')), 1) AS frun \gset
-SELECT * FROM tests.register_worker('w5', '{mock}', 1) \gset w5_
-SELECT tests.dispatch_all();
-SELECT * FROM awp.claim_tasks(:'w5_worker_id', :'w5_token', 1) \gset f1_
-SELECT tests.end_tx();
--- pg_temp.flush_now(): runs the flushes queued so far (the trigger made immediate, then deferred again) and
--- returns how many have run in this transaction.
-CREATE FUNCTION pg_temp.flush_now() RETURNS bigint LANGUAGE plpgsql AS $$
-BEGIN
-  SET CONSTRAINTS awp.events_flush_log_state IMMEDIATE;
-  SET CONSTRAINTS awp.events_flush_log_state DEFERRED;
-  RETURN (SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions
-           WHERE schemaname = 'awp' AND funcname = '_log_flush_at_commit');
-END $$;
-SELECT pg_temp.flush_now() AS flushes0 \gset
-SELECT is((SELECT task_key FROM awp.complete_and_claim(:'w5_worker_id', :'w5_token', :'f1_dispatch_id', :'f1_lease_token',
-                                                       tests.result(), 1)),
-          'f2', 'setup: f1 completed on the hot path, f2 leased');
-SELECT is(pg_temp.flush_now() - :flushes0, 0::bigint, 'the hot path''s events queued no deferred flush');
-SELECT tests.end_tx();
-SELECT last_sequence AS fseq, tests.rev(:'frun') AS frev FROM awp.runs WHERE run_id = :'frun' \gset
-SELECT awp._append_events(:'frun', '{task,task}', '{f2,f2}', '{running,running}', '{running,running}', '{t8,t8}');
-SELECT isnt(current_setting('awp.log_state', true), '', 'setup: two events appended, the run''s state left unflushed');
-SELECT is(pg_temp.flush_now() - :flushes0, 2::bigint, 'each of those events queued the flush');
-SELECT is((SELECT ARRAY[last_sequence - :fseq, revision - :frev] FROM awp.runs WHERE run_id = :'frun'),
-          '{2,1}'::bigint[], 'the first wrote the run''s row: its last sequence and revision moved');
-SELECT is(current_setting('awp.log_state', true), '', 'and emptied the state');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -202,3 +202,33 @@ def test_each_input_is_accepted_at_the_limit_and_refused_one_byte_past_it(conn: 
         assert _refusal(conn, make(limit)) is None, f"a {name} of exactly {limit} bytes is refused"
         detail = _refusal(conn, make(limit + 1))
         assert detail is not None and f"{limit + 1} bytes, over the {limit}-byte limit" in detail, (name, detail)
+
+
+def test_the_dependency_edges_of_a_definition_are_bounded(conn: psycopg.Connection) -> None:
+    """A dense graph within the task limit (each task depending on every earlier one) is refused at once with
+    AWREQ; exactly the limit is stored (AWP issue 44: 2 million edges took 11 s and could not start)."""
+    limit = limits(conn)["definition_edges"]
+    assert str(f"{limit:,}") in (REPO / "docs" / "limits.md").read_text()
+
+    def fan_in(edges: int) -> Callable[[], Any]:  # one task depending on `edges` others
+        tasks: list[dict[str, Any]] = [{"key": f"t{i}", "executor": "mock"} for i in range(edges)]
+        tasks.append({"key": "merge", "executor": "mock", "depends_on": [f"t{i}" for i in range(edges)]})
+        return lambda: conn.execute("SELECT awp.create_workflow_version(%s)", (Jsonb({"id": "fan", "tasks": tasks}),))
+
+    # The limit's worth of entries over four merge tasks of the same roots, so the tasks stay within 10,000.
+    def merges(edges: int) -> Callable[[], Any]:
+        sizes = [edges // 4 + (1 if i < edges % 4 else 0) for i in range(4)]
+        tasks: list[dict[str, Any]] = [{"key": f"t{i}", "executor": "mock"} for i in range(max(sizes))]
+        for m, n in enumerate(sizes):
+            tasks.append({"key": f"m{m}", "executor": "mock", "depends_on": [f"t{i}" for i in range(n)]})
+        return lambda: conn.execute("SELECT awp.create_workflow_version(%s)", (Jsonb({"id": "fan", "tasks": tasks}),))
+
+    assert _refusal(conn, fan_in(500)) is None
+    assert _refusal(conn, merges(limit)) is None, f"exactly {limit} depends_on entries are refused"
+    detail = _refusal(conn, merges(limit + 1))
+    assert detail is not None and f"{limit + 1} entries in all, over the limit of {limit}" in detail, detail
+    dense = [{"key": f"t{i}", "executor": "mock", "depends_on": [f"t{j}" for j in range(i)]} for i in range(1000)]
+    detail = _refusal(conn, lambda: conn.execute("SELECT awp.create_workflow_version(%s)",
+                                                 (Jsonb({"id": "dense", "tasks": dense}),)))  # fmt: skip
+    assert detail is not None and "499500 entries in all" in detail, detail
+    assert conn.execute("SELECT count(*) FROM awp.workflows WHERE workflow_id = 'dense'").fetchone() == (0,)

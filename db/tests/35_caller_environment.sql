@@ -1,0 +1,64 @@
+-- What a caller's session holds cannot change what the functions do (AWP issue 44; db/functions/zz_grants.sql,
+-- db/migrations/0012_caller_environment.sql): a caller-set awp.log_state or awp.new_dispatches is never read
+-- and never written to a run, and a coordinator pass goes on past one bad run. The attacks as a real gateway
+-- login (pg_temp type shadowing, TEMPORARY refused, a forged state committed) are in
+-- python/tests/test_caller_environment.py.
+BEGIN;
+\ir _fixtures.sql.inc
+SELECT plan(16);
+
+SELECT tests.freeze('2030-01-01 00:00:00+00');
+SELECT * FROM tests.register_worker('w1', '{mock}', 10) \gset w1_
+SELECT tests.make_run('a', jsonb_build_array(tests.task('a1'), tests.task('a2'))) AS run_a \gset
+SELECT tests.make_run('b', jsonb_build_array(tests.task('b1'), tests.task('b2', '{b1}'))) AS run_b \gset
+SELECT tests.end_tx();
+SELECT revision AS b_rev, last_sequence AS b_seq, unfinished_tasks AS b_unf FROM awp.runs WHERE run_id = :'run_b' \gset
+
+-- ================================================================ a forged awp.log_state before a call
+-- The finding: this made request_cancel write run b's counters (revision 999, last_sequence 999, 50 more
+-- unfinished tasks) without its lock, and every later pass failed on events_pkey.
+SELECT set_config('awp.log_state', format(';%s,999,999,50', :'run_b'), true);
+SELECT lives_ok(format($$SELECT awp.request_cancel(%L)$$, :'run_a'), 'request_cancel with a forged awp.log_state');
+SELECT is((SELECT ARRAY[revision, last_sequence, unfinished_tasks] FROM awp.runs WHERE run_id = :'run_b'),
+          ARRAY[:b_rev, :b_seq, :b_unf]::bigint[], 'run b''s counters are untouched');
+SELECT is(current_setting('awp.log_state'), format(';%s,999,999,50', :'run_b'),
+          'the caller gets its own value back (the function worked on an empty state)');
+SELECT ok(tests.sequences_contiguous(:'run_a'), 'run a''s own events and counters agree');
+SELECT ok((awp.coordinator_tick() ? 'isolated') IS FALSE, 'the next pass (same forged setting) runs whole');
+SELECT is(tests.run_status(:'run_a'), 'canceled', 'run a converged to canceled');
+SELECT ok(tests.sequences_contiguous(:'run_b'), 'run b''s events and counters still agree');
+SELECT set_config('awp.log_state', '', true);
+SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold');
+
+-- ================================================================ a forged awp.new_dispatches
+SELECT tests.end_tx();
+SELECT dispatch_id AS b1_dispatch FROM awp.dispatches WHERE run_id = :'run_b' AND task_key = 'b1' \gset
+SELECT set_config('awp.new_dispatches', repeat('x', 100) || ' ' || :'b1_dispatch' || ' ', true);
+SELECT lives_ok($$SELECT awp.create_dispatches()$$, 'create_dispatches with a forged awp.new_dispatches');
+SELECT is(current_setting('awp.new_dispatches'), repeat('x', 100) || ' ' || :'b1_dispatch' || ' ',
+          'the forged list was neither read nor consumed');
+SELECT set_config('awp.new_dispatches', '', true);
+
+-- ================================================================ one bad run does not stop a pass
+-- Run c's counters are broken by hand (its last_sequence back to 0): every event appended for it collides
+-- with events_pkey. A pass must still dispatch run d, skip c, and say so.
+SELECT tests.end_tx();
+SELECT tests.make_run('c', jsonb_build_array(tests.task('c1'))) AS run_c \gset
+SELECT tests.make_run('d', jsonb_build_array(tests.task('d1'))) AS run_d \gset
+SELECT tests.end_tx();
+UPDATE awp.dispatches SET status = 'canceled', finished_at = awp._now() WHERE run_id IN (:'run_c', :'run_d') AND status = 'pending';
+UPDATE awp.tasks SET status = 'ready' WHERE run_id IN (:'run_c', :'run_d') AND status = 'queued';
+UPDATE awp.runs SET last_sequence = 0 WHERE run_id = :'run_c';
+SELECT awp.coordinator_tick() AS pass \gset
+SELECT is((:'pass'::jsonb)->'isolated', 'true'::jsonb, 'the pass failed whole, then ran run by run (isolated: true)');
+SELECT is(tests.task_status(:'run_d', 'd1'), 'queued', 'run d got its dispatch');
+SELECT is(tests.task_status(:'run_c', 'c1'), 'ready', 'run c was skipped, left as it was');
+SELECT is((SELECT count(*) FROM awp.dispatches WHERE run_id = :'run_c' AND status = 'pending'), 0::bigint,
+          'nothing half-done for run c');
+UPDATE awp.runs SET last_sequence = (SELECT max(sequence) FROM awp.events WHERE run_id = :'run_c') WHERE run_id = :'run_c';
+SELECT tests.end_tx();
+SELECT ok(NOT (awp.coordinator_tick() ? 'isolated'), 'once repaired, a pass runs whole again');
+SELECT is(tests.task_status(:'run_c', 'c1'), 'queued', 'and run c gets its dispatch');
+
+SELECT * FROM finish();
+ROLLBACK;
