@@ -46,6 +46,7 @@ CHANNEL = "awp_coordinator"
 MAX_QUICK_PASSES = 100  # passes in a row without waiting, even if every one made progress
 RETENTION_BURST = 20  # retention batches in a row while each says there is more, then the interval again
 RETENTION_PAUSE_S = 0.2  # between the batches of a burst
+NOTICE_REPEAT_S = 60.0  # a pass's WARNING (a run skipped) is logged again after this long
 
 
 class LeadershipLost(Exception):
@@ -93,6 +94,7 @@ class Coordinator:
         self.on_active = on_active
         self.active = False
         self.passes = 0
+        self._notices_logged: dict[str, float] = {}
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
@@ -182,6 +184,7 @@ class Coordinator:
         while not self._stopping.is_set():
             try:
                 self._conn = await connect(self.dsn)
+                self._conn.add_notice_handler(self._log_notice)
                 backoff = 0.1
                 await self._standby(self._conn)
                 if not self._stopping.is_set():
@@ -211,6 +214,18 @@ class Coordinator:
             if not self._stopping.is_set():
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+    def _log_notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        """A WARNING of a pass (a run skipped after it failed: awp._pass_skip, db/functions/coordinator_tick.sql),
+        logged; the same text at most once a minute, since a bad run fails again on every pass."""
+        if diag.severity_nonlocalized != "WARNING":
+            return
+        text, now = str(diag.message_primary), time.monotonic()
+        if now - self._notices_logged.get(text, -NOTICE_REPEAT_S) >= NOTICE_REPEAT_S:
+            if len(self._notices_logged) > 1000:
+                self._notices_logged.clear()
+            self._notices_logged[text] = now
+            log.warning("%s", text)
 
     async def _standby(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Return once this session leads (``self.term`` set), or we are stopping."""

@@ -21,6 +21,9 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
+from worker_support import Workers, apply, mock_task, start_run, wait_run
+
+from awp_testing.gateway import serve, wait_until
 
 # Every type name the functions declare or cast to, shadowed by a domain whose CHECK raises when it runs as
 # awp_owner (a SECURITY DEFINER function's identity): the attack of the finding, with the evidence in its error.
@@ -155,3 +158,24 @@ def test_a_forged_log_state_before_or_after_a_call_writes_no_run(db_dsn: str, lo
     assert admin(db_dsn, "SELECT count(*) FROM awp.check_invariants()") == [(0,)]
     triggers = "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'awp.events'::regclass AND NOT tgisinternal"
     assert admin(db_dsn, triggers) == [(0,)], "a trigger on awp.events would run at commit, after the call"
+
+
+def test_a_bad_run_does_not_stop_the_coordinator(db_dsn: str) -> None:
+    """A run whose counters are broken (its next event collides with events_pkey) used to fail every pass, so
+    nobody's retries were promoted. Now the pass runs again run by run, skips it, and the gateway logs it."""
+    with serve(db_dsn, coordinator_interval_ms=100) as gw:
+        bad = start_run(gw, apply(gw, {"id": "bad", "tasks": [mock_task("b1")]}))  # no worker yet: stays pending
+        admin(db_dsn, "UPDATE awp.runs SET last_sequence = 0, cancel_requested_at = now() WHERE run_id = %s", (bad,))
+        with Workers(gw) as workers:
+            workers.start("w1")
+            # a1 fails once; only a coordinator pass promotes its retry.
+            good = start_run(gw, apply(gw, {"id": "good", "tasks": [mock_task("a1", max_attempts=2, fail_attempts=1)]}))
+            assert wait_run(gw, good)["status"] == "succeeded"
+            wait_until(
+                lambda: f"run {bad} skipped in cancel convergence" in gw.log_tail(400), 10, 0.1, "the skip logged"
+            )
+            assert gw.log_tail(400).count(f"run {bad} skipped in cancel convergence") == 1, "logged once a minute"
+            admin(db_dsn, "UPDATE awp.runs SET last_sequence = (SELECT max(sequence) FROM awp.events e"
+                          " WHERE e.run_id = %s) WHERE run_id = %s", (bad, bad))  # fmt: skip
+            assert wait_run(gw, bad)["status"] == "canceled"
+    assert admin(db_dsn, "SELECT count(*) FROM awp.check_invariants()") == [(0,)]
