@@ -30,3 +30,35 @@ BEGIN
   RETURN QUERY SELECT x.run_id, x.status, x.cancel_requested_at FROM awp.runs x WHERE x.run_id = p_run_id;
 END $$;
 COMMENT ON FUNCTION awp.request_cancel(text) IS 'Requests cancellation of a run (durable intent; converged at once when nothing is leased, else by the coordinator); AWNTF when unknown.';
+
+-- awp.cancel_waiting_runs(executor_kind, limit): prunes a backlog that no worker serves: requests cancellation
+-- (as awp.request_cancel, each run converged at once when nothing of it is leased) of up to `limit` (1-1000) live
+-- runs that have a ready task of `executor_kind`, oldest first; returns how many. The backlog shows in
+-- awp.executor_stats() (`ready` of a kind with no free slot) and in the runs' wait reasons (docs/limits.md).
+-- Raises AWREQ for a limit out of range. Locks: each run's row with SKIP LOCKED (a run busy elsewhere is left
+-- for the next call), then as awp.request_cancel.
+CREATE OR REPLACE FUNCTION awp.cancel_waiting_runs(p_executor_kind text, p_limit integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_run text;
+  v_n   integer := 0;
+BEGIN
+  IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND awp._limit_page_rows() THEN
+    PERFORM awp._raise_invalid_request('invalid limit', format('limit must be 1-%s', awp._limit_page_rows()));
+  END IF;
+  FOR v_run IN
+    SELECT r.run_id FROM awp.runs r
+     WHERE r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL
+       AND EXISTS (SELECT 1 FROM awp.tasks t
+                    WHERE t.run_id = r.run_id AND t.status = 'ready' AND t.executor = p_executor_kind)
+     ORDER BY r.created_at, r.run_id
+     LIMIT p_limit
+       FOR UPDATE SKIP LOCKED
+  LOOP
+    PERFORM awp.request_cancel(v_run);
+    v_n := v_n + 1;
+  END LOOP;
+  RETURN v_n;
+END $$;
+COMMENT ON FUNCTION awp.cancel_waiting_runs(text, integer) IS 'Requests cancellation of up to limit live runs with a ready task of an executor kind (oldest first); returns the count.';
