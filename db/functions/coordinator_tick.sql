@@ -77,7 +77,7 @@ BEGIN
         v_ok := awp._pass_skip('cancel convergence', v_run, SQLSTATE, SQLERRM);
       END;
     END IF;
-    v_n := v_n + v_ok::integer;
+    v_n := v_n + coalesce(v_ok, false)::integer;
   END LOOP;
   PERFORM awp._log_flush();
   RETURN v_n;
@@ -129,7 +129,7 @@ BEGIN
         v_ok := awp._pass_skip('reaping', c.run_id, SQLSTATE, SQLERRM);
       END;
     END IF;
-    v_n := v_n + v_ok::integer;
+    v_n := v_n + coalesce(v_ok, false)::integer;
   END LOOP;
   PERFORM awp._log_flush();
   RETURN v_n;
@@ -315,7 +315,7 @@ BEGIN
         v_ok := awp._pass_skip('orphan withdrawal', c.run_id, SQLSTATE, SQLERRM);
       END;
     END IF;
-    v_n := v_n + v_ok::integer;
+    v_n := v_n + coalesce(v_ok, false)::integer;
   END LOOP;
   PERFORM awp._log_flush();
   RETURN v_n;
