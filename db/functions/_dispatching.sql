@@ -7,21 +7,26 @@
 -- (rule 9): runs never dispatched first, then the run whose latest dispatch is oldest (last_dispatch_seq),
 -- then the oldest run. A run is listed while it is pending or running, its cancellation was not requested and
 -- it has a ready task of one of `kinds` (NULL: of any kind). The one definition of that order, for
--- awp._create_dispatches, awp._refill_slot and awp._refill_slots; the rows come in it (read them as they
--- come: a FOR loop, ARRAY(...), LIMIT; do not join or re-sort). PL/pgSQL, so its query's plan is cached (a SQL
--- function with a SET clause cannot be inlined, and is planned again on every call).
+-- awp._create_dispatches, awp._refill_slot, awp._refill_slots and the claim on complete: a cursor over the runs
+-- in that order (FETCH it row by row, CLOSE it when done). A cursor, so that a caller that stops at the first run
+-- it can serve reads only that far (an ordered scan of runs_live_idx): a set-returning function with a SET
+-- clause is neither inlined nor read lazily, and computed every live run each time (measured, 1,000 runs of 5
+-- tasks: 3.1 instead of 2.0 ms of backend CPU per completion).
 -- Locks: none (callers lock each run with SKIP LOCKED).
-CREATE OR REPLACE FUNCTION awp._fairness_order(p_kinds text[]) RETURNS TABLE (run_id text)
+CREATE OR REPLACE FUNCTION awp._fairness_order(p_kinds text[]) RETURNS refcursor
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  c refcursor;
 BEGIN
-  RETURN QUERY SELECT x.run_id FROM awp.runs x
+  OPEN c NO SCROLL FOR SELECT x.run_id FROM awp.runs x
    WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
      AND (SELECT y.ordinal FROM awp.tasks y
            WHERE y.run_id = x.run_id AND y.status = 'ready' AND (p_kinds IS NULL OR y.executor = ANY (p_kinds))
            ORDER BY y.ordinal LIMIT 1) IS NOT NULL
    ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id;
+  RETURN c;
 END $$;
-COMMENT ON FUNCTION awp._fairness_order(text[]) IS 'The runs that may get a dispatch now (a ready task of one of kinds), in fairness order.';
+COMMENT ON FUNCTION awp._fairness_order(text[]) IS 'A cursor over the runs that may get a dispatch now (a ready task of one of kinds), in fairness order.';
 
 -- awp._kinds_with_room(kinds): the executor kinds of a budget's `kinds` ({kind: free slots}) with a free slot.
 -- Locks: none.
@@ -201,17 +206,23 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_kinds jsonb;
   v_run   text;
+  c       refcursor;
 BEGIN
   IF p_worker.status <> 'active' THEN
     RETURN false;
   END IF;
   SELECT jsonb_object_agg(k, 1) INTO v_kinds FROM unnest(p_worker.executor_kinds) k;
-  FOR v_run IN SELECT f.run_id FROM awp._fairness_order(p_worker.executor_kinds) f LOOP
+  c := awp._fairness_order(p_worker.executor_kinds);
+  LOOP
+    FETCH c INTO v_run;
+    EXIT WHEN NOT FOUND;
     CONTINUE WHEN NOT awp._try_run(v_run);
     IF awp._dispatch_one(v_run, v_kinds) IS NOT NULL THEN
+      CLOSE c;
       RETURN true;
     END IF;
   END LOOP;
+  CLOSE c;
   RETURN false;
 END $$;
 COMMENT ON FUNCTION awp._refill_slot(awp.workers) IS 'Refills the slot a completion freed with one dispatch (fairness order, that worker''s kinds).';
@@ -284,15 +295,23 @@ COMMENT ON FUNCTION awp._dispatch_many(text, text[], integer) IS 'Creates up to 
 CREATE OR REPLACE FUNCTION awp._refill_slots(p_worker awp.workers, p_n integer) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_runs  text[];
+  v_runs  text[] := '{}';
+  v_run   text;
   v_share integer;
   v_i     integer;
   v_done  integer := 0;
+  c       refcursor;
 BEGIN
   IF p_worker.status <> 'active' OR p_n < 1 THEN
     RETURN 0;
   END IF;
-  v_runs := ARRAY(SELECT f.run_id FROM awp._fairness_order(p_worker.executor_kinds) f LIMIT p_n);
+  c := awp._fairness_order(p_worker.executor_kinds);
+  WHILE cardinality(v_runs) < p_n LOOP
+    FETCH c INTO v_run;
+    EXIT WHEN NOT FOUND;
+    v_runs := v_runs || v_run;
+  END LOOP;
+  CLOSE c;
   FOR v_i IN 1 .. cardinality(v_runs) LOOP
     -- Round-robin share of run i among k runs: one each, the first (n mod k) runs one more.
     v_share := p_n / cardinality(v_runs) + CASE WHEN v_i <= p_n % cardinality(v_runs) THEN 1 ELSE 0 END;

@@ -278,6 +278,7 @@ DECLARE
   v_now   timestamptz := coalesce(p_now, awp._now());
   s       awp.settings;
   v_run   text;
+  c       refcursor;
   v_key   text;   -- the task refilled and its executor (NULL: none)
   v_exec  text;
   v_seqscan text;   -- the session's enable_seqscan, restored after the MERGE and the tasks UPDATE
@@ -301,7 +302,10 @@ BEGIN
   END IF;
   IF w.status = 'active'
      AND NOT EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (w.executor_kinds)) THEN
-    FOR v_run IN SELECT f.run_id FROM awp._fairness_order(w.executor_kinds) f LOOP
+    c := awp._fairness_order(w.executor_kinds);
+    LOOP
+      FETCH c INTO v_run;
+      EXIT WHEN NOT FOUND;
       CONTINUE WHEN NOT awp._try_run(v_run);
       SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input INTO r FROM awp.runs x
        WHERE x.run_id = v_run AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
@@ -314,6 +318,7 @@ BEGIN
       v_exec := t.executor;
       EXIT;
     END LOOP;
+    CLOSE c;
   END IF;
   IF v_key IS NOT NULL THEN
     s := awp._settings();

@@ -553,6 +553,7 @@ DECLARE
   v_order text[] := '{}';      -- the runs refilled in this group, the last refilled last (their new fairness places)
   v_cands text[];
   v_cand  text;
+  c       refcursor;
   v_run   text;
   v_g     integer;
   v_ready text[];
@@ -678,8 +679,16 @@ BEGIN
       e_why := e_why || array_fill('dependencies succeeded'::text, ARRAY[cardinality(v_ready)]);
     END IF;
     v_run := NULL;
-    v_cands := ARRAY(SELECT f.run_id FROM awp._fairness_order(w.executor_kinds) f WHERE f.run_id <> ALL (v_order))
-               || v_order;
+    v_cands := '{}';
+    c := awp._fairness_order(w.executor_kinds);
+    LOOP
+      FETCH c INTO v_cand;
+      EXIT WHEN NOT FOUND;
+      CONTINUE WHEN v_cand = ANY (v_order);
+      v_cands := v_cands || v_cand;
+    END LOOP;
+    CLOSE c;
+    v_cands := v_cands || v_order;
     FOREACH v_cand IN ARRAY v_cands LOOP
       v_g := array_position(g_run, v_cand);
       IF v_g IS NULL THEN   -- a run met first here: taken without waiting, as awp._lease_refill takes it

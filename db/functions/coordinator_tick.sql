@@ -358,6 +358,7 @@ DECLARE
   v_n     integer := 0;
   v_kind  text;
   v_run   text;
+  c       refcursor;
 BEGIN
   PERFORM pg_advisory_xact_lock(hashtext('awp.create_dispatches'));
   b := awp._dispatch_budget();
@@ -366,8 +367,11 @@ BEGIN
   LOOP
     v_round := 0;
     -- Only runs with a ready task of a kind that has room: a backlog of a kind without a free slot costs nothing.
-    FOR v_run IN SELECT f.run_id FROM awp._fairness_order(awp._kinds_with_room(v_kinds)) f LOOP
+    c := awp._fairness_order(awp._kinds_with_room(v_kinds));
+    LOOP
       EXIT WHEN v_left <= 0;
+      FETCH c INTO v_run;
+      EXIT WHEN NOT FOUND;
       PERFORM 1 FROM awp.runs x WHERE x.run_id = v_run FOR UPDATE SKIP LOCKED;
       CONTINUE WHEN NOT FOUND;
       IF NOT p_isolate THEN
@@ -387,6 +391,7 @@ BEGIN
       v_round := v_round + 1;
       v_n := v_n + 1;
     END LOOP;
+    CLOSE c;
     EXIT WHEN v_round = 0 OR v_left <= 0;
   END LOOP;
   RETURN v_n;

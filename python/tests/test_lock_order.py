@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 from sync_support import in_thread, wait_blocked
 
@@ -115,7 +116,9 @@ def test_a_grouped_refill_skips_a_run_held_elsewhere_as_a_single_refill_does(db,
         [lease] = db.execute("SELECT * FROM awp.claim_tasks(%s, %s, 1)", list(worker)).fetchall()
         held[worker] = lease
     assert db.execute("SELECT count(*) AS n FROM awp.dispatches WHERE status = 'pending'").fetchone()["n"] == 0
-    order = [r["run_id"] for r in db.execute("SELECT run_id FROM awp._fairness_order('{mock}')").fetchall()]
+    with db.transaction():  # awp._fairness_order is a cursor: read it within one transaction
+        cursor = db.execute("SELECT awp._fairness_order('{mock}') AS c").fetchone()["c"]
+        order = [r["run_id"] for r in db.execute(sql.SQL("FETCH ALL FROM {}").format(sql.Identifier(cursor)))]
     first = order[0]  # where the refills would go first; held elsewhere below
     items = [
         {
