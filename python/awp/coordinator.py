@@ -9,10 +9,10 @@ when the leader is frozen (SIGSTOP, a paused VM) or behind a half-open connectio
 the leader's session. When the database role may not end it (a superuser's session), the standby does so
 with its own rights (:meth:`Coordinator._terminate`).
 
-The active coordinator runs ``awp.coordinator_tick(takeover, term)`` (``takeover`` true on its first pass,
-which restarts the workers' offline window), then waits for ``NOTIFY awp_coordinator`` (new run,
-completion, cancel, worker change) or the interval, whichever comes first. While a pass makes
-progress it runs the next one at once. Each pass renews the leadership; when the interval is long
+The active coordinator runs ``awp.coordinator_tick(takeover, term, limits)`` (``takeover`` true on its first
+pass, which restarts the workers' offline window; ``limits`` at most every ``LIMITS_EVERY_S``), then waits for
+``NOTIFY awp_coordinator`` (new run, completion, cancel, worker change) or the interval, whichever comes first.
+While a pass makes progress it runs the next one at once. Each pass renews the leadership; when the interval is long
 compared with the lease it also sends ``awp.leader_heartbeat(term)`` every third of the lease. A pass,
 heartbeat or retention batch whose term is over is refused (SQLSTATE ``AWLDR``, nothing written): the
 coordinator steps down to standby and logs it once, as it does when its session was ended. A lost
@@ -47,6 +47,8 @@ MAX_QUICK_PASSES = 100  # passes in a row without waiting, even if every one mad
 RETENTION_BURST = 20  # retention batches in a row while each says there is more, then the interval again
 RETENTION_PAUSE_S = 0.2  # between the batches of a burst
 NOTICE_REPEAT_S = 60.0  # a pass's WARNING (a run skipped) is logged again after this long
+# How often a pass also says which limits hold ready tasks back ("limited", /metrics): it visits every live run.
+LIMITS_EVERY_S = 2.0
 
 
 class LeadershipLost(Exception):
@@ -95,6 +97,7 @@ class Coordinator:
         self.active = False
         self.passes = 0
         self._notices_logged: dict[str, float] = {}
+        self._limits_at = float("-inf")  # the first pass asks for them
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
@@ -305,7 +308,10 @@ class Coordinator:
             try:
                 if self.serving is not None and not self.serving():
                     takeover = True
-                cur = await conn.execute("SELECT awp.coordinator_tick(%s, %s)", (takeover, self.term))
+                limits = time.monotonic() - self._limits_at >= LIMITS_EVERY_S
+                cur = await conn.execute("SELECT awp.coordinator_tick(%s, %s, %s)", (takeover, self.term, limits))
+                if limits:
+                    self._limits_at = time.monotonic()
                 row = await cur.fetchone()
             except (psycopg.OperationalError, psycopg.InterfaceError):
                 raise
