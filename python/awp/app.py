@@ -8,7 +8,8 @@ from typing import Any
 
 from aiohttp import web
 
-from awp.appstate import CONFIG, COORDINATOR, DB, LISTENER, METRICS, OPENAPI, GatewayConfig
+from awp.appstate import AUTH_FAILURES, CONFIG, COORDINATOR, DB, LISTENER, METRICS, OPENAPI, GatewayConfig
+from awp.authfail import AuthFailures
 from awp.coordinator import Coordinator
 from awp.db import Database, DispatchListener
 from awp.gateway import ROUTES
@@ -28,6 +29,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     app = web.Application(middlewares=[api_middleware], client_max_size=WORKFLOW_BODY_LIMIT + 1)
     app[CONFIG] = config
     app[METRICS] = Metrics()
+    app[AUTH_FAILURES] = AuthFailures(max_delay_s=config.auth_backoff_max_ms / 1000)
     app[DB] = Database(
         config.database_url,
         pool_size=config.pool_size,

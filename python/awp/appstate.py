@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from awp.authfail import DEFAULT_MAX_DELAY_MS, AuthFailures
 from awp.coordinator import Coordinator
 from awp.db import (
     DEFAULT_HEARTBEAT_POOL_SIZE,
@@ -23,6 +24,11 @@ PROTOCOL_HEADER = "X-Worker-Protocol-Version"
 PROTOCOL_VERSION = "1"
 # The shortest secret (viewer, operator, bootstrap, metrics token) `awp serve` accepts, in characters.
 MIN_TOKEN_LENGTH = 32
+# Slow clients (docs/operations.md, Slow clients and timeouts): a connection closes when a request head takes
+# longer than this to arrive (an idle new connection too), a body answers 408, an idle keep-alive closes.
+DEFAULT_HEAD_TIMEOUT_MS = 10_000
+DEFAULT_BODY_TIMEOUT_MS = 30_000
+DEFAULT_KEEPALIVE_TIMEOUT_MS = 75_000
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,10 @@ class GatewayConfig:
     heartbeat_pool_size: int = DEFAULT_HEARTBEAT_POOL_SIZE
     group_lock_wait_ms: int = DEFAULT_LOCK_WAIT_MS  # a grouped completion call's lock wait (python/awp/grouping.py)
     group_lanes: int = DEFAULT_LANES  # grouped completion calls in flight at once (python/awp/grouping.py)
+    head_timeout_ms: int = DEFAULT_HEAD_TIMEOUT_MS
+    body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
+    keepalive_timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
+    auth_backoff_max_ms: int = DEFAULT_MAX_DELAY_MS  # the longest delay of a failed authentication (0: none)
 
     def check(self) -> None:
         """Raise ValueError when a secret is empty, shorter than MIN_TOKEN_LENGTH, or two secrets are equal."""
@@ -77,6 +87,10 @@ class GatewayConfig:
             raise ValueError("the group lanes must be at least 1 and at most the pool size")
         if self.heartbeat_pool_size < 1:
             raise ValueError("the heartbeat pool needs at least 1 connection")
+        if min(self.head_timeout_ms, self.body_timeout_ms, self.keepalive_timeout_ms) < 1:
+            raise ValueError("the head, body and keep-alive timeouts must be at least 1 ms")
+        if self.auth_backoff_max_ms < 0:
+            raise ValueError("the authentication back-off cannot be negative")
 
 
 CONFIG = web.AppKey("config", GatewayConfig)
@@ -85,3 +99,4 @@ LISTENER = web.AppKey("listener", DispatchListener)
 METRICS = web.AppKey("metrics", Metrics)
 COORDINATOR = web.AppKey("coordinator", Coordinator)
 OPENAPI = web.AppKey("openapi", bytes)
+AUTH_FAILURES = web.AppKey("auth_failures", AuthFailures)

@@ -32,6 +32,7 @@ GATEWAY_ERRORS: dict[int, str] = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     409: "idempotency_conflict",
     413: "payload_too_large",
     500: "internal_error",

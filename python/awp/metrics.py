@@ -6,7 +6,8 @@ worker offers) are refreshed from ``awp.metrics_snapshot()``
 at scrape time, so they cost one cheap query per scrape and nothing otherwise. Per executor kind (ready tasks,
 pending and leased dispatches, worker slots and free slots) they come from ``awp.executor_stats()`` in the same
 query; ``awp_limit_bound_passes_total{limit}`` counts the coordinator passes after which a limit still held
-ready tasks back (docs/limits.md).
+ready tasks back (docs/limits.md). ``awp_auth_failures_total{reason}`` counts 401 answers and
+``awp_http_timeouts_total{phase}`` the connections of slow clients cut (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ COORDINATOR_COUNTS = (
 )
 # The limits a coordinator pass can find holding ready tasks back ("limited" in its answer; docs/limits.md).
 LIMITS = ("run_concurrency", "workers_full", "dispatch_limit", "no_worker_for_executor")
+# Why a request failed authentication: no bearer token (on the dashboard: no valid session), a token that matches
+# nothing, a worker session token the database refused.
+AUTH_FAILURE_REASONS = ("missing", "invalid", "worker_session")
+# What a slow client did not send in time: a request head (an idle new connection too), a request body.
+TIMEOUT_PHASES = ("head", "body")
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -137,6 +143,19 @@ class Metrics:
             self.coordinator_items.labels(kind)
         for result in ("empty", "leased"):
             self.claims.labels(result)
+        self.auth_failures = Counter(
+            "awp_auth_failures", "Requests answered 401 (failed authentication), by reason", ["reason"], registry=r
+        )
+        for reason in AUTH_FAILURE_REASONS:
+            self.auth_failures.labels(reason)
+        self.http_timeouts = Counter(
+            "awp_http_timeouts",
+            "Connections cut because a request head or body did not arrive in time, by phase",
+            ["phase"],
+            registry=r,
+        )
+        for phase in TIMEOUT_PHASES:
+            self.http_timeouts.labels(phase)
         # Retention (docs/retention.md): what the active coordinator's background prune batches deleted.
         self.pruned = Counter("awp_pruned", "Rows deleted by retention, by kind", ["kind"], registry=r)
         self.retention_batches = Counter("awp_retention_batches", "Retention batches run", registry=r)

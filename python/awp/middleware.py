@@ -1,6 +1,8 @@
-"""The gateway's one middleware: every answer carries ``X-Request-Id``; errors (:class:`awp.errors.ApiError`,
-aiohttp's HTTP exceptions, database errors through the table in :mod:`awp.errors`) become the envelope
-``{"error": {code, message, request_id}}``; each request is logged once and counted."""
+"""The gateway's one middleware: every answer carries ``X-Request-Id`` and ``X-Content-Type-Options: nosniff``;
+errors (:class:`awp.errors.ApiError`, aiohttp's HTTP exceptions, database errors through the table in
+:mod:`awp.errors`) become the envelope ``{"error": {code, message, request_id}}``; each request is logged once and
+counted. A request body that does not arrive within the body timeout is cut (408); a 401 is counted, and answered
+late to a source that keeps failing (:mod:`awp.authfail`)."""
 
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ import psycopg
 import psycopg_pool
 from aiohttp import web
 
-from awp.appstate import DB, METRICS, PROTOCOL_HEADER, PROTOCOL_VERSION
+from awp.appstate import AUTH_FAILURES, CONFIG, DB, METRICS, PROTOCOL_HEADER, PROTOCOL_VERSION
+from awp.auth import bearer_token
 from awp.db import PoolSaturated
 from awp.errors import RETRY_AFTER_S, ApiError, from_database_error, is_timeout_error
 from awp.jsonio import json_response
+from awp.parsing import BodyTimeout
 
 log = logging.getLogger("awp.gateway")
 access_log = logging.getLogger("awp.gateway.access")
@@ -73,33 +77,74 @@ def database_error(request: web.Request, e: psycopg.Error | psycopg_pool.PoolTim
     return error
 
 
+def _cut_slow_body(request: web.Request) -> None:
+    """The body did not all arrive within the body timeout: its read fails (408 from
+    :func:`awp.parsing.read_body`), and the connection closes after the answer (the rest of the body must not be
+    read as a next request, nor waited for)."""
+    if request.content.is_eof():
+        return
+    seconds = request.app[CONFIG].body_timeout_ms / 1000
+    request.content.set_exception(BodyTimeout(f"the request body did not arrive within {seconds:g} s"))
+    request.content.feed_eof()
+    request.protocol.close()
+    request.app[METRICS].http_timeouts.labels("body").inc()
+    log.debug("request %s: cut a request body still incomplete after %g s", request.get("request_id"), seconds)
+
+
+async def _authentication_failed(request: web.Request, code: str | None, route: str) -> None:
+    """Count a 401, and hold its answer back when its source keeps failing (:mod:`awp.authfail`)."""
+    if code == "worker_session_invalid":
+        reason = "worker_session"
+    else:
+        reason = "missing" if bearer_token(request) is None else "invalid"
+    request.app[METRICS].auth_failures.labels(reason).inc()
+    delay = request.app[AUTH_FAILURES].failed(request.remote, reason, f"{request.method} {route}")
+    if delay > 0:
+        await asyncio.sleep(delay)  # this request's task only: other requests go on meanwhile
+
+
 @web.middleware
 async def api_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     incoming = request.headers.get("X-Request-Id", "")
     request_id = incoming if incoming and _REQUEST_ID.match(incoming) else new_request_id()
     request["request_id"] = request_id
     started = time.perf_counter()
+    # A body not all there yet (rare: a small body comes with its head) gets a deadline.
+    cut = None
+    if not request.content.is_eof():
+        timeout_s = request.app[CONFIG].body_timeout_ms / 1000
+        cut = asyncio.get_running_loop().call_later(timeout_s, _cut_slow_body, request)
+    code = None
     try:
         response = await handler(request)
     except ApiError as e:
+        code = e.code
         response = error_response(e, request_id)
     except web.HTTPException as e:
         status = e.status if e.status in (404, 405, 413) else 400
         extra = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
         response = error_response(ApiError.of(status, e.reason), request_id, extra)
     except (psycopg.Error, psycopg_pool.PoolTimeout) as e:
-        response = error_response(database_error(request, e), request_id)
+        error = database_error(request, e)
+        code = error.code
+        response = error_response(error, request_id)
     except (asyncio.CancelledError, KeyboardInterrupt):
         raise
     except Exception as e:
         log.error("request %s %s failed", request_id, request.path, exc_info=e)
         response = error_response(ApiError.of(500, "internal error; request id " + request_id), request_id)
+    finally:
+        if cut is not None:
+            cut.cancel()
     response.headers["X-Request-Id"] = request_id
+    response.headers["X-Content-Type-Options"] = "nosniff"  # JSON errors echo input: never sniffed as HTML
     if request.get("echo_protocol"):
         response.headers[PROTOCOL_HEADER] = PROTOCOL_VERSION
     elapsed = time.perf_counter() - started
     label = _route_label(request)
     request.app[METRICS].observe_request(request.method, label, response.status, elapsed)
+    if response.status == 401:
+        await _authentication_failed(request, code, label)  # after the latency is taken: the delay is ours
     access_log.info(
         "request_id=%s method=%s route=%s status=%d duration_ms=%.1f",
         request_id,

@@ -21,11 +21,17 @@ WORKFLOW_BODY_LIMIT = 16 * 1024 * 1024  # 16 MiB: a 10,000-task definition fits
 INT32_MAX = 2**31 - 1
 
 
+class BodyTimeout(web.RequestPayloadError):
+    """The request body did not arrive within the body timeout (set on the body by :mod:`awp.middleware`)."""
+
+
 def bad_request(message: str) -> ApiError:
     return ApiError.of(400, message)
 
 
 def _malformed_body(exc: BaseException) -> ApiError:
+    if isinstance(exc, BodyTimeout):
+        return ApiError.of(408, str(exc))
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     lines = [line for line in lines if not re.fullmatch(r"\d{3}, message:?", line)]  # aiohttp's "400, message:"
     reason = lines[0].rstrip(":") if lines else "incomplete"

@@ -24,7 +24,14 @@ from aiohttp import web
 
 from awp import eventloop
 from awp.app import create_app
-from awp.appstate import MIN_TOKEN_LENGTH, GatewayConfig
+from awp.appstate import (
+    DEFAULT_BODY_TIMEOUT_MS,
+    DEFAULT_HEAD_TIMEOUT_MS,
+    DEFAULT_KEEPALIVE_TIMEOUT_MS,
+    MIN_TOKEN_LENGTH,
+    GatewayConfig,
+)
+from awp.authfail import DEFAULT_MAX_DELAY_MS
 from awp.db import DEFAULT_HEARTBEAT_POOL_SIZE, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 from awp.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS
 from awp.webserver import GatewayRunner
@@ -180,6 +187,39 @@ async def run_server(
     show_default=True,
     help="How often a long-polling claim re-checks the database besides NOTIFY wake-ups.",
 )
+@click.option(
+    "--head-timeout-ms",
+    envvar="AWP_HEAD_TIMEOUT_MS",
+    type=click.IntRange(100, 3_600_000),
+    default=DEFAULT_HEAD_TIMEOUT_MS,
+    show_default=True,
+    help="A connection whose request head has not all arrived this long after it opened (or after the head's first"
+    " byte on a kept-alive connection) is closed without an answer.",
+)
+@click.option(
+    "--body-timeout-ms",
+    envvar="AWP_BODY_TIMEOUT_MS",
+    type=click.IntRange(100, 3_600_000),
+    default=DEFAULT_BODY_TIMEOUT_MS,
+    show_default=True,
+    help="A request body not all arrived this long after its head answers 408 request_timeout; the connection closes.",
+)
+@click.option(
+    "--keepalive-timeout-ms",
+    envvar="AWP_KEEPALIVE_TIMEOUT_MS",
+    type=click.IntRange(100, 3_600_000),
+    default=DEFAULT_KEEPALIVE_TIMEOUT_MS,
+    show_default=True,
+    help="A kept-alive connection idle this long between requests is closed.",
+)
+@click.option(
+    "--auth-backoff-max-ms",
+    envvar="AWP_AUTH_BACKOFF_MAX_MS",
+    type=click.IntRange(0, 60_000),
+    default=DEFAULT_MAX_DELAY_MS,
+    show_default=True,
+    help="The longest delay of a 401 answer to a source that keeps failing authentication (0: no delay).",
+)
 @click.option("--shutdown-timeout", type=float, default=10.0, show_default=True, help="Seconds to finish requests.")
 def serve(
     host: str,
@@ -201,6 +241,10 @@ def serve(
     group_lanes: int,
     statement_timeout_ms: int,
     claim_recheck_ms: int,
+    head_timeout_ms: int,
+    body_timeout_ms: int,
+    keepalive_timeout_ms: int,
+    auth_backoff_max_ms: int,
     shutdown_timeout: float,
 ) -> None:
     """Run the control plane: the HTTP gateway and a (standby) coordinator."""
@@ -235,6 +279,10 @@ def serve(
         coordinator_interval_ms=coordinator_interval_ms,
         claim_recheck_ms=claim_recheck_ms,
         retention_interval_ms=retention_interval_ms,
+        head_timeout_ms=head_timeout_ms,
+        body_timeout_ms=body_timeout_ms,
+        keepalive_timeout_ms=keepalive_timeout_ms,
+        auth_backoff_max_ms=auth_backoff_max_ms,
     )
     if group_lanes > pool_size:
         raise click.BadParameter("at most --pool-size (a lane's call takes a connection)", param_hint="--group-lanes")

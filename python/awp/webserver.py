@@ -14,13 +14,19 @@ connection's protocol a :class:`GatewayRequestHandler`, which
 - logs a body that breaks while aiohttp drains it after the answer (bad gzip, bad chunks) as one line, not a
   traceback;
 - ignores an ``Expect`` header other than ``100-continue`` (aiohttp answers it with a text/plain 417 before the
-  middleware, a 500 when the value is not UTF-8; RFC 9110 allows ignoring it).
+  middleware, a 500 when the value is not UTF-8; RFC 9110 allows ignoring it);
+- closes a connection whose request head has not all arrived within the head timeout (``awp serve
+  --head-timeout-ms``), counted from the connection's start or the first byte of a head on a kept-alive
+  connection: an idle new connection, or one sending its head a byte at a time, would hold a socket (and a file
+  descriptor) for as long as the client likes. The idle time between requests is aiohttp's keep-alive timeout
+  (``--keepalive-timeout-ms``), the time for a body :mod:`awp.middleware`'s body timeout.
 
-The tests: python/tests/test_hostile_input.py and test_raw_fuzz.py.
+The tests: python/tests/test_hostile_input.py, test_raw_fuzz.py and test_slow_clients.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import re
@@ -33,7 +39,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from awp.appstate import METRICS
+from awp.appstate import CONFIG, METRICS
 from awp.errors import GATEWAY_ERRORS, ApiError
 from awp.logsafe import escape_controls
 from awp.middleware import error_response, new_request_id
@@ -89,8 +95,48 @@ class GatewayRequestHandler(RequestHandler):
 
     refused: RefusedRequests
     app: web.Application | None
+    head_timeout_s: float
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._head_timer = self._loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        waiting = self._head_timer is None and self._waiting_for_head()
+        self._receive(data)
+        if getattr(self, "_messages", None):  # a whole head arrived (or the parser refused it)
+            self._stop_head_timer()
+        elif waiting and data:  # part of the next head on a kept-alive connection: the rest is due in time
+            self._head_timer = self._loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _waiting_for_head(self) -> bool:
+        """aiohttp waits for the next request (and has none queued): bytes now are a request head's."""
+        waiter = getattr(self, "_waiter", None)
+        return isinstance(waiter, asyncio.Future) and not waiter.done() and not getattr(self, "_messages", True)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        """No complete head in time: close (unless a request came after all, or the connection is gone)."""
+        self._head_timer = None
+        if self.transport is None or not self._waiting_for_head():
+            return
+        log.debug(
+            "closed a connection from %s: no complete request head within %g s", self.peername, self.head_timeout_s
+        )
+        if self.app is not None:
+            self.app[METRICS].http_timeouts.labels("head").inc()
+        self.force_close()  # no answer: the client may not even be reading
+
+    def _receive(self, data: bytes) -> None:
         """aiohttp 3.14 drops a request body whose framing breaks after the route started reading it (garbage
         for a chunk size): the route would wait for the rest until the client hangs up. Fail that body instead
         (:func:`awp.parsing.read_body` answers 400) and close the connection after the answer. Only when
@@ -146,6 +192,7 @@ class GatewayRequestHandler(RequestHandler):
             text = "internal error; request id " + request_id
         response = error_response(ApiError(status, code, text), request_id)
         response.headers["X-Request-Id"] = request_id
+        response.headers["X-Content-Type-Options"] = "nosniff"
         response.force_close()
         if self.app is not None:
             self.app[METRICS].observe_request("-", ROUTE_LABEL, status, 0.0)
@@ -155,20 +202,26 @@ class GatewayRequestHandler(RequestHandler):
 class _GatewayServer(web.Server):
     refused: RefusedRequests
     app: web.Application | None
+    head_timeout_s: float
 
     def __call__(self) -> RequestHandler:
         handler = GatewayRequestHandler(self, loop=self._loop, **self._kwargs)
         handler.refused = self.refused
         handler.app = self.app
+        handler.head_timeout_s = self.head_timeout_s
         return handler
 
 
 class GatewayRunner(web.AppRunner):
-    """:class:`aiohttp.web.AppRunner` whose connections use :class:`GatewayRequestHandler`."""
+    """:class:`aiohttp.web.AppRunner` whose connections use :class:`GatewayRequestHandler`, with the head and
+    keep-alive timeouts of the app's :class:`awp.appstate.GatewayConfig`."""
 
     def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        config = app[CONFIG]
+        kwargs.setdefault("keepalive_timeout", config.keepalive_timeout_ms / 1000)
         super().__init__(app, **kwargs)
         self.refused = RefusedRequests()
+        self.head_timeout_s = config.head_timeout_ms / 1000
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -176,6 +229,7 @@ class GatewayRunner(web.AppRunner):
         assert isinstance(server, _GatewayServer)
         server.refused = self.refused
         server.app = self.app
+        server.head_timeout_s = self.head_timeout_s
         server.request_factory = _ignoring_unknown_expectations(server.request_factory)
         return server
 

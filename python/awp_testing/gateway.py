@@ -12,6 +12,7 @@
 - :class:`Tokens` holds the three secrets (random per process unless given); ``gw.auth(role)`` gives the
   Authorization header for ``"viewer"``, ``"operator"`` or ``"bootstrap"``, and :func:`bearer` for any token.
 - The process's output goes to ``gw.log_path``; ``gw.log_tail()`` is included in start-up failures.
+- Repeated 401s are not delayed (``AWP_AUTH_BACKOFF_MAX_MS=0``) unless ``env`` says otherwise.
 """
 
 from __future__ import annotations
@@ -153,6 +154,9 @@ def start_serve(
         "AWP_DATABASE_URL": dsn,
         "AWP_COORDINATOR_INTERVAL_MS": str(coordinator_interval_ms),
         "PYTHONUNBUFFERED": "1",
+        # No delay of repeated 401s: tests of the auth matrix and hostile input send hundreds from one address.
+        # python/tests/test_auth_backoff.py turns it on.
+        "AWP_AUTH_BACKOFF_MAX_MS": "0",
         **(env or {}),
     }
     proc = procs.start(["serve", "--host", "127.0.0.1", "--port", str(port), *args], env=full_env, log_path=log_path)

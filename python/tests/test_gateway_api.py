@@ -16,6 +16,7 @@ import httpx
 import psycopg
 import pytest
 import yaml
+from raw_http import exchange
 
 from awp.app import create_app
 from awp.appstate import DB, GatewayConfig
@@ -728,6 +729,33 @@ def test_health_and_request_ids(http, gw):
     r = http.get(f"{API}/workflows", headers={**gw.auth("viewer"), "X-Request-Id": "trace-123"})
     assert r.headers["X-Request-Id"] == "trace-123"
     assert http.get("/nope").headers["X-Request-Id"]
+
+
+def test_every_answer_says_nosniff(http, gw):
+    """``X-Content-Type-Options: nosniff`` on every answer (issue 44): JSON, errors, metrics, health, the
+    dashboard, and the answers of the HTTP parser's layer (python/awp/webserver.py)."""
+    operator = {**gw.auth("operator"), "Idempotency-Key": secrets.token_hex(8)}
+    answers = [
+        http.get("/health/live"),
+        http.get("/health/ready"),
+        http.get("/metrics"),
+        http.get(f"{API}/openapi.yaml"),
+        http.get("/ui/"),
+        http.get(f"{API}/runs", headers=gw.auth("viewer")),
+        http.post(f"{API}/workflows", content=b"{", headers=operator),  # 400
+        http.get(f"{API}/runs"),  # 401
+        http.get(f"{API}/runs", headers=bearer("wrong-" + secrets.token_hex(20))),  # 401
+        http.post(f"{API}/workflows", json={}, headers=gw.auth("viewer")),  # 403
+        http.get(f"{API}/runs/run_nope", headers=gw.auth("viewer")),  # 404
+        http.get("/no/such/route"),  # 404
+        http.delete(f"{API}/workflows", headers=gw.auth("operator")),  # 405
+    ]
+    assert {r.status_code for r in answers} >= {200, 400, 401, 403, 404, 405}
+    for r in answers:
+        assert r.headers.get("X-Content-Type-Options") == "nosniff", (r.request.method, r.request.url, r.status_code)
+    refused = exchange(gw.port, b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Bad: a\x01b\r\n\r\n")
+    assert refused is not None and refused.status == 400, refused
+    assert refused.headers.get("x-content-type-options") == "nosniff", refused.headers
 
 
 def test_metrics(http, gw):
