@@ -465,6 +465,17 @@ class Database:
     async def get_worker(self, worker_id: str) -> Row:
         return await self._row("SELECT * FROM awp.get_worker(%s)", (worker_id,))
 
+    # -- dashboard sessions -----------------------------------------------------------------------
+
+    async def ui_session_revoked(self, session_id: str) -> bool:
+        """Whether the dashboard session ``session_id`` was signed out (one primary-key lookup)."""
+        return bool(await self._value("SELECT awp.ui_session_revoked(%s) AS r", (session_id,)))
+
+    async def revoke_ui_session(self, session_id: str, expires_at: int) -> None:
+        """Sign the dashboard session ``session_id`` out on every gateway until ``expires_at`` (Unix seconds: when
+        its last cookie expires)."""
+        await self._rows("SELECT awp.revoke_ui_session(%s, to_timestamp(%s)) AS r", (session_id, expires_at))
+
 
 # The long-lived dedicated connections (the coordinator's, which holds the leadership; its retention
 # batches'; the LISTEN connection) notice a dead peer on both ends: libpq drops one whose sent data stays

@@ -64,6 +64,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "executor_stats",
         "metrics_snapshot",
     ),
+    "Dashboard sessions": ("revoke_ui_session", "ui_session_revoked"),
     "Settings, retention and checks": (
         "configure",
         "get_settings",

@@ -19,7 +19,9 @@ The steps, each linear (or near) in tasks + edges:
 A run with more tasks than fit one drawing is *paged*: the tasks, in layered order, are cut into pages of at
 most ``page_size``, each page drawn on its own (edges whose other end is on another page are counted, not
 drawn), and :func:`overview` collapses the whole graph into one box per layer (or band of layers) with the
-number of tasks by status.
+number of tasks by status. A page whose tasks are joined by more than ``MAX_EDGES`` dependencies is drawn
+without its edges (the page says so): what one page weighs and costs to render stays bounded whatever the
+density (a 300-task page of a dense run drew 17,000 edges: 6.6 MB of HTML).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ PAD = 10
 ROWS = 16  # tasks per sub-column before a layer wraps
 COLUMNS = 6  # columns per band before the drawing wraps
 PAGE_SIZE = 300  # tasks drawn at most on one page
+MAX_EDGES = 2000  # dependencies drawn at most on one page; past that the page draws its tasks alone
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class Drawing:
     width: int
     height: int
     hidden_edges: int = 0  # edges with one end on another page
+    omitted_edges: int = 0  # edges within the page, not drawn: more than MAX_EDGES
 
 
 @dataclass
@@ -178,8 +182,16 @@ def pages(layered: Layered, page_size: int = PAGE_SIZE, keys: Sequence[str] | No
     return [order[i : i + page_size] for i in range(0, len(order), page_size)] or [[]]
 
 
-def draw(layered: Layered, keys: Sequence[str] | None = None, rows: int = ROWS, columns: int = COLUMNS) -> Drawing:
-    """Coordinates and edge paths for ``keys`` (default: every task; must be in layered order)."""
+def draw(
+    layered: Layered,
+    keys: Sequence[str] | None = None,
+    rows: int = ROWS,
+    columns: int = COLUMNS,
+    max_edges: int = MAX_EDGES,
+) -> Drawing:
+    """Coordinates and edge paths for ``keys`` (default: every task; must be in layered order); no edge at all
+    when more than ``max_edges`` join them (a dense page would weigh megabytes and take the browser seconds to
+    draw, for a tangle nobody could follow; the task panel lists each task's dependencies)."""
     keys = layered.order if keys is None else list(keys)
     on_page = set(keys)
     # Group by layer (keys are in layered order), then cut each layer into sub-columns of `rows` tasks.
@@ -209,7 +221,7 @@ def draw(layered: Layered, keys: Sequence[str] | None = None, rows: int = ROWS, 
             width = max(width, x + NODE_W + PAD)
         y0 += tallest * pitch_y - ROW_GAP + BAND_GAP
     height = max(y0 - BAND_GAP + PAD, 2 * PAD)
-    edges: list[Edge] = []
+    links: list[tuple[str, str]] = []
     hidden = 0
     for key in keys:
         for dep in layered.tasks[key].depends_on:
@@ -218,11 +230,13 @@ def draw(layered: Layered, keys: Sequence[str] | None = None, rows: int = ROWS, 
             if dep not in on_page:
                 hidden += 1
                 continue
-            edges.append(Edge(dep, key, _path(nodes[dep], nodes[key])))
+            links.append((dep, key))
     # Edges to tasks on other pages, seen from the dependency's side.
     for key in keys:
         hidden += sum(1 for child in layered.dependants.get(key, ()) if child not in on_page)
-    return Drawing(list(nodes.values()), edges, max(width, 2 * PAD), height, hidden)
+    omitted = len(links) if len(links) > max_edges else 0
+    edges = [] if omitted else [Edge(dep, key, _path(nodes[dep], nodes[key])) for dep, key in links]
+    return Drawing(list(nodes.values()), edges, max(width, 2 * PAD), height, hidden, omitted)
 
 
 def _path(a: Node, b: Node) -> str:

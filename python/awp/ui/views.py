@@ -1,12 +1,19 @@
 """Routes of the dashboard, its session cookie and its CSRF token.
 
 Sign-in: ``POST /ui/login`` with the viewer or the operator token (never a worker token) sets a session cookie
-``awp_ui`` = ``role.expires.nonce.signature``: an HMAC-SHA256 under a key derived from that role's token, so
-every gateway replica accepts it without shared state, and changing a token signs its sessions out. The cookie
-is HttpOnly, SameSite=Strict, Secure when the request came over TLS (directly or ``X-Forwarded-Proto: https``),
-and limited to ``/ui``. Every form that changes something (cancel, sign-out) carries a CSRF token derived from
-the session (HMAC of its nonce); a POST without it, or from another origin (``Origin``, ``Sec-Fetch-Site``), is
-403, and a viewer's cancel is 403 whatever it carries.
+``awp_ui`` = ``role.started.expires.session_id.signature``: an HMAC-SHA256 under a key derived from that role's
+token, so every gateway replica accepts it without asking anyone, and changing a token signs its sessions out.
+The cookie is HttpOnly, SameSite=Strict, Secure when the request came over TLS (directly or
+``X-Forwarded-Proto: https``), and limited to ``/ui``. Every form that changes something (cancel, sign-out)
+carries a CSRF token derived from the session (HMAC of its id); a POST without it, or from another origin
+(``Origin``, ``Sec-Fetch-Site``), is 403, and a viewer's cancel is 403 whatever it carries.
+
+Lifetime (docs/operations.md, "Dashboard sessions"): a cookie lasts :data:`SESSION_TTL_S` (30 minutes); a
+request with a cookie older than :data:`SESSION_RENEW_S` gets a new one of the same session (same id, same CSRF
+token) that lasts 30 minutes from then, up to :data:`SESSION_MAX_S` (12 hours) after the sign-in. Sign-out
+records the session's id in the database (``awp.revoke_ui_session``), and every route that reads the session
+asks the database first (``awp.ui_session_revoked``, one primary-key lookup), so a signed-out cookie is refused
+by every replica, as a missing one is.
 
 Live updates: the run page polls ``/ui/runs/{id}/changes?revision=R&after=S`` about twice a second; the answer
 is tiny while the run's ``revision`` is unchanged (read by ``awp.run_revision``, one row: ``awp.get_run`` counts
@@ -18,8 +25,10 @@ pages re-fetch their table (``?fragment=1``, with an ETag) every two seconds.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import json
@@ -28,6 +37,7 @@ import mimetypes
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -53,7 +63,9 @@ from awp.ui.recent import RecentRuns
 log = logging.getLogger(__name__)
 
 COOKIE = "awp_ui"
-SESSION_TTL_S = 12 * 3600
+SESSION_TTL_S = 30 * 60  # a cookie's lifetime: the session ends after this long without a request...
+SESSION_RENEW_S = 60  # ...as a request renews it once its cookie is this much older...
+SESSION_MAX_S = 12 * 3600  # ...up to this long after the sign-in, however it is used
 RUNS_PAGE = 25
 TIMELINE = 100  # events shown on the run page
 CHANGES_LIMIT = 1000  # events per /changes answer
@@ -84,6 +96,11 @@ CSP = (
 TEMPLATES = web.AppKey("ui_templates", jinja2.Environment)
 STATIC = web.AppKey("ui_static", dict)
 RECENT = web.AppKey("ui_recent_runs", RecentRuns)
+# The thread that lays out and renders run pages, off the event loop (claims, heartbeats and health keep being
+# answered meanwhile). One: rendering is pure Python, so more threads would not render faster (the GIL), and
+# each would take the GIL from the event loop as often; a page's size is bounded anyway (dag.PAGE_SIZE tasks,
+# dag.MAX_EDGES edges).
+RENDERER = web.AppKey("ui_renderer", ThreadPoolExecutor)
 
 
 # -- session and CSRF ----------------------------------------------------------------------------------
@@ -95,49 +112,81 @@ def _b64(data: bytes) -> str:
 
 def _role_key(config: GatewayConfig, role: Role) -> bytes:
     token = config.operator_token if role is Role.OPERATOR else config.viewer_token
-    return hmac.new(token.encode(), b"awp-ui-session-v1", hashlib.sha256).digest()
+    return hmac.new(token.encode(), b"awp-ui-session-v2", hashlib.sha256).digest()
 
 
 @dataclass(frozen=True)
 class Session:
     role: Role
-    nonce: str
-    expires: int
+    session_id: str  # random, the same in every cookie of the session (renewals): what sign-out revokes
+    started: int  # Unix seconds of the sign-in
+    expires: int  # Unix seconds: this cookie's end (at most started + SESSION_MAX_S)
     csrf: str
 
     @property
     def operator(self) -> bool:
         return self.role is Role.OPERATOR
 
+    @property
+    def ends(self) -> int:
+        """When the session ends, however it is renewed (Unix seconds)."""
+        return self.started + SESSION_MAX_S
 
-def _csrf(key: bytes, nonce: str) -> str:
-    return _b64(hmac.new(key, b"csrf." + nonce.encode(), hashlib.sha256).digest())
+
+def _csrf(key: bytes, session_id: str) -> str:
+    return _b64(hmac.new(key, b"csrf." + session_id.encode(), hashlib.sha256).digest())
+
+
+def _signature(key: bytes, payload: str) -> str:
+    return _b64(hmac.new(key, payload.encode(), hashlib.sha256).digest())
+
+
+def _cookie(config: GatewayConfig, role: Role, session_id: str, started: int, expires: int) -> str:
+    payload = f"{role.value}.{started}.{expires}.{session_id}"
+    return f"{payload}.{_signature(_role_key(config, role), payload)}"
 
 
 def new_session(config: GatewayConfig, role: Role, now: float | None = None) -> str:
     """The cookie value of a new session for ``role`` (viewer or operator)."""
-    expires = int((now or time.time()) + SESSION_TTL_S)
-    payload = f"{role.value}.{expires}.{secrets.token_urlsafe(18)}"
-    signature = _b64(hmac.new(_role_key(config, role), payload.encode(), hashlib.sha256).digest())
-    return f"{payload}.{signature}"
+    started = int(time.time() if now is None else now)
+    return _cookie(config, role, secrets.token_urlsafe(18), started, started + SESSION_TTL_S)
+
+
+def renew_session(config: GatewayConfig, session: Session, now: float | None = None) -> str | None:
+    """A new cookie of ``session`` that lasts SESSION_TTL_S from ``now`` (never past the session's end), or None
+    when it would last less than SESSION_RENEW_S longer than the current one (most requests set no cookie)."""
+    expires = min(int(time.time() if now is None else now) + SESSION_TTL_S, session.ends)
+    if expires < session.expires + SESSION_RENEW_S:
+        return None
+    return _cookie(config, session.role, session.session_id, session.started, expires)
 
 
 def read_session(config: GatewayConfig, value: str | None, now: float | None = None) -> Session | None:
-    """The session of a cookie value, or None when it is missing, forged, expired or of another role."""
+    """The session of a cookie value, or None when it is missing, forged, expired or of another role. Whether it
+    was signed out is the database's to say (``awp.ui_session_revoked``, checked by every route that reads it)."""
     if not value or len(value) > 512 or not value.isascii():  # a cookie we set is ASCII (bytes not UTF-8: surrogates)
         return None
     parts = value.split(".")
-    if len(parts) != 4:
+    if len(parts) != 5:
         return None
-    role_name, expires, nonce, signature = parts
-    if role_name not in (Role.VIEWER.value, Role.OPERATOR.value) or not expires.isdigit():
+    role_name, started, expires, session_id, signature = parts
+    if role_name not in (Role.VIEWER.value, Role.OPERATOR.value) or not (started.isdigit() and expires.isdigit()):
         return None
     role = Role(role_name)
     key = _role_key(config, role)
-    expected = _b64(hmac.new(key, f"{role_name}.{expires}.{nonce}".encode(), hashlib.sha256).digest())
-    if not hmac.compare_digest(expected.encode(), signature.encode()) or int(expires) < (now or time.time()):
+    expected = _signature(key, f"{role_name}.{started}.{expires}.{session_id}")
+    if not hmac.compare_digest(expected.encode(), signature.encode()):
         return None
-    return Session(role, nonce, int(expires), _csrf(key, nonce))
+    at = time.time() if now is None else now
+    if at >= int(expires) or at >= int(started) + SESSION_MAX_S:
+        return None
+    return Session(role, session_id, int(started), int(expires), _csrf(key, session_id))
+
+
+def set_session_cookie(request: web.Request, response: web.StreamResponse, value: str, max_age: int) -> None:
+    response.set_cookie(
+        COOKIE, value, max_age=max_age, path="/ui", httponly=True, samesite="Strict", secure=is_tls(request)
+    )
 
 
 def is_tls(request: web.Request) -> bool:
@@ -257,6 +306,7 @@ def _environment() -> jinja2.Environment:
         run_statuses=RUN_STATUSES,
         json_island=json_island,
         live_run=LIVE_RUN,
+        max_edges=dag.MAX_EDGES,
     )
     return env
 
@@ -273,15 +323,24 @@ def _load_static() -> dict[str, tuple[bytes, str, str]]:
     return files
 
 
-def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
-    env = request.app[TEMPLATES]
-    static = request.app[STATIC]
+def render_html(app: web.Application, template: str, **context: Any) -> bytes:
+    static = app[STATIC]
 
     def static_url(name: str) -> str:
         return f"/ui/static/{name}?v={static[name][2]}"
 
-    html = env.get_template(template).render(static_url=static_url, **context)
-    return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
+    return app[TEMPLATES].get_template(template).render(static_url=static_url, **context).encode()
+
+
+def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+    html = render_html(request.app, template, **context)
+    return web.Response(body=html, status=status, content_type="text/html", charset="utf-8")
+
+
+async def off_loop(request: web.Request, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``work(*args, **kwargs)`` in the dashboard's render thread (:data:`RENDERER`)."""
+    call = functools.partial(work, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(request.app[RENDERER], call)
 
 
 def _secure_headers(response: web.StreamResponse) -> None:
@@ -304,17 +363,25 @@ UI_ROUTES: list[tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResp
 
 def ui_route(method: str, path: str, kind: str = "page") -> Callable[[UiHandler], UiHandler]:
     """``kind``: ``page`` (HTML; signed out: redirect to the sign-in form), ``part`` (HTML or JSON fetched by
-    the page's script; signed out: 401) or ``public`` (no session needed)."""
+    the page's script; signed out: 401), ``public`` (no session needed, the handler sees it when there is one)
+    or ``open`` (the session is not read: static files, the sign-in itself). A session is read from the cookie,
+    then asked about in the database (signed out?); the answer of a request with a session renews its cookie
+    when due (:func:`renew_session`), unless the handler set or deleted the cookie itself."""
 
     def register(handler: UiHandler) -> UiHandler:
         async def guarded(request: web.Request) -> web.StreamResponse:
-            session = read_session(request.app[CONFIG], request.cookies.get(COOKIE))
+            now = time.time()
+            config = request.app[CONFIG]
+            cookie = None if kind == "open" else read_session(config, request.cookies.get(COOKIE), now)
+            session: Session | None = None
             try:
-                if session is None and kind != "public":
+                if cookie is not None and not await request.app[DB].ui_session_revoked(cookie.session_id):
+                    session = cookie
+                if session is None and kind in ("page", "part"):
                     if kind == "page" and method == "GET":
                         response: web.StreamResponse = redirect("/ui/?" + urlencode({"next": request.path_qs}))
                     else:
-                        raise ApiError.of(401, "sign in first: the session is missing or has expired")
+                        raise ApiError.of(401, "sign in first: the session is missing, has expired or was signed out")
                 else:
                     response = await handler(request, session)
             except (ApiError, psycopg.Error, psycopg_pool.PoolTimeout) as e:
@@ -322,6 +389,10 @@ def ui_route(method: str, path: str, kind: str = "page") -> Callable[[UiHandler]
                     raise  # the gateway's middleware answers JSON
                 error = e if isinstance(e, ApiError) else database_error(request, e)
                 response = render(request, "error.html", status=error.status, session=session, error=error, nav="")
+            if session is not None and COOKIE not in response.cookies:
+                renewed = renew_session(config, session, now)
+                if renewed is not None:
+                    set_session_cookie(request, response, renewed, min(SESSION_TTL_S, session.ends - int(now)))
             _secure_headers(response)
             return response
 
@@ -337,8 +408,14 @@ def setup_ui(app: web.Application) -> None:
     app[TEMPLATES] = _environment()
     app[STATIC] = _load_static()
     app[RECENT] = RecentRuns()
+    app[RENDERER] = ThreadPoolExecutor(1, thread_name_prefix="awp-ui-render")
     for method, path, handler in UI_ROUTES:
         app.router.add_route(method, path, handler, name=handler.__name__)
+
+    async def stop_renderer(app: web.Application) -> None:
+        app[RENDERER].shutdown(wait=False, cancel_futures=True)
+
+    app.on_cleanup.append(stop_renderer)
 
 
 # -- sign-in -------------------------------------------------------------------------------------------
@@ -350,7 +427,7 @@ SIGN_IN_ERRORS = {
 }
 
 
-@ui_route("GET", "/ui", kind="public")
+@ui_route("GET", "/ui", kind="open")
 async def root(request: web.Request, session: Session | None) -> web.StreamResponse:
     return redirect("/ui/")
 
@@ -380,7 +457,7 @@ async def read_form(request: web.Request) -> MultiDictProxy[str | bytes | bytear
         raise ApiError.of(400, "the form is incomplete: the connection closed") from None
 
 
-@ui_route("POST", "/ui/login", kind="public")
+@ui_route("POST", "/ui/login", kind="open")
 async def sign_in(request: web.Request, session: Session | None) -> web.StreamResponse:
     if cross_site(request):
         raise ApiError.of(403, "a sign-in from another site is refused")
@@ -395,15 +472,7 @@ async def sign_in(request: web.Request, session: Session | None) -> web.StreamRe
         return redirect("/ui/?" + urlencode({"error": "wrong" if token else "empty", "next": next_url}))
     assert role is not None
     response = redirect(next_url)
-    response.set_cookie(
-        COOKIE,
-        new_session(config, role),
-        max_age=SESSION_TTL_S,
-        path="/ui",
-        httponly=True,
-        samesite="Strict",
-        secure=is_tls(request),
-    )
+    set_session_cookie(request, response, new_session(config, role), SESSION_TTL_S)
     return response
 
 
@@ -423,6 +492,7 @@ async def _check_csrf(
 async def sign_out(request: web.Request, session: Session | None) -> web.StreamResponse:
     assert session is not None
     await _check_csrf(request, session)
+    await request.app[DB].revoke_ui_session(session.session_id, session.ends)  # every cookie of it, every replica
     response = redirect("/ui/")
     response.del_cookie(COOKIE, path="/ui")
     return response
@@ -431,7 +501,7 @@ async def sign_out(request: web.Request, session: Session | None) -> web.StreamR
 # -- static files --------------------------------------------------------------------------------------
 
 
-@ui_route("GET", "/ui/static/{name}", kind="public")
+@ui_route("GET", "/ui/static/{name}", kind="open")
 async def static_file(request: web.Request, session: Session | None) -> web.StreamResponse:
     entry = request.app[STATIC].get(request.match_info["name"])
     if entry is None:
@@ -583,7 +653,7 @@ async def run_page(request: web.Request, session: Session | None) -> web.StreamR
     run = await db.get_run(run_id)
     events, last_sequence = await latest_events(db, run_id, TIMELINE)
     rows = await db.run_tasks(run_id)
-    view = run_view(rows, page, status)
+    view = await off_loop(request, run_view, rows, page, status)  # the layout: up to 10,000 tasks
     selected = _query(request, "task", 1024)
     task_context = await _task_context(db, run_id, selected) if selected else None
     base = {k: v for k, v in (("status", status),) if v}
@@ -603,8 +673,10 @@ async def run_page(request: web.Request, session: Session | None) -> web.StreamR
         # per band, one character per task: its status, as an index into "statuses"
         "band_status": view.overview.status_codes(TASK_STATUSES) if view.overview else None,
     }
-    return render(
+    html = await off_loop(
         request,
+        render_html,
+        request.app,
         "run.html",
         session=session,
         run=run,
@@ -617,6 +689,7 @@ async def run_page(request: web.Request, session: Session | None) -> web.StreamR
         now=_now(),
         nav="runs",
     )
+    return web.Response(body=html, content_type="text/html", charset="utf-8")
 
 
 def _event(e: dict[str, Any]) -> dict[str, Any]:
@@ -660,7 +733,7 @@ async def run_changes(request: web.Request, session: Session | None) -> web.Stre
     rows = rows[:CHANGES_LIMIT]
     answer["events"] = [_event(e) for e in rows]
     answer["after"] = rows[-1]["sequence"] if rows else int(after_arg)
-    answer["summary"] = render(request, "_run_summary.html", session=session, run=run, now=_now()).text or ""
+    answer["summary"] = render_html(request.app, "_run_summary.html", session=session, run=run, now=_now()).decode()
     if waits is not None:
         answer["waits"] = waits
     return _json(answer)
