@@ -49,6 +49,11 @@ CREATE OR REPLACE FUNCTION awp._limit_batch_results() RETURNS integer
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 256 $$;
 COMMENT ON FUNCTION awp._limit_batch_results() IS 'Limit: the results of one complete_tasks call.';
 
+-- awp._limit_batch_runs(): the runs one awp.start_runs / awp.start_runs_idempotent call starts.
+CREATE OR REPLACE FUNCTION awp._limit_batch_runs() RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 1000 $$;
+COMMENT ON FUNCTION awp._limit_batch_runs() IS 'Limit: the runs one start_runs call starts.';
+
 -- awp._limit_heartbeat_list(): each list of one heartbeat (leases, dropped, claims_pending).
 CREATE OR REPLACE FUNCTION awp._limit_heartbeat_list() RETURNS integer
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 1024 $$;

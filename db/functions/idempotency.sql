@@ -88,3 +88,39 @@ BEGIN
   RETURN QUERY SELECT v_run_id, v_status, false;
 END $$;
 COMMENT ON FUNCTION awp.start_run_idempotent(text, text, text, integer, jsonb) IS 'start_run behind an Idempotency-Key: a replay returns the first answer; AWIDM when the key was used for another request.';
+
+-- awp.start_runs_idempotent(workflow_id, version, items): awp.start_runs behind one Idempotency-Key per item (scope
+-- 'runs', as awp.start_run_idempotent: a batch item and a single start with the same key and request are one
+-- request). items: 1-1,000 objects {"idempotency_key": string, "request_hash": string, "input"?: object}. All or
+-- nothing; an error names its item ("runs[3]: ..."). Returns one row per item in order: item, run_id, status,
+-- replayed. Locks: as awp.start_run_idempotent, item after item.
+CREATE OR REPLACE FUNCTION awp.start_runs_idempotent(p_workflow_id text, p_version integer, p_items jsonb)
+RETURNS TABLE (item integer, run_id text, status text, replayed boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+  v_i     integer := 0;
+  v_item  jsonb;
+  a       record;
+  v_rows  jsonb := '[]';
+  v_state text;
+  v_msg   text;
+  v_det   text;
+BEGIN
+  PERFORM awp._check_run_items(p_items, '{input,idempotency_key,request_hash}');
+  BEGIN
+    FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+      SELECT * INTO a FROM awp.start_run_idempotent(v_item->>'idempotency_key', v_item->>'request_hash', p_workflow_id,
+                                                    p_version, CASE WHEN jsonb_typeof(v_item->'input') = 'object'
+                                                                    THEN v_item->'input' END);
+      v_rows := v_rows || jsonb_build_array(jsonb_build_array(a.run_id, a.status, a.replayed));
+      v_i := v_i + 1;
+    END LOOP;
+  EXCEPTION WHEN OTHERS THEN   -- name the item; the whole call is undone
+    GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_det = PG_EXCEPTION_DETAIL;
+    RAISE EXCEPTION '%', v_msg USING ERRCODE = v_state, DETAIL = format('runs[%s]: %s', v_i, coalesce(nullif(v_det, ''), v_msg));
+  END;
+  RETURN QUERY SELECT (r.o - 1)::integer, r.x->>0, r.x->>1, (r.x->>2)::boolean
+                 FROM jsonb_array_elements(v_rows) WITH ORDINALITY AS r(x, o) ORDER BY r.o;
+END $$;
+COMMENT ON FUNCTION awp.start_runs_idempotent(text, integer, jsonb) IS 'start_runs behind one Idempotency-Key per item (as start_run_idempotent); all or nothing; one row per item in order.';

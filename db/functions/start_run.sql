@@ -136,3 +136,73 @@ BEGIN
   RETURN v_run_id;
 END $$;
 COMMENT ON FUNCTION awp._existing_run(text, text, jsonb) IS 'The run started with an idempotency key (NULL when none); AWIDM when its input differs.';
+
+-- awp._check_run_items(items, keys): AWREQ unless items is a JSON array of 1 to awp._limit_batch_runs() objects
+-- whose fields are among `keys` (input: an object, idempotency_key and request_hash: strings); the item's own
+-- rules (input size, key length) are awp._start_run's. Locks: none.
+CREATE OR REPLACE FUNCTION awp._check_run_items(p_items jsonb, p_keys text[]) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_err text;
+BEGIN
+  IF jsonb_typeof(p_items) IS DISTINCT FROM 'array' OR jsonb_array_length(p_items) NOT BETWEEN 1 AND awp._limit_batch_runs() THEN
+    PERFORM awp._raise_invalid_request('invalid runs',
+      format('runs must be an array of 1-%s objects', awp._limit_batch_runs()));
+  END IF;
+  SELECT format('runs[%s]: %s', i.o - 1, CASE
+           WHEN jsonb_typeof(i.x) <> 'object' THEN 'must be an object'
+           WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(i.x) k WHERE k <> ALL (p_keys))
+             THEN 'unknown fields: ' || (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(i.x) k WHERE k <> ALL (p_keys))
+           WHEN i.x ? 'input' AND jsonb_typeof(i.x->'input') NOT IN ('object', 'null') THEN 'input must be a JSON object'
+           WHEN i.x ? 'idempotency_key' AND jsonb_typeof(i.x->'idempotency_key') <> 'string' THEN 'idempotency_key must be a string'
+           WHEN 'request_hash' = ANY (p_keys) AND jsonb_typeof(i.x->'request_hash') IS DISTINCT FROM 'string' THEN 'request_hash must be a string'
+           WHEN 'request_hash' = ANY (p_keys) AND jsonb_typeof(i.x->'idempotency_key') IS DISTINCT FROM 'string' THEN 'idempotency_key is required'
+         END)
+    INTO v_err
+    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS i(x, o)
+   WHERE jsonb_typeof(i.x) <> 'object'
+      OR EXISTS (SELECT 1 FROM jsonb_object_keys(i.x) k WHERE k <> ALL (p_keys))
+      OR (i.x ? 'input' AND jsonb_typeof(i.x->'input') NOT IN ('object', 'null'))
+      OR (i.x ? 'idempotency_key' AND jsonb_typeof(i.x->'idempotency_key') <> 'string')
+      OR ('request_hash' = ANY (p_keys) AND (jsonb_typeof(i.x->'request_hash') IS DISTINCT FROM 'string'
+                                             OR jsonb_typeof(i.x->'idempotency_key') IS DISTINCT FROM 'string'))
+   ORDER BY i.o LIMIT 1;
+  IF v_err IS NOT NULL THEN
+    PERFORM awp._raise_invalid_request('invalid runs', v_err);
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._check_run_items(jsonb, text[]) IS 'Validates the items of a batch of run starts (AWREQ naming the first bad item).';
+
+-- awp.start_runs(workflow_id, version, items): starts several runs of one workflow version (the latest when version
+-- is null) in one call, all or nothing. items: a JSON array of 1-1,000 objects {"input"?: object,
+-- "idempotency_key"?: string}, each started as awp.start_run(workflow_id, version, idempotency_key, input) starts
+-- one (the same limits and defaults; a key used before with the same input returns that run, with another input
+-- AWIDM). Returns one row per item in order: item (0-based), run_id, status. An error names its item in its
+-- DETAIL ("runs[3]: ...") and starts nothing. Locks: as awp.start_run, item after item.
+CREATE OR REPLACE FUNCTION awp.start_runs(p_workflow_id text, p_version integer, p_items jsonb)
+RETURNS TABLE (item integer, run_id text, status text)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+  v_i     integer := 0;
+  v_ids   text[] := '{}';
+  v_item  jsonb;
+  v_state text;
+  v_msg   text;
+  v_det   text;
+BEGIN
+  PERFORM awp._check_run_items(p_items, '{input,idempotency_key}');
+  BEGIN
+    FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+      v_ids := v_ids || awp._start_run(p_workflow_id, p_version, v_item->>'idempotency_key',
+                                       CASE WHEN jsonb_typeof(v_item->'input') = 'object' THEN v_item->'input' END, NULL);
+      v_i := v_i + 1;
+    END LOOP;
+  EXCEPTION WHEN OTHERS THEN   -- name the item; the whole call is undone
+    GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_det = PG_EXCEPTION_DETAIL;
+    RAISE EXCEPTION '%', v_msg USING ERRCODE = v_state, DETAIL = format('runs[%s]: %s', v_i, coalesce(nullif(v_det, ''), v_msg));
+  END;
+  RETURN QUERY SELECT (u.o - 1)::integer, u.id, r.status
+                 FROM unnest(v_ids) WITH ORDINALITY AS u(id, o) JOIN awp.runs r ON r.run_id = u.id ORDER BY u.o;
+END $$;
+COMMENT ON FUNCTION awp.start_runs(text, integer, jsonb) IS 'Starts 1-1000 runs of a workflow version in one call, all or nothing (items: input, idempotency_key as start_run); one row per item in order.';

@@ -277,6 +277,12 @@ class Database:
             (key, request_hash, workflow_id, version, _jsonb(run_input)),
         )
 
+    async def start_runs_idempotent(self, workflow_id: str, version: int, items: list[dict[str, Any]]) -> list[Row]:
+        """``awp.start_runs_idempotent``: items {idempotency_key, request_hash, input}; one row per item in order."""
+        return await self._rows(
+            "SELECT * FROM awp.start_runs_idempotent(%s, %s, %s)", (workflow_id, version, _jsonb(items))
+        )
+
     async def list_runs(
         self,
         workflow_id: str | None,

@@ -54,6 +54,7 @@ from awp.results import RESULT_KINDS
 log = logging.getLogger(__name__)
 
 MAX_WAIT_MS = 30_000
+MAX_BATCH_RUNS = 1000  # runs of one batch start (= awp._limit_batch_runs(); python/tests/test_limits.py)
 
 ROUTES: list[tuple[str, str, Access, Handler]] = []
 
@@ -188,6 +189,42 @@ async def start_run(request: web.Request) -> web.Response:
     request_hash = canonical_hash({"workflow_id": workflow_id, "version": version, "body": normal_body})
     row = await request.app[DB].start_run_idempotent(key, request_hash, workflow_id, version, run_input)
     return json_response({"run_id": row["run_id"], "status": row["status"]}, status=202)
+
+
+def _start_item(workflow_id: str, version: int, item: Any, where: str) -> dict[str, Any]:
+    """One item of a batch start as awp.start_runs_idempotent takes it: its key, its input, and the hash the
+    single start route gives the same request (so a batch item and a single start with one key are one request)."""
+    if not isinstance(item, dict):
+        raise bad_request(f"{where} must be an object")
+    unknown = sorted(set(item) - {"input", "idempotency_key"})
+    if unknown:
+        raise bad_request(f"{where}: unknown fields: {', '.join(unknown)}")
+    key = item.get("idempotency_key")
+    if not isinstance(key, str) or not 1 <= len(key) <= 255:
+        raise bad_request(f"{where}: idempotency_key must be a string of 1-255 characters")
+    run_input = item.get("input")
+    if run_input is None:
+        run_input = {}
+    if not isinstance(run_input, dict):
+        raise bad_request(f"{where}: input must be a JSON object")
+    normal_body = {"input": run_input} if run_input else {}
+    request_hash = canonical_hash({"workflow_id": workflow_id, "version": version, "body": normal_body})
+    return {"idempotency_key": key, "request_hash": request_hash, "input": run_input}
+
+
+@route("POST", API + "/workflows/{workflow_id}/versions/{version}/runs/batch", Access.WRITE)
+async def start_runs(request: web.Request) -> web.Response:
+    """Many runs in one call, all or nothing: {"runs": [{"idempotency_key", "input"?}, ...]} (1-1,000 items)."""
+    workflow_id, version = path_param(request, "workflow_id"), path_int(request, "version")
+    body = await json_body(request, limit=WORKFLOW_BODY_LIMIT)
+    only_fields(body, required=("runs",))
+    runs = body["runs"]
+    if not isinstance(runs, list) or not 1 <= len(runs) <= MAX_BATCH_RUNS:
+        raise bad_request(f"runs must be an array of 1-{MAX_BATCH_RUNS} objects")
+    items = [_start_item(workflow_id, version, item, f"runs[{i}]") for i, item in enumerate(runs)]
+    rows = await request.app[DB].start_runs_idempotent(workflow_id, version, items)
+    answer = [{"run_id": r["run_id"], "status": r["status"], "replayed": r["replayed"]} for r in rows]
+    return json_response({"runs": answer}, status=202)
 
 
 @route("GET", API + "/runs", Access.READ)

@@ -20,7 +20,14 @@ from awp.migrate import default_sql_dir
 # Sections of the page, in order; a public function missing here lands in "Unsorted" (and the test fails).
 SECTIONS: dict[str, tuple[str, ...]] = {
     "Workflows": ("create_workflow_version", "apply_workflow", "apply_workflow_idempotent"),
-    "Runs": ("start_run", "start_run_idempotent", "request_cancel", "cancel_waiting_runs"),
+    "Runs": (
+        "start_run",
+        "start_run_idempotent",
+        "start_runs",
+        "start_runs_idempotent",
+        "request_cancel",
+        "cancel_waiting_runs",
+    ),
     "Schedules": ("create_schedule", "delete_schedule", "list_schedules", "fire_schedules"),
     "Workers (the worker protocol)": (
         "register_worker",

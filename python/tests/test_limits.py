@@ -76,6 +76,7 @@ def test_the_python_constants_equal_the_database_limits(conn: psycopg.Connection
     assert db["error_code_chars"] == results.MAX_ERROR_CODE_CHARS
     assert db["error_message_bytes"] == results.MAX_ERROR_MESSAGE_BYTES
     assert db["batch_results"] == gateway.MAX_BATCH
+    assert db["batch_runs"] == gateway.MAX_BATCH_RUNS
     assert db["heartbeat_list"] == gateway.MAX_PENDING_CLAIMS
     # The gateway's pages are smaller on purpose (python/awp/parsing.py); the SQL API's bound must admit them.
     assert 1 <= parsing.PAGE_LIMIT_DEFAULT <= parsing.PAGE_LIMIT_MAX <= db["page_rows"]
