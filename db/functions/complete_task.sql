@@ -551,8 +551,8 @@ DECLARE
   g_ver   integer[] := '{}';
   g_in    jsonb[] := '{}';
   v_order text[] := '{}';      -- the runs refilled in this group, the last refilled last (their new fairness places)
-  v_cands text[];
   v_cand  text;
+  v_tail  integer;
   c       refcursor;
   v_run   text;
   v_g     integer;
@@ -679,17 +679,24 @@ BEGIN
       e_why := e_why || array_fill('dependencies succeeded'::text, ARRAY[cardinality(v_ready)]);
     END IF;
     v_run := NULL;
-    v_cands := '{}';
+    -- The candidates, read as needed: the fairness order without the runs refilled in this group, then those
+    -- (v_order). Read lazily: with many live runs, listing them all per item cost 1.4 ms (AWP issue 46).
     c := awp._fairness_order(w.executor_kinds);
+    v_tail := 0;   -- 0 while the cursor lasts, then the place in v_order
     LOOP
-      FETCH c INTO v_cand;
-      EXIT WHEN NOT FOUND;
-      CONTINUE WHEN v_cand = ANY (v_order);
-      v_cands := v_cands || v_cand;
-    END LOOP;
-    CLOSE c;
-    v_cands := v_cands || v_order;
-    FOREACH v_cand IN ARRAY v_cands LOOP
+      IF v_tail = 0 THEN
+        FETCH c INTO v_cand;
+        IF NOT FOUND THEN
+          v_tail := 1;
+        ELSIF v_cand = ANY (v_order) THEN
+          CONTINUE;
+        END IF;
+      END IF;
+      IF v_tail > 0 THEN
+        EXIT WHEN v_tail > cardinality(v_order);
+        v_cand := v_order[v_tail];
+        v_tail := v_tail + 1;
+      END IF;
       v_g := array_position(g_run, v_cand);
       IF v_g IS NULL THEN   -- a run met first here: taken without waiting, as awp._lease_refill takes it
         g_run := g_run || v_cand;
@@ -719,6 +726,7 @@ BEGIN
       v_run := v_cand;
       EXIT;
     END LOOP;
+    CLOSE c;
     IF v_run IS NULL THEN
       PERFORM awp._raise_group_not_applicable('no refill for an item');
     END IF;
