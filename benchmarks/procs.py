@@ -17,6 +17,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -94,6 +95,15 @@ def postmaster_pid(datadir: Path) -> int:
 
 # ---- the gateway ----------------------------------------------------------------------------------------
 
+# ``awp serve`` has no log-level option: it logs at INFO (one access line per request) unless ``awp -v``. For the
+# logging scenario of issue 46 the gateway is started through this wrapper, which sets the ``awp`` logger's level
+# (argv[1]) before the command runs, as a ``--log-level`` option would: ``logging.basicConfig`` in the command sets
+# the root logger only, so every ``awp.*`` logger (the access log ``awp.gateway.access`` included) follows ``awp``.
+_SERVE_AT_LEVEL = (
+    "import logging, sys; logging.getLogger('awp').setLevel(sys.argv.pop(1).upper()); "
+    "from awp.cli import main; main(prog_name='awp')"
+)
+
 
 @dataclass
 class Gateway:
@@ -103,6 +113,7 @@ class Gateway:
     dsn: str
     workdir: Path
     coordinator_interval_ms: int = 1000
+    log_level: str | None = None  # None: as `awp serve` (INFO); else its `awp` loggers at this level (_SERVE_AT_LEVEL)
     tokens: dict[str, str] = field(
         default_factory=lambda: {r: f"{r}-{secrets.token_urlsafe(32)}" for r in ("viewer", "operator", "bootstrap")}
     )
@@ -128,7 +139,12 @@ class Gateway:
             "AWP_COORDINATOR_INTERVAL_MS": str(self.coordinator_interval_ms),
             "PYTHONUNBUFFERED": "1",
         }
-        cmd = awp_command("serve", "--host", "127.0.0.1", "--port", str(self.port))
+        args = ("serve", "--host", "127.0.0.1", "--port", str(self.port))
+        cmd = (
+            awp_command(*args)
+            if self.log_level is None
+            else [sys.executable, "-c", _SERVE_AT_LEVEL, self.log_level, *args]
+        )
         self.proc = self.reaper.spawn(cmd, env, self.log_path)
         awp_procs.wait_ready(self.proc, self._ready, timeout=timeout, what="awp serve", log_path=self.log_path)
 
@@ -209,6 +225,7 @@ class WorkerProc:
     name: str
     concurrency: int
     proc: subprocess.Popen[bytes]
+    log_level: str = "warning"
 
     @property
     def pid(self) -> int:
@@ -226,6 +243,9 @@ class WorkerPool:
         self.workers: list[WorkerProc] = []
         self.peak_rss_mb = 0.0  # of workers already stopped
         self._next = 0
+        # info logs two lines per task: a benchmark of the product, not of its logging (but for issue 46's logging
+        # scenario, which sets "info", `awp worker`'s default, and restarts the pool)
+        self.log_level = "warning"
 
     def _spawn(self, concurrency: int, wait_ms: int) -> WorkerProc:
         self._next += 1
@@ -244,13 +264,18 @@ class WorkerPool:
             "--shutdown-timeout",
             "5",
             "--log-level",
-            "warning",  # info logs two lines per task: a benchmark of the product, not of its logging
+            self.log_level,
         )
-        return WorkerProc(name, concurrency, self.reaper.spawn(cmd, env, self.workdir / f"{name}.log"))
+        return WorkerProc(name, concurrency, self.reaper.spawn(cmd, env, self.workdir / f"{name}.log"), self.log_level)
 
     def resize(self, n: int, concurrency: int = 1, wait_ms: int = 20000, timeout: float = 60.0) -> None:
-        """Exactly ``n`` registered, active workers of this concurrency (others drained and stopped)."""
-        keep = [w for w in self.workers if w.concurrency == concurrency and w.proc.poll() is None][:n]
+        """Exactly ``n`` registered, active workers of this concurrency and of the pool's log level (others drained
+        and stopped)."""
+        keep = [
+            w
+            for w in self.workers
+            if w.concurrency == concurrency and w.log_level == self.log_level and w.proc.poll() is None
+        ][:n]
         self.stop_workers([w for w in self.workers if w not in keep])
         self.workers = keep + [self._spawn(concurrency, wait_ms) for _ in range(n - len(keep))]
         self.wait_registered(timeout)

@@ -139,6 +139,7 @@ def _scenarios(results: dict[str, Any]) -> list[dict[str, Any]]:
         *([lat | {"label": "idle latency"}] if lat else []),
         *([io] if io else []),
         *rec,
+        *(s for s in (results.get("many_runs") or {}).values() if s.get("invariants") is not None),
     ]
 
 
@@ -215,17 +216,457 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     else:
         out.append((name, *missing))
 
+    out += many_runs_targets(results, with_invariants=False)
+    out.append(_invariants_target(results))
+    return out
+
+
+def _invariants_target(
+    results: dict[str, Any], name: str = "(5) every scenario ends with awp.check_invariants() empty"
+) -> tuple[str, str, bool | None]:
     checked = [sc for sc in _scenarios(results) if sc.get("invariants") is not None]
     bad = [sc for sc in checked if sc["invariants"]["violations"]]
-    name = "(5) every scenario ends with awp.check_invariants() empty"
     if not checked:
-        out.append((name, *missing))
-    elif bad:
+        return (name, "not measured", None)
+    if bad:
         worst = ", ".join(f"{sc['label']}: {sc['invariants']['violations']}" for sc in bad)
-        out.append((name, f"{len(bad)} of {len(checked)} scenarios with violations ({worst})", False))
+        return (name, f"{len(bad)} of {len(checked)} scenarios with violations ({worst})", False)
+    return (name, f"{len(checked)} of {len(checked)} scenarios empty", True)
+
+
+# ---- issue 46: many runs (benchmarks/many_runs.py) ------------------------------------------------------------
+
+MANY_FACTOR = {True: 0.8, False: 0.6}  # runs of several tasks (1,000 x 10) / of one task (10,000 x 1), x the base
+BACKLOG_MAX_RATIO = 1.2
+PASS_MAX_MS = 20.0
+STARTS_MIN_PER_S = 300.0
+STARTS_CLIENTS = 8
+LOG_MIN_RATIO = 0.9
+PEER_46 = 1.5
+PG_CPU_46_MS = 0.7
+
+
+def _measured(scenario: dict[str, Any] | None) -> dict[str, Any] | None:
+    return scenario if scenario and scenario.get("status") == "measured" else None
+
+
+def _not_measured(scenario: dict[str, Any] | None) -> tuple[str, None]:
+    if scenario and scenario.get("status") == "failed":
+        return (f"FAILED: {scenario.get('error')}", None)
+    return ("not measured", None)
+
+
+def _shape(summary: dict[str, Any]) -> str:
+    """A many-runs shape's short name: ``1,000 runs x 10 tasks``."""
+    return str(summary.get("shape") or summary["label"].rsplit(", ", 1)[0])
+
+
+def _base_shape(m: dict[str, Any]) -> dict[str, Any] | None:
+    tp = _measured(m.get("throughput"))
+    return next((s for s in tp["shapes"] if s.get("base")), None) if tp else None
+
+
+def many_runs_targets(results: dict[str, Any], with_invariants: bool = True) -> list[tuple[str, str, bool | None]]:
+    """The targets of issue 46 (measured, never asserted): (target, measured, met); met None when not measured."""
+    plan = results["plan"]
+    m = results.get("many_runs") or {}
+    out: list[tuple[str, str, bool | None]] = []
+    single = f"1 run x {plan['single_tasks']} tasks"
+    s4 = _by_label_prefix(results, single, 4)  # step 2, beside the peer (absent in --many-runs-only)
+    step2 = s4["tasks_per_s"]["median"] if s4 else None
+
+    tp = _measured(m.get("throughput"))
+    base = _base_shape(m)
+    if tp and base:
+        b = base["tasks_per_s"]["median"]
+        for shape in (s for s in tp["shapes"] if not s.get("base")):
+            factor = MANY_FACTOR[shape["tasks_per_run"] > 1]
+            v = shape["tasks_per_s"]["median"]
+            name = (
+                f"(46) {shape['label']}, started in one transaction >= {factor} x tasks/s of "
+                f"{_shape(base)} (repetitions alternating)"
+            )
+            also = f"; x step 2's {single}: {v / step2:.2f}" if step2 else ""
+            out.append((name, f"{v:,.0f} vs {b:,.0f} tasks/s = {v / b:.2f} x{also}", v >= factor * b))
     else:
-        out.append((name, f"{len(checked)} of {len(checked)} scenarios empty", True))
+        for label, factor in (("1,000 runs x 10 tasks", 0.8), ("10,000 runs x 1 task", 0.6)):
+            out.append(
+                (
+                    f"(46) {label}, 4 workers x 1 >= {factor} x tasks/s of 1 run x 1,000",
+                    *_not_measured(m.get("throughput")),
+                )
+            )
+
+    bl = _measured(m.get("backlog"))
+    what = (
+        f"backlog of {bl['ready_tasks']:,} ready tasks over {bl['backlog_runs']:,} runs"
+        if bl
+        else "backlog of 100,000 ready tasks over 1,000 runs"
+    )
+    name = f"(46) {what}: idle claim p50 (submit -> claimed) within {BACKLOG_MAX_RATIO} x of an empty queue"
+    if bl and bl.get("claim_ratio") is not None:
+        c = bl["claim_p50_ms"]
+        out.append(
+            (
+                name,
+                f"{c['backlog']:.1f} vs {c['empty']:.1f} ms = {bl['claim_ratio']:.2f} x",
+                bl["claim_ratio"] <= BACKLOG_MAX_RATIO,
+            )
+        )
+    else:
+        out.append((name, *_not_measured(m.get("backlog"))))
+    name = f"(46) {what}: PostgreSQL CPU per task within {BACKLOG_MAX_RATIO} x of an empty queue"
+    if bl and bl.get("cpu_ratio") is not None:
+        c = bl["pg_cpu_ms_per_task"]
+        out.append(
+            (
+                f"{name} (1 run x {bl['workload_tasks']:,}, 4 workers)",
+                f"{c['backlog']:.2f} vs {c['empty']:.2f} ms = {bl['cpu_ratio']:.2f} x",
+                bl["cpu_ratio"] <= BACKLOG_MAX_RATIO,
+            )
+        )
+    else:
+        out.append((name, *_not_measured(m.get("backlog"))))
+
+    cp = _measured(m.get("coordinator_pass"))
+    name = (
+        f"(46) coordinator pass with {cp['live_runs']:,} live runs and nothing to dispatch < {PASS_MAX_MS:g} ms (p50)"
+        if cp
+        else f"(46) coordinator pass with 10,000 live runs and nothing to dispatch < {PASS_MAX_MS:g} ms (p50)"
+    )
+    if cp:
+        t3, t2 = cp["loaded"]["tick3"], cp["loaded"]["tick2"]
+        p50 = t3["total_ms"]["p50"]
+        no_slot = (cp.get("no_free_slot") or {}).get("tick3")
+        also = f"; no worker at all: {no_slot['total_ms']['p50']:.2f} ms" if no_slot else ""
+        out.append(
+            (
+                f"{name}; the runs' kind without a worker, 4 idle mock workers",
+                f"{p50:.2f} ms with its commit ({t3['statement_ms']['p50']:.2f} ms the statement, p95 "
+                f'{t3["total_ms"]["p95"]:.2f}); with "limited": {t2["total_ms"]["p50"]:.2f} ms{also}',
+                p50 < PASS_MAX_MS,
+            )
+        )
+    else:
+        out.append((name, *_not_measured(m.get("coordinator_pass"))))
+
+    st = _measured(m.get("starts"))
+    name = f"(46) POST .../runs with {STARTS_CLIENTS} concurrent clients >= {STARTS_MIN_PER_S:g} runs/s"
+    by_clients = {c["clients"]: c for c in st["clients"]} if st else {}
+    if STARTS_CLIENTS in by_clients:
+        r = by_clients[STARTS_CLIENTS]
+        one_client = f"; 1 client: {by_clients[1]['runs_per_s']:,.0f}" if 1 in by_clients else ""
+        errors = sum(n for code, n in r["statuses"].items() if code != "202")
+        out.append(
+            (
+                name,
+                f"{r['runs_per_s']:,.0f} runs/s ({r['started']:,} in {r['elapsed_s']:.1f} s, {errors} errors"
+                f"{one_client})",
+                r["runs_per_s"] >= STARTS_MIN_PER_S,
+            )
+        )
+    else:
+        out.append((name, *_not_measured(m.get("starts"))))
+
+    lg = _measured(m.get("logging"))
+    name = f"(46) default-level logs (INFO) cost <= 10%: INFO tasks/s >= {LOG_MIN_RATIO} x WARNING (alternating)"
+    if lg and lg.get("ratio") is not None:
+        i, w = (lg["levels"][k]["tasks_per_s"]["median"] for k in ("info", "warning"))
+        pairs = ", ".join(f"{x:.2f}" for x in lg["pair_ratios"])
+        out.append(
+            (name, f"{i:,.0f} vs {w:,.0f} tasks/s = {lg['ratio']:.2f} x (pairs {pairs})", lg["ratio"] >= LOG_MIN_RATIO)
+        )
+    else:
+        out.append((name, *_not_measured(m.get("logging"))))
+
+    name = f"(46) {single}, 4 workers >= {PEER_46} x procrastinate (same run, same shape)"
+    peer = _peer_rate(results)
+    if step2 is not None and peer:
+        out.append((name, f"{step2 / peer:.2f} x ({step2:,.0f} vs {peer:,.0f} tasks/s)", step2 / peer >= PEER_46))
+    else:
+        missing = _peer_missing(results) if step2 is not None else "no step 2 (the side by side) in this run"
+        out.append((name, missing, None))
+
+    pg = ((s4 or {}).get("cpu_ms_per_task") or {}).get("postgres") or {}
+    where = f"{single}, 4 workers, step 2"
+    if pg.get("median") is None and base:  # --many-runs-only: the base runs of scenario a, the same shape
+        pg = (base.get("cpu_ms_per_task") or {}).get("postgres") or {}
+        where = f"{_shape(base)}, 4 workers, the base of 'many runs'"
+    name = f"(46) PostgreSQL CPU per task <= {PG_CPU_46_MS} ms ({where})"
+    if pg.get("median") is not None:
+        out.append((name, f"{_ms(pg)} ms", pg["median"] <= PG_CPU_46_MS))
+    else:
+        out.append((name, "not measured", None))
+    if with_invariants:
+        out.append(_invariants_target(results, "(46) every scenario ends with awp.check_invariants() empty"))
     return out
+
+
+def many_runs_tables(results: dict[str, Any]) -> list[Table]:
+    """The tables of issue 46's scenarios (benchmarks/many_runs.py); none when they did not run."""
+    m = results.get("many_runs") or {}
+    out: list[Table] = []
+    step2 = _by_label_prefix(results, f"1 run x {results['plan']['single_tasks']} tasks", 4)
+    tp = _measured(m.get("throughput"))
+    base = _base_shape(m)
+    if tp:
+        t = Table(
+            f"Many runs (issue 46): {tp['workers']} workers x concurrency 1, the runs started in one transaction, "
+            "timed from its commit",
+            [
+                "scenario",
+                "tasks/s",
+                "min-max",
+                "n",
+                "x base",
+                "start s (pg CPU s)",
+                "commit -> last run started s",
+                "PostgreSQL ms/task",
+                "worker ms/task",
+                "gateway ms/request",
+                "requests/task",
+                "claim ms p50/p95/p99",
+            ],
+        )
+        b = base["tasks_per_s"]["median"] if base else None
+        for shape in tp["shapes"]:
+            v = shape["tasks_per_s"]["median"]
+            cpu = shape.get("cpu_ms_per_task") or {}
+            reps = shape.get("repetitions") or []
+            requests = sum(x.get("requests", 0) for x in reps)
+            tasks = sum(x.get("tasks", 0) for x in reps)
+            t.add(
+                shape["label"] + (" (base)" if shape.get("base") else ""),
+                _f(v),
+                _spread(shape["tasks_per_s"]),
+                shape["tasks_per_s"]["n"],
+                f"{v / b:.2f}" if b else "-",
+                f"{_f(shape['start_s']['median'], 2)} ({_f(shape['start_pg_cpu_s']['median'], 2)})",
+                _f(shape["last_start_s"]["median"], 2),
+                _ms(cpu.get("postgres")),
+                _ms(cpu.get("workers")),
+                _ms(shape.get("gateway_cpu_ms_per_request")),
+                f"{requests / tasks:.2f}" if tasks and requests else "-",
+                _pcts(shape["latency_ms"]["claim"]),
+            )
+        t.notes.append(
+            "Rounds alternate (base, then the others, then backwards): x base divides by the median of the base run"
+            " measured in the same minutes."
+        )
+        if step2 and b:
+            t.notes.append(
+                f"Step 2's {step2['label']} (beside procrastinate, earlier in this run): "
+                f"{step2['tasks_per_s']['median']:,.0f} tasks/s; the base here: {b:,.0f}."
+            )
+        t.notes.append(
+            "Start: the one transaction (awp.start_runs, 1,000 runs a call) to its commit, and PostgreSQL's CPU in"
+            " it; CPU per task and tasks/s count from the commit. Claims: the claim route's durations (long-polls"
+            " included)."
+        )
+        out.append(t)
+    bl = _measured(m.get("backlog"))
+    if bl:
+        t = Table(
+            f"Backlog (issue 46): {bl['ready_tasks']:,} ready '{bl.get('idle_kind', 'python')}' tasks over "
+            f"{bl['backlog_runs']:,} runs that no worker serves, against an empty queue",
+            ["measure", "empty queue", "backlog", "empty, after", "backlog / empty"],
+        )
+        ph = bl["phases"]
+
+        def row(name: str, get: Any, digits: int, ratio: float | None) -> None:
+            t.add(name, *(_f(get(ph[k]), digits) for k in ("empty", "backlog", "empty_after")), _f(ratio, 2))
+
+        row("idle claim p50 ms (submit -> claimed)", lambda p: p["claim_ms"]["p50"], 1, bl["claim_ratio"])
+        row("idle claim p95 ms", lambda p: p["claim_ms"]["p95"], 1, None)
+        row("idle: submit -> dispatch created p50 ms", lambda p: p["dispatch_ms"]["p50"], 1, None)
+        row(
+            f"1 run x {bl['workload_tasks']:,}: tasks/s (median)",
+            lambda p: p["tasks_per_s"]["median"],
+            0,
+            _ratio(ph["backlog"]["tasks_per_s"]["median"], ph["empty"]["tasks_per_s"]["median"]),
+        )
+        row(
+            f"1 run x {bl['workload_tasks']:,}: PostgreSQL CPU ms/task (median)",
+            lambda p: p["pg_cpu_ms_per_task"]["median"],
+            2,
+            bl["cpu_ratio"],
+        )
+        row(
+            f"1 run x {bl['workload_tasks']:,}: gateway CPU ms/task (median)",
+            lambda p: (p.get("gateway_cpu_ms_per_task") or {}).get("median"),
+            2,
+            None,
+        )
+        c = bl["cleanup"]
+        t.notes += [
+            f"{bl['samples']} idle claims (1-task runs, one at a time, 0.2 s apart) and "
+            f"{ph['empty']['tasks_per_s']['n']} runs of {bl['workload_tasks']:,} tasks per phase. The ratios divide by"
+            " the two empty-queue phases pooled (claims: every sample; CPU: every repetition).",
+            f"The backlog: {bl['backlog_runs']:,} runs of {bl['backlog_tasks']} tasks started in one transaction in "
+            f"{bl['create_s']:.2f} s; canceled by awp.cancel_waiting_runs in {c['calls']} calls, {c['s']:.2f} s.",
+        ]
+        out.append(t)
+    cp = _measured(m.get("coordinator_pass"))
+    if cp:
+        t = Table(
+            "Coordinator pass (issue 46): awp.coordinator_tick from this harness, each pass in its own transaction"
+            " (ms)",
+            [
+                "live runs",
+                "workers",
+                "form",
+                "p50 with commit",
+                "p95 with commit",
+                "p50 statement",
+                "samples",
+                "dispatched",
+            ],
+            right={0, 3, 4, 5, 6, 7},
+        )
+        situations = [
+            (cp["live_runs_before"], "4 idle (mock)", cp["no_live_runs"]),
+            (cp["live_runs"], "4 idle (mock)", cp["loaded"]),
+            (cp["live_runs"], "none", cp.get("no_free_slot")),
+        ]
+        for live, workers, passes in situations:
+            if not passes:
+                continue
+            for key, form in (("tick3", "(false, NULL, false)"), ("tick2", '() with "limited"')):
+                x = passes[key]
+                t.add(
+                    f"{live:,}",
+                    workers,
+                    form,
+                    _f(x["total_ms"]["p50"], 2),
+                    _f(x["total_ms"]["p95"], 2),
+                    _f(x["statement_ms"]["p50"], 2),
+                    x["total_ms"]["n"],
+                    x["dispatched"],
+                )
+        gw = cp["gateway_passes"]
+        t.notes += [
+            f"{cp['runs']:,} runs of one '{cp.get('idle_kind', 'python')}' task (no worker of that kind; 4 idle mock"
+            f" workers with free slots), started in one transaction in {cp['create_s']:.2f} s; canceled in "
+            f"{cp['cleanup']['calls']} calls, {cp['cleanup']['s']:.2f} s.",
+            f"The gateway's own passes meanwhile (its coordinator, every second; /metrics): {gw['passes']:.0f}, mean "
+            f"{_f(gw['mean_ms'], 2)} ms.",
+        ]
+        for what, passes in (("4 idle mock workers", cp["loaded"]), ("no worker", cp.get("no_free_slot") or {})):
+            if passes.get("profile"):
+                t.notes.append(
+                    f"Where a (false, NULL, false) pass's time goes with {cp['live_runs']:,} live runs, {what} "
+                    "(self time of the awp functions, median of 5 more passes under track_functions, whose timing makes"
+                    " them slower than the timed ones): "
+                    + ", ".join(f"{x['function']} {x['self_ms']:.2f} ms" for x in passes["profile"])
+                    + "."
+                )
+        out.append(t)
+    lg = _measured(m.get("logging"))
+    if lg:
+        t = Table(
+            "Logging (issue 46): the gateway and the workers at INFO (default) or WARNING, repetitions alternating",
+            [
+                "logs at",
+                "tasks/s",
+                "min-max",
+                "n",
+                "gateway CPU ms/task",
+                "worker CPU ms/task",
+                "PostgreSQL CPU ms/task",
+                "log bytes/task gw/wk",
+            ],
+        )
+        for level in ("info", "warning"):
+            x = lg["levels"][level]
+            cpu = x.get("cpu_ms_per_task") or {}
+            t.add(
+                level.upper(),
+                _f(x["tasks_per_s"]["median"]),
+                _spread(x["tasks_per_s"]),
+                x["tasks_per_s"]["n"],
+                _ms(cpu.get("gateway")),
+                _ms(cpu.get("workers")),
+                _ms(cpu.get("postgres")),
+                "/".join(_f((x.get("log_bytes_per_task") or {}).get(k)) for k in ("gateway", "workers")),
+            )
+        t.notes += [
+            f"INFO / WARNING = {_f(lg['ratio'], 2)} (medians); per pair: "
+            + ", ".join(f"{x:.2f}" for x in lg["pair_ratios"])
+            + f". Order: {', '.join(x.upper() for x in lg['order'])}.",
+            "Before every repetition the gateway and the 4 workers are restarted at that level, then an untimed warm-up"
+            " run. awp serve has no log-level option: both levels start it through a wrapper that sets its 'awp'"
+            " loggers' level (benchmarks/procs.py); the workers take --log-level.",
+        ]
+        out.append(t)
+    st = _measured(m.get("starts"))
+    if st:
+        t = Table(
+            "Run starts through HTTP (issue 46): POST /api/v1/workflows/{id}/versions/{v}/runs, a 1-task workflow,"
+            " no worker",
+            [
+                "clients",
+                "runs/s",
+                "started",
+                "other answers",
+                "ms p50/p95/p99",
+                "runs/s (database clock)",
+                "gateway CPU ms/request",
+                "PostgreSQL CPU ms/request",
+                "client CPU ms/request",
+            ],
+        )
+        for r in st["clients"]:
+            cpu = r["cpu_ms_per_request"]
+            others = {k: v for k, v in r["statuses"].items() if k != "202"}
+            t.add(
+                r["clients"],
+                _f(r["runs_per_s"]),
+                f"{r['started']:,}",
+                ", ".join(f"{k}: {v}" for k, v in others.items()) or "none",
+                _pcts(r["latency_ms"]),
+                _f(r.get("db_runs_per_s")),
+                _f(cpu["gateway"], 2),
+                _f(cpu["postgres"], 2),
+                _f(cpu["client"], 2),
+            )
+        t.notes += [
+            f"Each client: one kept connection (aiohttp, in the harness's process), a new Idempotency-Key per request,"
+            f" {st['seconds']:g} s. runs/s: 202 answers over the clients' time; the database clock's: runs created over"
+            " first -> last created_at.",
+            f"Then the {st['runs_total']:,} runs so started were canceled (awp.cancel_waiting_runs) in "
+            f"{st['cleanup']['calls']} calls, {st['cleanup']['s']:.2f} s.",
+        ]
+        out.append(t)
+    failed = [s for s in m.values() if s.get("status") == "failed"]
+    if failed:
+        t = Table("Issue 46 scenarios that FAILED", ["scenario", "error"], right=set())
+        for s in failed:
+            t.add(s["label"], s.get("error", ""))
+        out.append(t)
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def many_runs_text(results: dict[str, Any]) -> str:
+    """``run.py --many-runs-only``: its header, the tables of issue 46, the invariants and its targets."""
+    m, pg, plan = results["machine"], results["postgres"], results["plan"]
+    head = [
+        f"AWP benchmark, issue 46 scenarios only ({plan['name']}), {results['started_at']}, "
+        f"{results['elapsed_s']:.0f} s",
+        f"machine: {m.get('cpus')} CPUs ({m.get('cpu_model', '?')}), load at start {m.get('loadavg_at_start')}",
+        f"PostgreSQL {pg['server_version']}, fsync={pg['fsync']}, shared_buffers={pg['shared_buffers']}",
+        *(f"PROBLEM: {p}" for p in results.get("problems") or []),
+    ]
+    t_tgt = Table("Targets of issue 46 (measured, not asserted)", ["target", "measured", "result"], right=set())
+    for name, measured, met in many_runs_targets(results):
+        t_tgt.add(name, measured, "NOT MEASURED" if met is None else ("PASS" if met else "MISS"))
+    if plan["name"] != "full":
+        t_tgt.notes.append("Quick run: smaller sizes than the targets name and fewer repetitions; indicative only.")
+    tabs = [*many_runs_tables(results), _invariants_table(results), t_tgt]
+    return "\n".join(head) + "\n\n" + "\n\n".join(t.text() for t in tabs if t is not None) + "\n"
 
 
 # ---- tables -----------------------------------------------------------------------------------------------
@@ -388,10 +829,28 @@ def tables(results: dict[str, Any]) -> list[Table]:
                     p["query"],
                 )
             out.append(t_prof)
+    out += many_runs_tables(results)
+    t_inv = _invariants_table(results)
+    if t_inv is not None:
+        out.append(t_inv)
+    t_tgt = Table(
+        "Targets of issues 11, 18 and 46 (measured, not asserted)", ["target", "measured", "result"], right=set()
+    )
+    for name, measured, met in targets(results):
+        t_tgt.add(name, measured, "NOT MEASURED" if met is None else ("PASS" if met else "MISS"))
+    if results["plan"]["name"] != "full":
+        t_tgt.notes.append(
+            "Quick run: smaller sizes than the targets name and fewer repetitions (see n); indicative only."
+        )
+    out.append(t_tgt)
+    return out
+
+
+def _invariants_table(results: dict[str, Any]) -> Table | None:
     checked = [sc for sc in _scenarios(results) if sc.get("invariants") is not None]
     if checked:
         t_inv = Table(
-            "awp.check_invariants() at the end of each scenario (whole database, every run so far)",
+            "awp.check_invariants() at the end of each scenario (whole database, every run so far; issue 46: its runs)",
             ["scenario", "rows", "violated invariants"],
             right={1},
         )
@@ -403,16 +862,13 @@ def tables(results: dict[str, Any]) -> list[Table]:
                 ", ".join(f"{k}: {n}" for k, n in inv["by_invariant"].items()) or "none",
             )
         t_inv.notes.append("The first rows of each non-empty check (with run ids) are in the JSON: invariants.sample.")
-        out.append(t_inv)
-    t_tgt = Table("Targets of issue 11 (measured, not asserted)", ["target", "measured", "result"], right=set())
-    for name, measured, met in targets(results):
-        t_tgt.add(name, measured, "NOT MEASURED" if met is None else ("PASS" if met else "MISS"))
-    if results["plan"]["name"] != "full":
-        t_tgt.notes.append(
-            "Quick run: smaller sizes than the targets name and fewer repetitions (see n); indicative only."
-        )
-    out.append(t_tgt)
-    return out
+        if any("runs_checked" in sc["invariants"] for sc in checked):
+            t_inv.notes.append(
+                "Issue 46's scenarios check their own runs (awp.check_invariants(run_ids), 1,000 runs a call, each call"
+                " with the global checks): a whole-database call costs runs x tasks there."
+            )
+        return t_inv
+    return None
 
 
 def io_table(io: dict[str, Any]) -> Table:

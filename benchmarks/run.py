@@ -1,8 +1,9 @@
 """``make bench`` / ``make bench-quick``: AWP's throughput, latency and recovery, beside this machine's limit.
 
-    .venv/bin/python benchmarks/run.py            # full: every figure 3 times, side by side 5 (about 6 minutes)
-    .venv/bin/python benchmarks/run.py --quick    # reduced sizes, for a smoke test (under 2 minutes)
+    .venv/bin/python benchmarks/run.py            # full: every figure 3 times, side by side 5 (about 13 minutes)
+    .venv/bin/python benchmarks/run.py --quick    # reduced sizes, for a smoke test (about 3 minutes)
     .venv/bin/python benchmarks/run.py --quick --profile   # + pg_stat_statements top statements per scenario
+    .venv/bin/python benchmarks/run.py --many-runs-only [--quick]   # step 9 alone (about 7 / 1.5 minutes)
 
 One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated database; one real ``awp serve``
 (gateway + coordinator, default settings) and real ``awp worker`` processes; in order:
@@ -25,10 +26,26 @@ One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated databas
    and what held the waiting tasks (``awp.run_waits``); ``--io-only`` runs just this one;
 7. recovery: kill -9 the worker holding a lease → time until the next attempt is claimed;
 8. retention (``retention.py``): one ``/metrics`` scrape with 100 and with 100,000 finished runs, one prune
-   batch, and pruning them all.
+   batch, and pruning them all;
+9. many runs (issue 46, ``many_runs.py``, whose docstring says how each is measured), on 4 workers x 1:
+   a. 1,000 runs x 10 tasks (run concurrency 4) and 10,000 runs x 1 task, each started in one transaction and
+      timed from its commit, their 2 rounds alternating with one run of 1,000 tasks started the same way: targets
+      >= 0.8 x and >= 0.6 x that run's tasks/s (the base measured in the same minutes, not step 2's median,
+      which is earlier and, with ``--quick``, of 200 tasks; the table gives both ratios);
+   b. a backlog of 100,000 ready tasks over 1,000 runs of a kind no worker serves: idle claim p50 and
+      PostgreSQL CPU per task (one run of 1,000) against an empty queue (before and after it), targets <= 1.2 x;
+   c. a coordinator pass (``awp.coordinator_tick(false, NULL, false)`` from SQL) with 10,000 live runs and nothing
+      to dispatch: p50 < 20 ms (and the 2-argument form, with "limited", no target);
+   d. logging: INFO (the default) against WARNING for the gateway and the workers, repetitions alternating:
+      target INFO >= 0.9 x WARNING tasks/s;
+   e. POST .../runs with 8 concurrent clients (and 1): target >= 300 runs/s.
+   Its targets also raise two of step 2's: AWP >= 1.5 x procrastinate and PostgreSQL CPU per task <= 0.7 ms (the
+   issue-11 targets, 1.0 x and 2 ms, stay beside them). ``--quick``: 100 x 10 and 1,000 x 1 runs, a backlog of
+   10,000 tasks, 2,000 live runs for the pass, 3 s of starts.
 
-Every AWP scenario ends with ``awp.check_invariants()`` (whole database); violations are reported per
-scenario and make the exit status 1 (after the results are written), as does a failed peer measurement.
+Every AWP scenario ends with ``awp.check_invariants()`` (whole database; step 9: over its own runs, 1,000 a call, as
+a whole-database call costs runs x tasks there); violations are reported per scenario and make the exit status 1
+(after the results are written), as do a failed peer measurement and a failed step-9 scenario.
 
 Throughput comes from database timestamps (run started_at → finished_at; procrastinate: first
 ``started`` → last ``succeeded`` event); request latencies from the gateway's access log; claim results
@@ -43,7 +60,6 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import math
 import os
 import platform
 import random
@@ -60,12 +76,14 @@ from pathlib import Path
 from typing import Any
 
 # this folder's modules (peer_procrastinate, procs, ...): a script's own folder is first on sys.path
+import many_runs
 import peer_procrastinate
 import procs
 import psycopg
 import reference
 import report
 import retention
+from figures import median_spread, percentiles, summarize
 from procs import Gateway, Reaper, WorkerPool
 
 from awp import procs as awp_procs
@@ -109,6 +127,23 @@ class Plan:
     io_workers: int = 2
     io_concurrency: int = 100
     io_repeats: int = 1
+    # Many runs (issue 46; many_runs.py), all on many_workers workers x concurrency 1: (runs, tasks per run) started
+    # in one transaction, their rounds alternating with one run of many_base_tasks (the base of their targets)
+    many_workers: int = 4
+    many_shapes: tuple[tuple[int, int], ...] = ((1000, 10), (10000, 1))
+    many_base_tasks: int = 1000
+    many_repeats: int = 2  # rounds; 10,000 runs x 1 task take about a minute a round on this machine
+    # a backlog of backlog_runs x backlog_tasks ready tasks of a kind no worker serves: idle claims
+    # (backlog_samples) and one run of many_base_tasks (backlog_repeats) with and without it
+    backlog_runs: int = 1000
+    backlog_tasks: int = 100
+    backlog_samples: int = 30
+    backlog_repeats: int = 3
+    pass_runs: int = 10000  # live runs that nothing can dispatch, during pass_samples coordinator passes
+    pass_samples: int = 50
+    start_clients: tuple[int, ...] = (8, 1)  # POST .../runs: concurrent clients, start_seconds each
+    start_seconds: float = 5.0
+    log_pairs: int = 3  # logging: pairs of repetitions (INFO, WARNING), alternating
 
 
 FULL = Plan(
@@ -147,27 +182,16 @@ QUICK = replace(
     ref_seconds=2,
     ref_rows=60_000,
     io_tasks=1000,  # 5 rounds of the 200 slots: ideal 10 s
+    many_shapes=((100, 10), (1000, 1)),
+    many_repeats=2,
+    backlog_runs=100,
+    backlog_samples=15,
+    backlog_repeats=2,
+    pass_runs=2000,
+    pass_samples=30,
+    start_seconds=3.0,
+    log_pairs=2,
 )
-
-
-def median_spread(values: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(values) if values else None,
-        "min": min(values) if values else None,
-        "max": max(values) if values else None,
-        "n": len(values),
-        "values": values,
-    }
-
-
-def percentiles(samples: list[float], qs: tuple[float, ...] = (0.5, 0.95, 0.99)) -> dict[str, Any]:
-    """Nearest-rank percentiles (p50, p95, p99) and the sample count."""
-    ordered = sorted(samples)
-    out: dict[str, Any] = {"n": len(ordered)}
-    for q in qs:
-        key = f"p{round(q * 100)}"
-        out[key] = ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))] if ordered else None
-    return out
 
 
 class Bench:
@@ -250,6 +274,66 @@ class Bench:
                 raise TimeoutError(f"runs not finished after {timeout:.0f}s; tasks by status: {dict(counts)}")
             time.sleep(poll)
 
+    def start_many(self, wid: str, runs: int) -> tuple[list[str], Any]:
+        """``runs`` runs of ``wid`` in one transaction (``awp.start_runs``, 1,000 a call); returns their ids and the
+        database clock just after the commit (the runs appear at once, as in a burst of submissions)."""
+        run_ids: list[str] = []
+        with self.conn.transaction():
+            for lo in range(0, runs, 1000):
+                items = json.dumps([{}] * min(1000, runs - lo))
+                rows = self.conn.execute("SELECT run_id FROM awp.start_runs(%s, NULL, %s)", [wid, items]).fetchall()
+                run_ids += [r[0] for r in rows]
+        return run_ids, one(self.conn, "SELECT clock_timestamp()")[0]
+
+    def wait_live(self, wid: str, timeout: float, poll: float = 0.1) -> None:
+        """Until no run of ``wid`` is live (pending or running): one count over runs_live_idx per poll, cheap with
+        thousands of runs, where ``wait_runs`` sends every id each time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            live = one(
+                self.conn,
+                "SELECT count(*) FROM awp.runs WHERE workflow_id = %s AND status IN ('pending', 'running')",
+                [wid],
+            )[0]
+            if not live:
+                return
+            if time.monotonic() > deadline:
+                counts = self.conn.execute(
+                    "SELECT t.status, count(*) FROM awp.tasks t JOIN awp.runs r USING (run_id)"
+                    " WHERE r.workflow_id = %s AND r.status IN ('pending', 'running') GROUP BY 1",
+                    [wid],
+                ).fetchall()
+                raise TimeoutError(f"{live} runs of {wid} live after {timeout:.0f}s; their tasks: {dict(counts)}")
+            time.sleep(poll)
+
+    def invariants_of(self, label: str, run_ids: list[str], chunk: int = 1000) -> dict[str, Any]:
+        """``awp.check_invariants(run_ids)`` over these runs, ``chunk`` at a time (each call also checks the global
+        invariants: worker capacity, dispatch limit). Not one whole-database call: its cost grows with runs x
+        tasks (measured: 7 s at 10,000 one-task runs, 39 s at 20,000, 83 s at 11,000 runs of 110,000 tasks), which
+        the many-run scenarios of issue 46 would turn into minutes per check."""
+        rows: list[Any] = []
+        started = time.monotonic()
+        for lo in range(0, len(run_ids), chunk):
+            rows += self.conn.execute(
+                "SELECT invariant, run_id, entity_key, detail FROM awp.check_invariants(%s) ORDER BY 1, 2, 3",
+                [run_ids[lo : lo + chunk]],
+            ).fetchall()
+        rows = list(dict.fromkeys(rows))  # a global invariant's row comes once per call
+        by_invariant = dict(Counter(r[0] for r in rows))
+        took = time.monotonic() - started
+        if rows:
+            log.error("  %s: awp.check_invariants() returned %d violation(s): %s", label, len(rows), by_invariant)
+        else:
+            log.info("  %s: awp.check_invariants() empty (%d runs, %.1f s)", label, len(run_ids), took)
+        keys = ("invariant", "run_id", "entity_key", "detail")
+        return {
+            "violations": len(rows),
+            "by_invariant": by_invariant,
+            "sample": [dict(zip(keys, r, strict=True)) for r in rows[:20]],
+            "runs_checked": len(run_ids),
+            "check_s": round(took, 2),
+        }
+
     # ---- one measured window -----------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
@@ -331,6 +415,7 @@ class Bench:
         m["submit_to_start_ms"] = statistics.median(
             (r["started_at"] - r["created_at"]).total_seconds() * 1000 for r in rows
         )
+        m["run_ids"] = run_ids
         log.info("  %s, repetition %s: %.0f tasks/s (%d tasks in %.2fs)", label, which, m["tasks_per_s"], total, span)
         return m
 
@@ -354,12 +439,14 @@ class Bench:
         keys = ("toplevel", "calls", "total_ms", "mean_ms", "rows", "query")
         return [dict(zip(keys, r, strict=True)) | {"ms_per_task": r[2] / tasks} for r in rows]
 
-    def latency(self, samples: int) -> dict[str, Any]:
+    def idle_claims(self, samples: int) -> dict[str, list[Any]]:
+        """``samples`` 1-task runs, one at a time, 0.2 s apart (idle: every worker back in its long-poll): for each,
+        ms from the run's creation to its dispatch, to its claim (attempt started) and to its end (database
+        clock); and the run ids."""
         wid = self.workflow("bench-latency", 1, 1)
-        dispatch_ms, claim_ms, finish_ms = [], [], []
-        before = self.snapshot()
+        out: dict[str, list[Any]] = {"dispatch_ms": [], "claim_ms": [], "finish_ms": [], "run_ids": []}
         for _ in range(samples):
-            time.sleep(0.2)  # idle: every worker is back in its long-poll
+            time.sleep(0.2)
             (run_id,) = self.start_runs(wid)
             (row,) = self.wait_runs([run_id], timeout=30, poll=0.01)
             dispatched, started = one(
@@ -368,9 +455,16 @@ class Bench:
                 " WHERE a.run_id = %s AND a.attempt = 1",
                 [run_id],
             )
-            dispatch_ms.append((dispatched - row["created_at"]).total_seconds() * 1000)
-            claim_ms.append((started - row["created_at"]).total_seconds() * 1000)
-            finish_ms.append((row["finished_at"] - row["created_at"]).total_seconds() * 1000)
+            out["dispatch_ms"].append((dispatched - row["created_at"]).total_seconds() * 1000)
+            out["claim_ms"].append((started - row["created_at"]).total_seconds() * 1000)
+            out["finish_ms"].append((row["finished_at"] - row["created_at"]).total_seconds() * 1000)
+            out["run_ids"].append(run_id)
+        return out
+
+    def latency(self, samples: int) -> dict[str, Any]:
+        before = self.snapshot()
+        claims = self.idle_claims(samples)
+        dispatch_ms, claim_ms, finish_ms = claims["dispatch_ms"], claims["claim_ms"], claims["finish_ms"]
         m = self.measured(before, samples)
         log.info(
             "  idle latency: dispatch p50 %.1f ms, claim p50 %.1f ms, finish p50 %.1f ms",
@@ -544,55 +638,6 @@ def wait_for(probe: Any, timeout: float, what: str, poll: float = 0.01) -> Any:
     return awp_procs.wait_for(probe, timeout, what, poll)
 
 
-def summarize(label: str, reps: list[dict[str, Any]], runs: int, tasks_per_run: int) -> dict[str, Any]:
-    routes = {
-        "claim": "/api/v1/workers/{worker_id}/claims",
-        "heartbeat": "/api/v1/workers/{worker_id}/heartbeat",
-        "complete": "/api/v1/workers/{worker_id}/leases/{dispatch_id}/complete",
-        "completions": "/api/v1/workers/{worker_id}/completions",  # several results (and claims) per request
-    }
-    latency = {
-        name: percentiles([ms for r in reps for ms in r["durations_ms"].get(route, [])])
-        for name, route in routes.items()
-    }
-    tasks = sum(r["tasks"] for r in reps)
-    empty = sum(r["claims"]["empty"] for r in reps)
-    leased = sum(r["claims"]["leased"] for r in reps)
-    return {
-        "label": label,
-        "runs": runs,
-        "tasks_per_run": tasks_per_run,
-        "tasks_per_s": median_spread([r["tasks_per_s"] for r in reps]),
-        "latency_ms": latency,
-        "claims": {"empty": empty, "leased": leased, "empty_per_task": empty / tasks if tasks else None},
-        "coordinator": {
-            "passes_per_rep": statistics.median(r["coordinator"]["passes"] for r in reps),
-            "dispatched_share": sum(r["coordinator"]["dispatched"] for r in reps) / tasks if tasks else None,
-        },
-        "requests_per_task": {
-            name: sum(len(r["durations_ms"].get(route, [])) for r in reps) / tasks for name, route in routes.items()
-        },
-        "cpu_s": {k: _median_or_none([r["cpu_s"][k] for r in reps]) for k in ("gateway", "workers", "postgres")},
-        # CPU per task of each process kind, and the gateway's per HTTP request (every route, from the access
-        # log), per repetition: median and min-max like tasks/s. The gateway's includes its coordinator.
-        "cpu_ms_per_task": {
-            k: median_spread([r["cpu_s"][k] * 1000 / r["tasks"] for r in reps if r["cpu_s"][k] is not None])
-            for k in ("gateway", "workers", "postgres")
-        },
-        "gateway_cpu_ms_per_request": median_spread(
-            [r["cpu_s"]["gateway"] * 1000 / r["requests"] for r in reps if r["requests"]]
-        ),
-        "peak_rss_mb": {k: max(r["peak_rss_mb"][k] for r in reps) for k in ("gateway", "workers")},
-        "submit_to_start_ms": statistics.median(r["submit_to_start_ms"] for r in reps),
-        "repetitions": [{k: v for k, v in r.items() if k != "durations_ms"} for r in reps],
-    }
-
-
-def _median_or_none(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
 def measure_peer(
     plan: Plan,
     peer_dsn: str | None,
@@ -683,8 +728,11 @@ def problems(results: dict[str, Any]) -> list[str]:
         *([results["latency"]] if results.get("latency") else []),
         *([results["io_bound"]] if results.get("io_bound") else []),
         *results.get("recovery", []),
+        *(results.get("many_runs") or {}).values(),
     ]
     for s in scenarios:
+        if s.get("status") == "failed":
+            out.append(f"{s['label']}: FAILED: {s.get('error')}")
         inv = s.get("invariants") or {}
         if inv.get("violations"):
             out.append(
@@ -708,6 +756,13 @@ def machine() -> dict[str, Any]:
         load = Path("/proc/loadavg").read_text().split()[:3]
         info["loadavg_at_start"] = [float(x) for x in load]
     return info
+
+
+def postgres_settings(conn: psycopg.Connection[Any]) -> dict[str, Any]:
+    return {
+        name: one(conn, f"SHOW {name}")[0]
+        for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections")
+    }
 
 
 def enable_pg_stat_statements(server: Any) -> None:
@@ -737,10 +792,7 @@ def run_plan(
     if profile:
         b.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     results: dict[str, Any] = {"plan": asdict(plan), "machine": machine(), "profiled": profile}
-    results["postgres"] = {
-        name: one(b.conn, f"SHOW {name}")[0]
-        for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections")
-    }
+    results["postgres"] = postgres_settings(b.conn)
     results["settings"] = {
         "lease_duration_ms": DEFAULT_LEASE_MS,
         "heartbeat_interval_ms": DEFAULT_HEARTBEAT_MS,
@@ -835,6 +887,9 @@ def run_plan(
         results["retention"] = retention.measure(dsn, b.gateway.base_url, sizes)
         for line in retention.lines(results["retention"]):
             log.info(line)
+        # Issue 46 last: after retention's prune the database is small again, and its runs (tens of thousands)
+        # weigh on no earlier scenario's whole-database awp.check_invariants().
+        results["many_runs"] = many_runs.measure(b, plan)
     finally:
         b.pool.resize(0)
         b.gateway.stop()
@@ -864,9 +919,40 @@ def run_io_only(
     return 1 if io["invariants"]["violations"] else 0
 
 
+def run_many_only(
+    plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, out: Path, when: dt.datetime
+) -> int:
+    """``--many-runs-only``: the scenarios of issue 46 alone (``many_runs.py``), on their own gateway and workers;
+    prints their tables and targets and writes ``many-<plan>-<time>.json`` (``latest.*`` are left as they are)."""
+    started = time.monotonic()
+    b = Bench(dsn, datadir, workdir, reaper)
+    results: dict[str, Any] = {"plan": asdict(plan), "machine": machine(), "postgres": postgres_settings(b.conn)}
+    b.gateway.start()
+    log.info("awp serve on %s; workers: real `awp worker` processes", b.gateway.base_url)
+    try:
+        results["many_runs"] = many_runs.measure(b, plan)
+    finally:
+        b.pool.resize(0)
+        b.gateway.stop()
+        b.conn.close()
+    results["elapsed_s"] = time.monotonic() - started
+    results["started_at"] = when.isoformat(timespec="seconds")
+    results["problems"] = problems(results)
+    results["targets"] = [{"target": a, "measured": m, "met": c} for a, m, c in report.many_runs_targets(results)]
+    print()
+    print(report.many_runs_text(results))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"many-{plan.name}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    log.info("written %s", path)
+    for p in results["problems"]:
+        log.error("PROBLEM: %s", p)
+    return 1 if results["problems"] else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="reduced sizes (under two minutes)")
+    parser.add_argument("--quick", action="store_true", help="reduced sizes (about three minutes)")
     parser.add_argument("--repeats", type=int, help="override the repetitions of every figure")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory [%(default)s]")
     parser.add_argument("--keep-logs", action="store_true", help="keep the gateway and worker logs")
@@ -880,11 +966,26 @@ def main() -> int:
         action="store_true",
         help="only the I/O-bound scenario (issue 18; with --quick: 1,000 tasks), printed and written to io-<time>.json",
     )
+    parser.add_argument(
+        "--many-runs-only",
+        action="store_true",
+        help="only the scenarios of issue 46 (many_runs.py; with --quick: reduced sizes), printed with their targets "
+        "and written to many-<plan>-<time>.json",
+    )
     args = parser.parse_args()
+    if args.io_only and args.many_runs_only:
+        parser.error("--io-only and --many-runs-only: one at a time")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     plan = QUICK if args.quick else FULL
     if args.repeats:
-        plan = replace(plan, repeats=args.repeats, side_repeats=args.repeats)
+        plan = replace(
+            plan,
+            repeats=args.repeats,
+            side_repeats=args.repeats,
+            many_repeats=args.repeats,
+            backlog_repeats=args.repeats,
+            log_pairs=max(1, (args.repeats + 1) // 2),
+        )
 
     def interrupted(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -905,15 +1006,18 @@ def main() -> int:
                 enable_pg_stat_statements(server)
             dsn = fresh_database(server, database_name("bench"))
             peer_db = database_name("bench_procrastinate")
-            # empty: the peer applies its own schema (not needed for --io-only)
-            peer_dsn = None if args.io_only else server.create_database(peer_db)
+            alone = args.io_only or args.many_runs_only
+            # empty: the peer applies its own schema (not needed for --io-only, --many-runs-only)
+            peer_dsn = None if alone else server.create_database(peer_db)
             # The plain-SQL reference runs in a database of its own: run in AWP's database, its 300,000-row
             # table churn (and the VACUUM ANALYZE after it) slowed AWP's later scenarios by 30-150%.
             ref_db = database_name("bench_reference")
-            ref_dsn = None if args.io_only else server.create_database(ref_db)
+            ref_dsn = None if alone else server.create_database(ref_db)
             try:
                 if args.io_only:
-                    io_code = run_io_only(plan, dsn, datadir, workdir, reaper, args.out, when)
+                    alone_code = run_io_only(plan, dsn, datadir, workdir, reaper, args.out, when)
+                elif args.many_runs_only:
+                    alone_code = run_many_only(plan, dsn, datadir, workdir, reaper, args.out, when)
                 else:
                     results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile, peer_dsn, ref_dsn)
             finally:
@@ -932,8 +1036,8 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             log.info("gateway and worker logs kept in %s", workdir)
-    if args.io_only:
-        return io_code
+    if args.io_only or args.many_runs_only:
+        return alone_code
     results["started_at"] = when.isoformat(timespec="seconds")
     results["problems"] = problems(results)
     report.write(results, args.out, when)
