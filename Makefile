@@ -76,10 +76,10 @@ demo: setup  ## start the local database, control plane and workers, and run a s
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]' && touch $@
 
-bench: setup $(BENCH_STAMP)  ## full benchmark (about 6 min); results, table and chart go to benchmarks/results/
+bench: setup $(BENCH_STAMP)  ## full benchmark (about 13 min, estimated: step 9, many runs, adds about 7); results, table and chart go to benchmarks/results/
 	$(BIN)/python benchmarks/run.py
 
-bench-quick: setup $(BENCH_STAMP)  ## a reduced benchmark (under 2 min), for a smoke test
+bench-quick: setup $(BENCH_STAMP)  ## a reduced benchmark (about 3 min), for a smoke test
 	$(BIN)/python benchmarks/run.py --quick
 
 chaos: setup  ## kill workers and the control plane while runs progress; check every run finishes correctly

@@ -118,7 +118,7 @@ BEGIN
     END LOOP;
   EXCEPTION WHEN OTHERS THEN   -- name the item; the whole call is undone
     GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_det = PG_EXCEPTION_DETAIL;
-    RAISE EXCEPTION '%', v_msg USING ERRCODE = v_state, DETAIL = format('runs[%s]: %s', v_i, coalesce(nullif(v_det, ''), v_msg));
+    PERFORM awp._reraise_for_item(v_i, v_state, v_msg, v_det);
   END;
   RETURN QUERY SELECT (r.o - 1)::integer, r.x->>0, r.x->>1, (r.x->>2)::boolean
                  FROM jsonb_array_elements(v_rows) WITH ORDINALITY AS r(x, o) ORDER BY r.o;

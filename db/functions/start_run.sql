@@ -173,6 +173,17 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._check_run_items(jsonb, text[]) IS 'Validates the items of a batch of run starts (AWREQ naming the first bad item).';
 
+-- awp._reraise_for_item(item, sqlstate, message, detail): raises an error of a batch's item again, its detail naming the
+-- item ("runs[3]: ..."), with its SQLSTATE (awp.start_runs, awp.start_runs_idempotent). Locks: none.
+CREATE OR REPLACE FUNCTION awp._reraise_for_item(p_item integer, p_sqlstate text, p_message text, p_detail text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RAISE EXCEPTION '%', p_message
+    USING ERRCODE = p_sqlstate, DETAIL = format('runs[%s]: %s', p_item, coalesce(nullif(p_detail, ''), p_message));
+END $$;
+COMMENT ON FUNCTION awp._reraise_for_item(integer, text, text, text) IS 'Raises a batch item''s error again, naming the item.';
+
 -- awp.start_runs(workflow_id, version, items): starts several runs of one workflow version (the latest when version
 -- is null) in one call, all or nothing. items: a JSON array of 1-1,000 objects {"input"?: object,
 -- "idempotency_key"?: string}, each started as awp.start_run(workflow_id, version, idempotency_key, input) starts
@@ -200,7 +211,7 @@ BEGIN
     END LOOP;
   EXCEPTION WHEN OTHERS THEN   -- name the item; the whole call is undone
     GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_det = PG_EXCEPTION_DETAIL;
-    RAISE EXCEPTION '%', v_msg USING ERRCODE = v_state, DETAIL = format('runs[%s]: %s', v_i, coalesce(nullif(v_det, ''), v_msg));
+    PERFORM awp._reraise_for_item(v_i, v_state, v_msg, v_det);
   END;
   RETURN QUERY SELECT (u.o - 1)::integer, u.id, r.status
                  FROM unnest(v_ids) WITH ORDINALITY AS u(id, o) JOIN awp.runs r ON r.run_id = u.id ORDER BY u.o;
