@@ -6,28 +6,41 @@
 -- awp._fairness_order(kinds): the runs that may get a dispatch now, in the fairness order of docs/protocol.md
 -- (rule 9): runs never dispatched first, then the run whose latest dispatch is oldest (last_dispatch_seq),
 -- then the oldest run. A run is listed while it is pending or running, its cancellation was not requested and
--- it has a ready task of one of `kinds` (NULL: of any kind). The one definition of that order, for
+-- it has a ready task of one of `kinds` (none: no run). The one definition of that order, for
 -- awp._create_dispatches, awp._refill_slot, awp._refill_slots and the claim on complete: a cursor over the runs
 -- in that order (FETCH it row by row, CLOSE it when done). A cursor, so that a caller that stops at the first run
--- it can serve reads only that far (an ordered scan of runs_live_idx): a set-returning function with a SET
--- clause is neither inlined nor read lazily, and computed every live run each time (measured, 1,000 runs of 5
--- tasks: 3.1 instead of 2.0 ms of backend CPU per completion).
--- enable_sort = off (the cursor is planned at its OPEN, under the function's settings): the order must come from
--- runs_live_idx, whose keys are the order's. Planned with statistics taken while runs was small, the planner
--- otherwise took a bitmap scan of every live run, a probe of each for a ready task and a sort, to return the
--- first (measured at 1,000 live runs: 1.1-2.9 ms per open instead of a few runs read; AWP issue 46).
+-- it can serve reads only that far: a set-returning function with a SET clause is neither inlined nor read
+-- lazily, and computed every live run each time (measured, 1,000 runs of 5 tasks: 3.1 instead of 2.0 ms of
+-- backend CPU per completion).
+-- It reads awp.ready_queue (db/functions/_ready_queue.sql), whose index carries the order per kind, so it never
+-- looks at a run without a ready task of those kinds: walking the live runs and probing each (AWP issue 46) read
+-- every run of a backlog no worker serves for each dispatch (18-20 ms per completion at 1,000 such runs). One
+-- kind: one ordered index scan; several: one scan per kind merged in order (a Merge Append, planned at each open:
+-- EXECUTE), a run listed once. enable_sort = off (the cursor is planned at its OPEN, under the function's
+-- settings): the order must come from the index, never from a sort of every queued run.
 -- Locks: none (callers lock each run with SKIP LOCKED).
 CREATE OR REPLACE FUNCTION awp._fairness_order(p_kinds text[]) RETURNS refcursor
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_sort = off AS $$
 DECLARE
   c refcursor;
 BEGIN
-  OPEN c NO SCROLL FOR SELECT x.run_id FROM awp.runs x
-   WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
-     AND (SELECT y.ordinal FROM awp.tasks y
-           WHERE y.run_id = x.run_id AND y.status = 'ready' AND (p_kinds IS NULL OR y.executor = ANY (p_kinds))
-           ORDER BY y.ordinal LIMIT 1) IS NOT NULL
-   ORDER BY x.last_dispatch_seq NULLS FIRST, x.created_at, x.run_id;
+  IF cardinality(p_kinds) = 1 THEN
+    OPEN c NO SCROLL FOR SELECT q.run_id FROM awp.ready_queue q
+     WHERE q.executor_kind = p_kinds[1]
+       AND (SELECT x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
+              FROM awp.runs x WHERE x.run_id = q.run_id)
+     ORDER BY q.executor_kind, q.last_dispatch_seq NULLS FIRST, q.created_at, q.run_id;
+  ELSE
+    OPEN c NO SCROLL FOR EXECUTE format(
+      'SELECT DISTINCT ON (m.s, m.c, m.run_id) m.run_id FROM (%s) m'
+      ' WHERE (SELECT x.status IN (''pending'', ''running'') AND x.cancel_requested_at IS NULL'
+      '          FROM awp.runs x WHERE x.run_id = m.run_id)'
+      ' ORDER BY m.s NULLS FIRST, m.c, m.run_id',
+      coalesce((SELECT string_agg(format('SELECT q.run_id, q.last_dispatch_seq AS s, q.created_at AS c'
+                                         ' FROM awp.ready_queue q WHERE q.executor_kind = %L', k), ' UNION ALL ')
+                  FROM (SELECT DISTINCT u.k FROM unnest(p_kinds) u(k) WHERE u.k IS NOT NULL) d(k)),
+               'SELECT NULL::text AS run_id, NULL::bigint AS s, NULL::timestamptz AS c WHERE false'));
+  END IF;
   RETURN c;
 END $$;
 COMMENT ON FUNCTION awp._fairness_order(text[]) IS 'A cursor over the runs that may get a dispatch now (a ready task of one of kinds), in fairness order.';

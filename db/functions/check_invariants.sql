@@ -21,6 +21,9 @@
 --   run_concurrency          queued + running tasks of a run <= its concurrency
 --   worker_capacity          leases of a worker <= its max_concurrency
 --   dispatch_limit           pending + leased dispatches <= dispatch_limit
+--   ready_queue              awp.ready_queue has one row per (run, executor kind) with ready tasks, holding their
+--                            count and the run's last_dispatch_seq and created_at, and no other row
+--                            (migration 0015_ready_queue)
 -- Takes no locks; raises nothing.
 
 -- awp.transitions(): every allowed (entity_type, from_status, to_status); from NULL = creation.
@@ -168,5 +171,18 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     FROM awp.dispatches d, awp.settings s
    WHERE d.status IN ('pending', 'leased')
    GROUP BY s.dispatch_limit HAVING count(*) > s.dispatch_limit
+  UNION ALL
+  SELECT 'ready_queue', coalesce(e.run_id, q.run_id), coalesce(e.executor_kind, q.executor_kind),
+         format('%s ready tasks (run seq %s, created %s); ready_queue row: %s', coalesce(e.n, 0),
+                coalesce(e.last_dispatch_seq::text, 'NULL'), e.created_at,
+                coalesce(format('%s ready, seq %s, created %s', q.ready_tasks, coalesce(q.last_dispatch_seq::text, 'NULL'),
+                                q.created_at), 'none'))
+    FROM (SELECT t.run_id, t.executor AS executor_kind, count(*) AS n, r.last_dispatch_seq, r.created_at
+            FROM tasks t JOIN runs r USING (run_id) WHERE t.status = 'ready'
+           GROUP BY t.run_id, t.executor, r.last_dispatch_seq, r.created_at) e
+    FULL JOIN (SELECT q.* FROM awp.ready_queue q WHERE p_run_ids IS NULL OR q.run_id = ANY (p_run_ids)) q
+      ON q.run_id = e.run_id AND q.executor_kind = e.executor_kind
+   WHERE e.n IS DISTINCT FROM q.ready_tasks::bigint OR e.last_dispatch_seq IS DISTINCT FROM q.last_dispatch_seq
+      OR e.created_at IS DISTINCT FROM q.created_at
 $$;
 COMMENT ON FUNCTION awp.check_invariants(text[]) IS 'Every violated invariant (one row each, with ids); empty when all hold. Optional run filter.';

@@ -21,6 +21,8 @@ connection is logged and retried with backoff; the process never dies of it.
 While active, it also applies the retention setting in the background (docs/retention.md): every
 ``retention_interval_s`` one bounded prune batch, ``awp.apply_retention(term)``, on a connection of its own
 (so passes never wait for it), and the next batches after a short pause while one says there is ``more``.
+After them, on the same connection, ``awp.refresh_statistics()`` ANALYZEs the busy tables whose planner
+statistics have fallen behind (db/functions/statistics.sql).
 """
 
 from __future__ import annotations
@@ -173,6 +175,14 @@ class Coordinator:
                     if not counts.get("more"):
                         break
                     await self._sleep(RETENTION_PAUSE_S)
+                if conn is not None and not conn.closed and not self._stopping.is_set():
+                    try:
+                        cur = await conn.execute("SELECT awp.refresh_statistics()")
+                        row = await cur.fetchone()
+                        if row and row[0]:
+                            log.debug("statistics refreshed: %s", ", ".join(row[0]))
+                    except psycopg.Error as e:
+                        log.warning("statistics refresh failed (%s)", e)
         finally:
             if conn is not None:
                 with contextlib.suppress(Exception):

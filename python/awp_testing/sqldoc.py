@@ -77,6 +77,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "get_settings",
         "prune",
         "apply_retention",
+        "refresh_statistics",
         "check_invariants",
         "transitions",
     ),

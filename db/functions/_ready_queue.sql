@@ -1,0 +1,75 @@
+-- awp.ready_queue (migration 0015_ready_queue): the runs with a ready task, per executor kind, in fairness order;
+-- read by awp._fairness_order. Kept by the triggers below in the transaction that changes a task's status or a
+-- run's place in the fairness order, so every function that makes a task ready or takes it out of ready (start,
+-- dependencies met, retry due, dispatch, lease recovery, skip, cancel, prune) keeps it without knowing it.
+-- Every write of a run's rows happens while the caller holds that run's row lock (docs/protocol.md, Locks: task
+-- and run rows are changed only under it), so two transactions never write the same queue row at once and the
+-- queue adds no lock order of its own.
+
+-- awp._ready_queue_track(): trigger function.
+--   tasks, row UPDATE OF status (WHEN the task enters or leaves ready) and row DELETE (WHEN it was ready):
+--     +1 / -1 on the (run, kind) row; the row is inserted at its first ready task (with the run's place in the
+--     fairness order) and deleted when its last one leaves.
+--   tasks, statement INSERT (transition table `born`): +n per (run, kind) of the ready tasks inserted (a run start
+--     inserts all its tasks in one statement).
+--   runs, row UPDATE OF last_dispatch_seq (WHEN it changes): the run's rows follow its new place.
+--   tasks or runs, TRUNCATE: the queue is emptied.
+-- Locks: the run's queue rows (the caller holds the run's row).
+CREATE OR REPLACE FUNCTION awp._ready_queue_track() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    DELETE FROM awp.ready_queue;
+  ELSIF TG_TABLE_NAME = 'runs' THEN
+    UPDATE awp.ready_queue q SET last_dispatch_seq = NEW.last_dispatch_seq WHERE q.run_id = NEW.run_id;
+  ELSIF TG_LEVEL = 'STATEMENT' THEN
+    INSERT INTO awp.ready_queue AS q (run_id, executor_kind, ready_tasks, last_dispatch_seq, created_at)
+    SELECT b.run_id, b.executor, b.n, r.last_dispatch_seq, r.created_at
+      FROM (SELECT t.run_id, t.executor, count(*)::integer AS n FROM born t WHERE t.status = 'ready' GROUP BY 1, 2) b
+     CROSS JOIN LATERAL (SELECT x.last_dispatch_seq, x.created_at FROM awp.runs x WHERE x.run_id = b.run_id
+                          OFFSET 0) r   -- OFFSET 0: probe each run by key, never hash every run (stale statistics)
+    ON CONFLICT (run_id, executor_kind) DO UPDATE SET ready_tasks = q.ready_tasks + excluded.ready_tasks;
+  ELSIF TG_OP = 'UPDATE' AND NEW.status = 'ready' THEN
+    INSERT INTO awp.ready_queue AS q (run_id, executor_kind, ready_tasks, last_dispatch_seq, created_at)
+    SELECT NEW.run_id, NEW.executor, 1, r.last_dispatch_seq, r.created_at FROM awp.runs r WHERE r.run_id = NEW.run_id
+    ON CONFLICT (run_id, executor_kind) DO UPDATE SET ready_tasks = q.ready_tasks + 1;
+  ELSE   -- OLD left ready (UPDATE) or went (DELETE)
+    UPDATE awp.ready_queue q SET ready_tasks = q.ready_tasks - 1
+     WHERE q.run_id = OLD.run_id AND q.executor_kind = OLD.executor AND q.ready_tasks > 1;
+    IF NOT FOUND THEN
+      DELETE FROM awp.ready_queue q WHERE q.run_id = OLD.run_id AND q.executor_kind = OLD.executor;
+    END IF;
+  END IF;
+  RETURN NULL;
+END $$;
+COMMENT ON FUNCTION awp._ready_queue_track() IS 'Trigger: keeps awp.ready_queue (ready tasks per run and executor kind, in fairness order).';
+
+-- The triggers, and the queue rebuilt from the tables in the same transaction: CREATE TRIGGER takes SHARE ROW
+-- EXCLUSIVE on tasks and runs, so nothing changes between the rebuild and the triggers (every migrate re-does
+-- this; it also repairs the queue after a manual change with triggers off).
+DROP TRIGGER IF EXISTS tasks_ready_queue_upd ON awp.tasks;
+DROP TRIGGER IF EXISTS tasks_ready_queue_ins ON awp.tasks;
+DROP TRIGGER IF EXISTS tasks_ready_queue_del ON awp.tasks;
+DROP TRIGGER IF EXISTS tasks_ready_queue_trunc ON awp.tasks;
+DROP TRIGGER IF EXISTS runs_ready_queue_seq ON awp.runs;
+DROP TRIGGER IF EXISTS runs_ready_queue_trunc ON awp.runs;
+CREATE TRIGGER tasks_ready_queue_upd AFTER UPDATE OF status ON awp.tasks
+  FOR EACH ROW WHEN ((OLD.status = 'ready') <> (NEW.status = 'ready')) EXECUTE FUNCTION awp._ready_queue_track();
+CREATE TRIGGER tasks_ready_queue_ins AFTER INSERT ON awp.tasks
+  REFERENCING NEW TABLE AS born FOR EACH STATEMENT EXECUTE FUNCTION awp._ready_queue_track();
+CREATE TRIGGER tasks_ready_queue_del AFTER DELETE ON awp.tasks
+  FOR EACH ROW WHEN (OLD.status = 'ready') EXECUTE FUNCTION awp._ready_queue_track();
+CREATE TRIGGER tasks_ready_queue_trunc AFTER TRUNCATE ON awp.tasks
+  FOR EACH STATEMENT EXECUTE FUNCTION awp._ready_queue_track();
+CREATE TRIGGER runs_ready_queue_seq AFTER UPDATE OF last_dispatch_seq ON awp.runs
+  FOR EACH ROW WHEN (OLD.last_dispatch_seq IS DISTINCT FROM NEW.last_dispatch_seq)
+  EXECUTE FUNCTION awp._ready_queue_track();
+CREATE TRIGGER runs_ready_queue_trunc AFTER TRUNCATE ON awp.runs
+  FOR EACH STATEMENT EXECUTE FUNCTION awp._ready_queue_track();
+
+DELETE FROM awp.ready_queue;
+INSERT INTO awp.ready_queue (run_id, executor_kind, ready_tasks, last_dispatch_seq, created_at)
+SELECT t.run_id, t.executor, count(*), r.last_dispatch_seq, r.created_at
+  FROM awp.tasks t JOIN awp.runs r ON r.run_id = t.run_id
+ WHERE t.status = 'ready'
+ GROUP BY t.run_id, t.executor, r.last_dispatch_seq, r.created_at;
