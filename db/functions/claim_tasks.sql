@@ -19,12 +19,17 @@ COMMENT ON TYPE awp.lease IS 'One lease handed to a worker (claim_tasks, complet
 -- order is Run, then Dispatch. The other way round, a claim that skips a candidate because its run is busy
 -- (SKIP LOCKED) would keep the dispatch row it had locked first, hiding it from every other claim until it
 -- commits (python/tests/test_protocol_races.py saw claims answer empty with work left).
+-- "Live" is written r.finished_at IS NULL (the same runs: constraint run_finished_iff_terminal), not r.status IN
+-- ('pending', 'running'): that predicate is runs_live_idx's, and with statistics taken while runs was small the
+-- planner read every live run through that index and probed each for a pending dispatch (0.8 ms per claim at
+-- 2,000 live runs, AWP issue 46), where the pending dispatches are few (at most dispatch_limit) and each finds
+-- its run by key. No index serves finished_at IS NULL, so the dispatches drive the join.
 DROP VIEW IF EXISTS awp._claim_candidates;
 CREATE VIEW awp._claim_candidates AS
   SELECT d.dispatch_id, d.created_at, d.executor_kind, d.run_id
     FROM awp.runs r JOIN awp.dispatches d ON d.run_id = r.run_id
    WHERE d.status = 'pending'
-     AND r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL;
+     AND r.finished_at IS NULL AND r.cancel_requested_at IS NULL;
 ALTER VIEW awp._claim_candidates OWNER TO awp_owner;
 COMMENT ON VIEW awp._claim_candidates IS 'The pending dispatches a claim may lease (runs live, no cancel requested).';
 
@@ -404,16 +409,17 @@ COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint, timestamptz, text, te
 -- that attempt had no output). Called only for tasks that are being leased, so every dependency has
 -- succeeded and its last attempt (tasks.attempts) is the succeeded one. Locks: none.
 CREATE OR REPLACE FUNCTION awp._upstream(p_run_id text, p_depends_on text[]) RETURNS jsonb
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$   -- PL/pgSQL: its plan is cached
+BEGIN
   -- One primary-key probe per dependency (LIMIT 1 keeps it a probe): a join here may be planned as a scan of
   -- the whole run when the statistics expect small runs (see awp._task_waits).
-  SELECT coalesce(jsonb_object_agg(u.task_key, a.output), '{}'::jsonb)
-    FROM unnest(p_depends_on) AS u(task_key)
-    CROSS JOIN LATERAL (SELECT x.attempts FROM awp.tasks x
-                         WHERE x.run_id = p_run_id AND x.task_key = u.task_key LIMIT 1) t
-    LEFT JOIN awp.attempts a ON a.run_id = p_run_id AND a.task_key = u.task_key AND a.attempt = t.attempts
-                            AND a.status = 'succeeded'
-$$;
+  RETURN (SELECT coalesce(jsonb_object_agg(u.task_key, a.output), '{}'::jsonb)
+            FROM unnest(p_depends_on) AS u(task_key)
+            CROSS JOIN LATERAL (SELECT x.attempts FROM awp.tasks x
+                                 WHERE x.run_id = p_run_id AND x.task_key = u.task_key LIMIT 1) t
+            LEFT JOIN awp.attempts a ON a.run_id = p_run_id AND a.task_key = u.task_key AND a.attempt = t.attempts
+                                    AND a.status = 'succeeded');
+END $$;
 COMMENT ON FUNCTION awp._upstream(text, text[]) IS 'The outputs of a task''s direct dependencies, keyed by task key.';
 
 -- awp._fail_oversize_lease(run, task, dispatch, attempt, bytes): settles an attempt that claim_tasks
