@@ -25,6 +25,8 @@ DECLARE
   v_left   integer;
   v_final  text;
   v_counts jsonb;
+  v_output jsonb;
+  v_cut    boolean;
 BEGIN
   SELECT r.status, r.unfinished_tasks + (awp._run_state(p_run_id)).unfinished_delta INTO v_status, v_left
     FROM awp.runs r WHERE r.run_id = p_run_id;
@@ -33,26 +35,30 @@ BEGIN
   END IF;
   v_counts := awp._task_counts(p_run_id);   -- one pass over the tasks: stored, and it decides the status
   v_final := CASE WHEN v_counts - 'succeeded' = '{}'::jsonb THEN 'succeeded' ELSE 'failed' END;
-  UPDATE awp.runs r SET status = v_final, finished_at = awp._now(),
-                        started_at = coalesce(r.started_at, awp._now()), final_task_counts = v_counts
-   WHERE r.run_id = p_run_id;
   IF v_final = 'succeeded' THEN
-    PERFORM awp._set_run_output(p_run_id);
+    SELECT o.output, o.truncated INTO v_output, v_cut FROM awp._run_output(p_run_id) o;
   END IF;
+  UPDATE awp.runs r SET status = v_final, finished_at = awp._now(),
+                        started_at = coalesce(r.started_at, awp._now()), final_task_counts = v_counts,
+                        output = CASE WHEN v_final = 'succeeded' THEN v_output ELSE r.output END,
+                        output_truncated = CASE WHEN v_final = 'succeeded' THEN v_cut ELSE r.output_truncated END
+   WHERE r.run_id = p_run_id;
   PERFORM awp._append_event(p_run_id, 'run', p_run_id, v_status, v_final,
                             CASE v_final WHEN 'succeeded' THEN 'all tasks succeeded' ELSE 'a task failed' END);
-  PERFORM awp._wake('awp_coordinator', 'run_finished');
+  -- No NOTIFY to the coordinator: a finished run gives a pass nothing to do (its slots were freed and refilled by
+  -- the completions), and with many small runs a wake-up per finished run kept the coordinator passing back to
+  -- back (AWP issue 46).
   RETURN v_final;
 END $$;
 COMMENT ON FUNCTION awp._settle_run(text) IS 'Finishes a run (succeeded/failed) once none of its tasks can change.';
 
--- awp._set_run_output(run): the output of a succeeded run: {task key: output of its succeeded attempt}
+-- awp._run_output(run): the output of a succeeded run: {task key: output of its succeeded attempt}
 -- for every task with no dependants, in definition order. Bounded at 1 MiB (sum of the outputs' jsonb
--- text): the tasks past that map to null and output_truncated is set; their outputs stay readable
--- through awp.task_attempts. PL/pgSQL, not SQL: a SQL function is planned again at every call (measured 0.3 of its
--- 0.4 ms per run settled; AWP issue 46).
-CREATE OR REPLACE FUNCTION awp._set_run_output(p_run_id text) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+-- text): the tasks past that map to null and truncated is true; their outputs stay readable
+-- through awp.task_attempts. awp._settle_run writes it with the run's status, in one UPDATE. PL/pgSQL, not SQL:
+-- a SQL function is planned again at every call (measured 0.3 of 0.4 ms per run settled; AWP issue 46).
+CREATE OR REPLACE FUNCTION awp._run_output(p_run_id text, OUT output jsonb, OUT truncated boolean)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   WITH leaves AS (
     SELECT t.task_key, a.output,
@@ -63,14 +69,12 @@ BEGIN
                               AND a.status = 'succeeded'
      WHERE t.run_id = p_run_id AND cardinality(t.dependants) = 0
   )
-  UPDATE awp.runs r
-     SET output = x.output, output_truncated = x.truncated
-    FROM (SELECT coalesce(jsonb_object_agg(l.task_key, CASE WHEN l.upto <= awp._limit_run_output_bytes() THEN l.output END), '{}') AS output,
-                 coalesce(bool_or(l.upto > awp._limit_run_output_bytes()), false) AS truncated
-            FROM leaves l) x
-   WHERE r.run_id = p_run_id;
+  SELECT coalesce(jsonb_object_agg(l.task_key, CASE WHEN l.upto <= awp._limit_run_output_bytes() THEN l.output END), '{}'),
+         coalesce(bool_or(l.upto > awp._limit_run_output_bytes()), false)
+    INTO output, truncated
+    FROM leaves l;
 END $$;
-COMMENT ON FUNCTION awp._set_run_output(text) IS 'Sets a succeeded run''s output: the outputs of its tasks without dependants (at most 1 MiB).';
+COMMENT ON FUNCTION awp._run_output(text) IS 'A succeeded run''s output: the outputs of its tasks without dependants (at most 1 MiB), and whether it was cut.';
 
 -- awp._skip_descendants(run, task): every task that transitively depends on a failed task
 -- (all of them still waiting) becomes `skipped`.
