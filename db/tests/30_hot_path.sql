@@ -4,7 +4,7 @@
 -- events in the same order, one revision per transaction, and refuse what that path refuses.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(47);
+SELECT plan(55);
 
 SELECT tests.freeze('2026-01-01 00:00:00+00');
 -- a and b first; c and d depend on a; e is independent. Concurrency 2.
@@ -201,6 +201,38 @@ SELECT is(ARRAY[tests.run_status(:'wrun'), tests.task_status(:'wrun', 'p18')], '
           'p18 succeeded and the run failed');
 SELECT is(tests.rev(:'wrun'), :wrev::bigint + 1, 'one revision for the call');
 SELECT ok(tests.sequences_contiguous(:'wrun'), 'sequences stay contiguous');
+SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold');
+
+-- 8. The last task of a run (a run of one task): the hot path completes it, the run settles as on the general
+--    path (its event last, its output and task counts stored), and the refill comes from the next run.
+SET LOCAL track_functions = 'all';
+SELECT * FROM tests.register_worker('w5', '{python}', 1) \gset w5_
+SELECT tests.make_workflow('one', jsonb_build_array(tests.task('x', '{}', '{"executor": "python"}')));
+SELECT awp.start_run('one') AS o1 \gset
+SELECT awp.start_run('one') AS o2 \gset
+SELECT dispatch_id AS o1_dispatch, lease_token AS o1_lease, run_id AS o1_run FROM awp.claim_tasks(:'w5_worker_id', :'w5_token', 1) \gset
+SELECT is(:'o1_run'::text, :'o1', 'setup: the older run''s task is leased');
+SELECT tests.end_tx();
+SELECT tests.rev(:'o1') AS orev \gset
+SELECT tests.event_count(:'o1') AS oev \gset
+SELECT coalesce(sum(calls), 0) AS general0 FROM pg_stat_xact_user_functions
+ WHERE schemaname = 'awp' AND funcname = '_complete_task' \gset
+SELECT run_id AS o_next FROM awp.complete_and_claim(:'w5_worker_id', :'w5_token', :'o1_dispatch', :'o1_lease',
+                                                    tests.result('success', '{"v": 1}'), 1) \gset
+SELECT is(:'o_next'::text, :'o2', 'the refill leases the next run''s task');
+SELECT is((SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_xact_user_functions
+            WHERE schemaname = 'awp' AND funcname = '_complete_task'), :general0::bigint,
+          'the hot path took it (no call of the general path)');
+SELECT is((SELECT array_agg(entity_type || ':' || coalesce(from_status, '-') || '>' || to_status || ':' || reason ORDER BY sequence)
+             FROM awp.events WHERE run_id = :'o1' AND sequence > :oev),
+          ARRAY['dispatch:leased>completed:completed by ' || :'w5_worker_id', 'attempt:running>succeeded:success',
+                'task:running>succeeded:success', 'run:running>succeeded:all tasks succeeded'],
+          'the events of the general path, the run''s last');
+SELECT is((SELECT row(status, output, final_task_counts, finished_at = tests.now())::text FROM awp.runs WHERE run_id = :'o1'),
+          row('succeeded', '{"x": {"v": 1}}'::jsonb, '{"succeeded": 1}'::jsonb, true)::text,
+          'the run succeeded with its output and task counts');
+SELECT is(tests.rev(:'o1'), :orev::bigint + 1, 'one revision for the call');
+SELECT ok(tests.sequences_contiguous(:'o1'), 'sequences stay contiguous');
 SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold');
 
 SELECT * FROM finish();
