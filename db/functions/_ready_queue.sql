@@ -2,26 +2,23 @@
 -- read by awp._fairness_order. Kept by the triggers below in the transaction that changes a task's status or a
 -- run's place in the fairness order, so every function that makes a task ready or takes it out of ready (start,
 -- dependencies met, retry due, dispatch, lease recovery, skip, cancel, prune) keeps it without knowing it.
--- Every write of a run's rows happens while the caller holds that run's row lock (docs/protocol.md, Locks: task
+-- Every write of a run's rows happens while the caller holds that run's row lock (docs/architecture.md, Lock order: task
 -- and run rows are changed only under it), so two transactions never write the same queue row at once and the
 -- queue adds no lock order of its own.
 
--- awp._ready_queue_track(): trigger function.
+-- awp._ready_queue_track(): trigger function on tasks.
 --   tasks, row UPDATE OF status (WHEN the task enters or leaves ready) and row DELETE (WHEN it was ready):
 --     +1 / -1 on the (run, kind) row; the row is inserted at its first ready task (with the run's place in the
 --     fairness order) and deleted when its last one leaves.
 --   tasks, statement INSERT (transition table `born`): +n per (run, kind) of the ready tasks inserted (a run start
 --     inserts all its tasks in one statement).
---   runs, row UPDATE OF last_dispatch_seq (WHEN it changes): the run's rows follow its new place.
---   tasks or runs, TRUNCATE: the queue is emptied.
+--   tasks, TRUNCATE: the queue is emptied.
 -- Locks: the run's queue rows (the caller holds the run's row).
 CREATE OR REPLACE FUNCTION awp._ready_queue_track() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF TG_OP = 'TRUNCATE' THEN
     DELETE FROM awp.ready_queue;
-  ELSIF TG_TABLE_NAME = 'runs' THEN
-    UPDATE awp.ready_queue q SET last_dispatch_seq = NEW.last_dispatch_seq WHERE q.run_id = NEW.run_id;
   ELSIF TG_LEVEL = 'STATEMENT' THEN
     INSERT INTO awp.ready_queue AS q (run_id, executor_kind, ready_tasks, last_dispatch_seq, created_at)
     SELECT b.run_id, b.executor, b.n, r.last_dispatch_seq, r.created_at
@@ -42,7 +39,23 @@ BEGIN
   END IF;
   RETURN NULL;
 END $$;
-COMMENT ON FUNCTION awp._ready_queue_track() IS 'Trigger: keeps awp.ready_queue (ready tasks per run and executor kind, in fairness order).';
+COMMENT ON FUNCTION awp._ready_queue_track() IS 'Trigger on tasks: keeps awp.ready_queue (ready tasks per run and executor kind).';
+
+-- awp._ready_queue_place(): trigger function on runs.
+--   row UPDATE OF last_dispatch_seq (WHEN it changes): the run's queue rows follow its new place.
+--   TRUNCATE: the queue is emptied.
+-- Locks: the run's queue rows (the caller holds the run's row).
+CREATE OR REPLACE FUNCTION awp._ready_queue_place() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    DELETE FROM awp.ready_queue;
+  ELSE
+    UPDATE awp.ready_queue q SET last_dispatch_seq = NEW.last_dispatch_seq WHERE q.run_id = NEW.run_id;
+  END IF;
+  RETURN NULL;
+END $$;
+COMMENT ON FUNCTION awp._ready_queue_place() IS 'Trigger on runs: moves a run''s awp.ready_queue rows with its place in fairness order.';
 
 -- The triggers, and the queue rebuilt from the tables in the same transaction: CREATE TRIGGER takes SHARE ROW
 -- EXCLUSIVE on tasks and runs, so nothing changes between the rebuild and the triggers (every migrate re-does
@@ -63,9 +76,9 @@ CREATE TRIGGER tasks_ready_queue_trunc AFTER TRUNCATE ON awp.tasks
   FOR EACH STATEMENT EXECUTE FUNCTION awp._ready_queue_track();
 CREATE TRIGGER runs_ready_queue_seq AFTER UPDATE OF last_dispatch_seq ON awp.runs
   FOR EACH ROW WHEN (OLD.last_dispatch_seq IS DISTINCT FROM NEW.last_dispatch_seq)
-  EXECUTE FUNCTION awp._ready_queue_track();
+  EXECUTE FUNCTION awp._ready_queue_place();
 CREATE TRIGGER runs_ready_queue_trunc AFTER TRUNCATE ON awp.runs
-  FOR EACH STATEMENT EXECUTE FUNCTION awp._ready_queue_track();
+  FOR EACH STATEMENT EXECUTE FUNCTION awp._ready_queue_place();
 
 DELETE FROM awp.ready_queue;
 INSERT INTO awp.ready_queue (run_id, executor_kind, ready_tasks, last_dispatch_seq, created_at)

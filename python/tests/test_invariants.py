@@ -90,6 +90,9 @@ PLANTED = {
     "dispatch_limit": "INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)"
     " VALUES ('dsp_planted_a', %(run)s, 'a', 'mock', now()), ('dsp_planted_b', %(run)s, 'b', 'mock', now());"
     " UPDATE awp.settings SET dispatch_limit = 1",
+    # A queue row for a run with no ready task (the fairness order would offer it for nothing).
+    "ready_queue": "INSERT INTO awp.ready_queue (run_id, executor_kind, ready_tasks, last_dispatch_seq, created_at)"
+    " VALUES (%(run)s, 'mock', 1, NULL, now())",
 }
 
 
