@@ -23,4 +23,11 @@ CREATE TABLE awp.ready_queue (
 CREATE INDEX ready_queue_order_idx
   ON awp.ready_queue (executor_kind, last_dispatch_seq NULLS FIRST, created_at, run_id);
 
+-- runs_live_idx no longer needs the fairness order (0014): it lists the live runs oldest first (cancel_waiting_runs
+-- and the passes read it so). Without last_dispatch_seq among its keys, the run row's update at each completion
+-- (revision, sequences, counters, last_dispatch_seq) changes no indexed column and can be a HOT update, where it
+-- added an entry to each of the run table's indexes (docs/performance.md, Where one run's throughput goes).
+DROP INDEX awp.runs_live_idx;
+CREATE INDEX runs_live_idx ON awp.runs (created_at, run_id) WHERE status IN ('pending', 'running');
+
 RESET ROLE;

@@ -19,6 +19,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from awp.migrate import migrate
+
 BACKLOG = 1000  # live runs, each with ready 'python' tasks; no worker serves python
 SUCCESS = json.dumps({"kind": "success"})
 
@@ -101,3 +103,21 @@ def test_refresh_statistics_analyzes_the_tables_that_changed(stale: psycopg.Conn
         "SELECT round(s.n_live_tup) FROM pg_stat_user_tables s WHERE s.relid = 'awp.runs'::regclass"
     ).fetchone()
     assert live is not None and live[0] >= BACKLOG
+
+
+def test_migrate_rebuilds_the_ready_queue(db_dsn: str, stale: psycopg.Connection[Any]) -> None:
+    """Every migrate rebuilds awp.ready_queue from the tasks (an existing database's, or one changed with triggers
+    off), under the lock of its triggers' creation."""
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("DELETE FROM awp.ready_queue WHERE run_id IN (SELECT run_id FROM awp.ready_queue LIMIT 10)")
+        c.execute(
+            "UPDATE awp.ready_queue SET ready_tasks = ready_tasks + 1 WHERE run_id IN "
+            "(SELECT run_id FROM awp.ready_queue LIMIT 10)"
+        )
+        broken = c.execute("SELECT count(*) FROM awp.check_invariants() WHERE invariant = 'ready_queue'").fetchone()
+        assert broken is not None and broken[0] >= 20
+        migrate(db_dsn)
+        rows = c.execute("SELECT count(*) FROM awp.ready_queue").fetchone()
+        assert rows is not None and rows[0] >= BACKLOG  # the python backlog, one row per run
+        bad = c.execute("SELECT count(*) FROM awp.check_invariants()").fetchone()
+        assert bad == (0,)
