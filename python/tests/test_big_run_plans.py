@@ -11,21 +11,14 @@ machine passes and a plan that scans the run per task does not."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from plan_support import buffers
 
 N = 2000  # tasks of the big run: root -> N-2 parts -> merge
-
-
-def buffers(c: psycopg.Connection[Any], query: str, params: list[Any]) -> int:
-    plan = "\n".join(r[0] for r in c.execute("EXPLAIN (ANALYZE, BUFFERS) " + query, params).fetchall())
-    found = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
-    assert found, plan
-    return int(found.group(1)) + int(found.group(2) or 0)
 
 
 @pytest.fixture(scope="module")

@@ -11,26 +11,18 @@ reads every live run does not."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from plan_support import buffers
 
 from awp.migrate import migrate
 
 BACKLOG = 1000  # live runs, each with ready 'python' tasks; no worker serves python
 SUCCESS = json.dumps({"kind": "success"})
-
-
-def buffers(c: psycopg.Connection[Any], query: str, params: list[Any]) -> int:
-    """Shared buffers the statement touched (EXPLAIN ANALYZE runs it for real)."""
-    plan = "\n".join(r[0] for r in c.execute("EXPLAIN (ANALYZE, BUFFERS) " + query, params).fetchall())
-    found = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", plan)
-    assert found, plan
-    return int(found.group(1)) + int(found.group(2) or 0)
 
 
 @pytest.fixture(scope="module")
