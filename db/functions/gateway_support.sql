@@ -41,8 +41,9 @@ COMMENT ON FUNCTION awp.get_task(text, text) IS 'One task of a run with its atte
 --  "ready_without_worker": {executor kind: ready tasks that no active worker offers}).
 -- Bounded: runs and workers by status come from awp.status_counts (maintained by triggers, folded by the
 -- coordinator: db/functions/_status_counts.sql), the other gauges from live rows through partial indexes
--- (pending / leased dispatches, ready tasks), so a scrape costs the same with 100 or 100,000 finished
--- runs. Terminal dispatches are not counted. Locks: none.
+-- (pending / leased dispatches), so a scrape costs the same with 100 or 100,000 finished runs; the ready tasks
+-- are summed from awp.ready_queue (one row per run and kind: a backlog of 100,000 ready tasks over 1,000 runs is
+-- 1,000 rows, not 100,000). Terminal dispatches are not counted. Locks: none.
 CREATE OR REPLACE FUNCTION awp.metrics_snapshot()
 RETURNS jsonb
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -54,10 +55,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     'workers', awp._counts_by_status('worker'),
     'leases_active', (SELECT count(*) FROM awp.dispatches d WHERE d.status = 'leased'),
     'ready_without_worker', (SELECT coalesce(jsonb_object_agg(x.executor, x.n), '{}') FROM
-               (SELECT t.executor, count(*) AS n FROM awp.tasks t
-                 WHERE t.status = 'ready'
-                   AND NOT EXISTS (SELECT 1 FROM awp.workers w
-                                    WHERE w.status = 'active' AND t.executor = ANY (w.executor_kinds))
+               (SELECT q.executor_kind AS executor, sum(q.ready_tasks) AS n FROM awp.ready_queue q
+                 WHERE NOT EXISTS (SELECT 1 FROM awp.workers w
+                                    WHERE w.status = 'active' AND q.executor_kind = ANY (w.executor_kinds))
                  GROUP BY 1) x))
 $$;
 COMMENT ON FUNCTION awp.metrics_snapshot() IS 'Counts of runs, live dispatches, workers by status and active leases, for /metrics.';
