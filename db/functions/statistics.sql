@@ -1,5 +1,5 @@
--- awp.refresh_statistics(): ANALYZEs each of AWP's busy tables (runs, tasks, dispatches, attempts, ready_queue,
--- workers) whose rows changed since its last ANALYZE by more than 500 + 10% of its rows, the rule autovacuum
+-- awp.refresh_statistics(): ANALYZEs each of AWP's busy tables (runs, tasks, dispatches, which hold the attempts,
+-- ready_queue, workers) whose rows changed since its last ANALYZE by more than 500 + 10% of its rows, the rule autovacuum
 -- uses by default (50 + 10%), checked every few seconds by the active coordinator instead of autovacuum's
 -- minute. Why: the hot path's plans are cached per session and chosen from these statistics; taken while a
 -- table was small or differently shaped (say, before 1,000 runs holding 100,000 ready tasks were started), they
@@ -16,7 +16,7 @@ BEGIN
   FOR t IN
     SELECT s.relid, s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
      WHERE s.schemaname = 'awp'
-       AND s.relname IN ('runs', 'tasks', 'dispatches', 'attempts', 'ready_queue', 'workers')
+       AND s.relname IN ('runs', 'tasks', 'dispatches', 'ready_queue', 'workers')
        AND s.n_mod_since_analyze > 500 + 0.1 * greatest(c.reltuples, s.n_live_tup, 0)
      ORDER BY s.relname
   LOOP
