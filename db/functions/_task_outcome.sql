@@ -34,7 +34,8 @@ BEGIN
     RETURN v_status;
   END IF;
   v_counts := awp._task_counts(p_run_id);   -- one pass over the tasks: stored, and it decides the status
-  v_final := CASE WHEN v_counts - 'succeeded' = '{}'::jsonb THEN 'succeeded' ELSE 'failed' END;
+  -- A skipped task with no failed one: skipped by its condition (docs/dynamic.md), not by a failure.
+  v_final := CASE WHEN v_counts - 'succeeded' - 'skipped' = '{}'::jsonb THEN 'succeeded' ELSE 'failed' END;
   IF v_final = 'succeeded' THEN
     SELECT o.output, o.truncated INTO v_output, v_cut FROM awp._run_output(p_run_id) o;
   END IF;
@@ -61,7 +62,7 @@ CREATE OR REPLACE FUNCTION awp._run_output(p_run_id text, OUT output jsonb, OUT 
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   WITH leaves AS (
-    SELECT t.task_key, a.output,
+    SELECT t.task_key, coalesce(a.output, t.output) AS output,
            sum(coalesce(octet_length(a.output::text), 4) + octet_length(t.task_key) + 6)
              OVER (ORDER BY t.ordinal) AS upto
       FROM awp.tasks t
@@ -77,18 +78,35 @@ END $$;
 COMMENT ON FUNCTION awp._run_output(text) IS 'A succeeded run''s output: the outputs of its tasks without dependants (at most 1 MiB), and whether it was cut.';
 
 -- awp._skip_descendants(run, task): every task that transitively depends on a failed task
--- (all of them still waiting) becomes `skipped`.
+-- (all of them still waiting) becomes `skipped` (skip_reason dependency_failed). When the failed task is an instance
+-- of a for_each task (docs/dynamic.md), that mapped task fails (error instance_failed) and its descendants are
+-- skipped instead; its other instances go on.
 CREATE OR REPLACE FUNCTION awp._skip_descendants(p_run_id text, p_task_key text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_keys text[];
+  v_keys   text[];
+  v_mapped text;
 BEGIN
+  SELECT t.mapped_task INTO v_mapped FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key;
+  IF v_mapped IS NOT NULL THEN
+    UPDATE awp.tasks t SET status = 'failed', finished_at = awp._now(), updated_at = awp._now(), pending_deps = 0,
+                           error_code = 'instance_failed', error_message = format('instance %s failed', p_task_key)
+     WHERE t.run_id = p_run_id AND t.task_key = v_mapped AND t.status = 'waiting_dependencies';
+    IF FOUND THEN
+      PERFORM awp._unfinished_add(p_run_id, -1);
+      PERFORM awp._append_event(p_run_id, 'task', v_mapped, 'waiting_dependencies', 'failed',
+                                format('instance %s failed', p_task_key));
+      PERFORM awp._skip_descendants(p_run_id, v_mapped);
+    END IF;
+    RETURN;
+  END IF;
   WITH RECURSIVE d(task_key) AS (
     SELECT unnest(t.dependants) FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key
     UNION
     SELECT unnest(t.dependants) FROM awp.tasks t JOIN d ON t.run_id = p_run_id AND t.task_key = d.task_key
   ), u AS (
-    UPDATE awp.tasks t SET status = 'skipped', finished_at = awp._now(), updated_at = awp._now()
+    UPDATE awp.tasks t SET status = 'skipped', finished_at = awp._now(), updated_at = awp._now(),
+                           skip_reason = 'dependency_failed'
       FROM d
      WHERE t.run_id = p_run_id AND t.task_key = d.task_key AND t.status = 'waiting_dependencies'
     RETURNING t.task_key, t.ordinal
@@ -100,28 +118,32 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._skip_descendants(text, text) IS 'Skips every waiting descendant of a failed task.';
 
--- awp._unlock_dependants(run, dependants, now): a task of the run succeeded: each of its dependants still waiting
--- has one dependency less, and those with none left become ready. Returns the keys that became ready, in
--- definition order (their events are the caller's: waiting_dependencies -> ready, 'dependencies succeeded'), or
--- NULL. Shared by awp._end_attempt and the hot path (awp._complete_and_refill). Locks: those task rows; the
--- caller holds the run.
-CREATE OR REPLACE FUNCTION awp._unlock_dependants(p_run_id text, p_dependants text[], p_now timestamptz) RETURNS text[]
+-- awp._unlock_dependants(run, dependants, now): a task of the run succeeded (or was skipped by its condition): each
+-- of its dependants still waiting has one dependency less, and those with none left become ready. Returns `ready`,
+-- the keys that became ready, in definition order (their events are the caller's: waiting_dependencies -> ready),
+-- or NULL; and `resolve`: a task with a `when` or a `for_each` (or a mapped task whose last instance succeeded)
+-- has none left, and stays waiting_dependencies for the caller to pass the run to awp._resolve_run
+-- (db/functions/_dynamic.sql) once its own writes are done. Shared by awp._end_attempt, the hot path
+-- (awp._complete_and_refill), the group path and awp._resolve_run. Locks: those task rows; the caller holds the
+-- run.
+CREATE OR REPLACE FUNCTION awp._unlock_dependants(p_run_id text, p_dependants text[], p_now timestamptz,
+                                                  OUT ready text[], OUT resolve boolean)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_ready text[];
 BEGIN
   WITH u AS (
     UPDATE awp.tasks x
        SET pending_deps = x.pending_deps - 1,
-           status = CASE WHEN x.pending_deps = 1 THEN 'ready' ELSE x.status END,
+           status = CASE WHEN x.pending_deps = 1 AND x.condition IS NULL AND x.for_each IS NULL THEN 'ready'
+                         ELSE x.status END,
            updated_at = p_now
      WHERE x.run_id = p_run_id AND x.task_key = ANY (p_dependants) AND x.status = 'waiting_dependencies'
-    RETURNING x.task_key, x.status, x.ordinal
+    RETURNING x.task_key, x.status, x.ordinal, x.pending_deps
   )
-  SELECT array_agg(u.task_key ORDER BY u.ordinal) INTO v_ready FROM u WHERE u.status = 'ready';
-  RETURN v_ready;
+  SELECT array_agg(u.task_key ORDER BY u.ordinal) FILTER (WHERE u.status = 'ready'),
+         coalesce(bool_or(u.pending_deps = 0 AND u.status <> 'ready'), false)
+    INTO ready, resolve FROM u;
 END $$;
-COMMENT ON FUNCTION awp._unlock_dependants(text, text[], timestamptz) IS 'Counts a success against the waiting dependants of a task; returns those that became ready.';
+COMMENT ON FUNCTION awp._unlock_dependants(text, text[], timestamptz) IS 'Counts a success against the waiting dependants of a task; returns those that became ready, and whether a dynamic task waits for awp._resolve_run.';
 
 -- awp._end_attempt(run, task, attempt, attempt_status, retryable, output, error_code,
 --                  error_message, reason, counted, dispatch_status, result_hash): settles a running attempt
@@ -147,6 +169,7 @@ DECLARE
   t       awp.tasks;
   v_to    text;
   v_ready text[];
+  v_resolve boolean;
   v_free  boolean;
 BEGIN
   SELECT * INTO t FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = p_task_key FOR UPDATE;
@@ -182,10 +205,13 @@ BEGIN
                              ARRAY['running', t.status], ARRAY[p_attempt_status, v_to], ARRAY[p_reason, p_reason]);
 
   IF v_to = 'succeeded' AND cardinality(t.dependants) > 0 THEN
-    v_ready := awp._unlock_dependants(p_run_id, t.dependants, v_now);
+    SELECT u.ready, u.resolve INTO v_ready, v_resolve FROM awp._unlock_dependants(p_run_id, t.dependants, v_now) u;
     PERFORM awp._append_events_alike(p_run_id, 'task', v_ready,
                                      array_fill('waiting_dependencies'::text, ARRAY[coalesce(cardinality(v_ready), 0)]),
                                      'ready', 'dependencies succeeded');
+    IF v_resolve THEN
+      PERFORM awp._resolve_run(p_run_id);
+    END IF;
   ELSIF v_to = 'failed' THEN
     PERFORM awp._skip_descendants(p_run_id, p_task_key);
   END IF;

@@ -21,6 +21,9 @@
 --   run_concurrency          queued + running tasks of a run <= its concurrency
 --   worker_capacity          leases of a worker <= its max_concurrency
 --   dispatch_limit           pending + leased dispatches <= dispatch_limit
+--   for_each_instances       a mapped task (docs/dynamic.md) has item_count instances "<key>[0..n-1]" (none before it
+--                            is expanded); while it waits its pending_deps counts those not succeeded; succeeded,
+--                            all of them succeeded
 --   ready_queue              awp.ready_queue has one row per (run, executor kind) with ready tasks, holding their
 --                            count and the run's last_dispatch_seq and created_at, and no other row
 --                            (migration 0015_ready_queue)
@@ -38,6 +41,7 @@ LANGUAGE sql IMMUTABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
          ('task', NULL, 'ready'), ('task', NULL, 'waiting_dependencies'),
          ('task', 'waiting_dependencies', 'ready'), ('task', 'waiting_dependencies', 'canceled'),
          ('task', 'waiting_dependencies', 'skipped'),
+         ('task', 'waiting_dependencies', 'succeeded'), ('task', 'waiting_dependencies', 'failed'),
          ('task', 'ready', 'queued'), ('task', 'ready', 'canceled'), ('task', 'ready', 'skipped'),
          ('task', 'queued', 'running'), ('task', 'queued', 'ready'), ('task', 'queued', 'canceled'),
          ('task', 'running', 'succeeded'), ('task', 'running', 'waiting_retry'),
@@ -134,6 +138,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
    WHERE NOT EXISTS (SELECT 1 FROM attempts x
                       WHERE x.run_id = a.run_id AND x.task_key = dep AND x.status = 'succeeded'
                         AND x.finished_at <= a.started_at)
+     AND NOT EXISTS (SELECT 1 FROM tasks y   -- done without an attempt: a mapped task, a condition skip
+                      WHERE y.run_id = a.run_id AND y.task_key = dep AND y.finished_at <= a.started_at
+                        AND ((y.status = 'succeeded' AND y.attempts = 0) OR y.skip_reason = 'condition_false'))
   UNION ALL
   SELECT 'task_dispatch_match', t.run_id, t.task_key,
          format('task %s with %s pending and %s leased dispatches', t.status,
@@ -171,6 +178,20 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     FROM awp.dispatches d, awp.settings s
    WHERE d.status IN ('pending', 'leased')
    GROUP BY s.dispatch_limit HAVING count(*) > s.dispatch_limit
+  UNION ALL
+  SELECT 'for_each_instances', m.run_id, m.task_key,
+         format('mapped task %s, item_count %s, pending_deps %s: %s instances (indexes %s..%s), %s succeeded',
+                m.status, m.item_count, m.pending_deps, count(i.*), min(i.item_index), max(i.item_index),
+                count(*) FILTER (WHERE i.status = 'succeeded'))
+    FROM tasks m LEFT JOIN tasks i ON i.run_id = m.run_id AND i.mapped_task = m.task_key
+   WHERE m.for_each IS NOT NULL
+   GROUP BY m.run_id, m.task_key, m.status, m.item_count, m.pending_deps
+  HAVING count(i.*) <> coalesce(m.item_count, 0)
+      OR (count(i.*) > 0 AND (min(i.item_index) <> 0 OR max(i.item_index) <> count(i.*) - 1
+                              OR bool_or(i.task_key <> m.task_key || '[' || i.item_index || ']')))
+      OR (m.status = 'waiting_dependencies' AND m.item_count IS NOT NULL
+          AND m.pending_deps <> count(*) FILTER (WHERE i.status <> 'succeeded'))
+      OR (m.status = 'succeeded' AND count(*) FILTER (WHERE i.status <> 'succeeded') > 0)
   UNION ALL
   SELECT 'ready_queue', coalesce(e.run_id, q.run_id), coalesce(e.executor_kind, q.executor_kind),
          format('%s ready tasks (run seq %s, created %s); ready_queue row: %s', coalesce(e.n, 0),

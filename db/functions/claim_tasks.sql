@@ -6,7 +6,8 @@ DROP TYPE IF EXISTS awp.lease;
 CREATE TYPE awp.lease AS (
   dispatch_id text, lease_token text, workflow_id text, workflow_version integer, run_id text, task_key text,
   executor_kind text, action text, input jsonb, attempt integer, attempt_deadline timestamptz,
-  lease_expires_at timestamptz, lease_remaining_ms bigint, fencing_token bigint, run_input jsonb, upstream jsonb);
+  lease_expires_at timestamptz, lease_remaining_ms bigint, fencing_token bigint, run_input jsonb, upstream jsonb,
+  item jsonb, item_index integer);   -- item, item_index: an instance of a for_each task (docs/dynamic.md); else NULL
 ALTER TYPE awp.lease OWNER TO awp_owner;
 COMMENT ON TYPE awp.lease IS 'One lease handed to a worker (claim_tasks, complete_and_claim, complete_tasks).';
 
@@ -194,7 +195,7 @@ BEGIN
   v_now := awp._now();   -- after a possible wait for a busy run's lock
   FOREACH v_id IN ARRAY v_ids LOOP
     SELECT d.dispatch_id, d.run_id, d.task_key, d.executor_kind, t.action, t.input, t.attempts,
-           t.timeout_ms, t.depends_on, r.workflow_id, r.workflow_version, r.input AS run_input
+           t.timeout_ms, t.depends_on, r.workflow_id, r.workflow_version, r.input AS run_input, t.item, t.item_index
       INTO c
       FROM awp.dispatches d
       JOIN awp.tasks t ON t.run_id = d.run_id AND t.task_key = d.task_key
@@ -222,7 +223,7 @@ BEGIN
     END IF;
     RETURN QUERY SELECT c.dispatch_id, v_token, c.workflow_id, c.workflow_version, c.run_id, c.task_key,
                         c.executor_kind, c.action, c.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence,
-                        c.run_input, v_up;
+                        c.run_input, v_up, c.item, c.item_index;
   END LOOP;
 END $$;
 COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases up to slots pending dispatches to a checked worker (the body of claim_tasks).';
@@ -235,11 +236,12 @@ COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases
 -- and is compiled on every call).
 CREATE OR REPLACE FUNCTION awp._first_ready(p_run_id text, p_kinds text[], p_except text[],
                                             OUT task_key text, OUT executor text, OUT action text, OUT input jsonb,
-                                            OUT attempts integer, OUT timeout_ms integer, OUT depends_on text[])
+                                            OUT attempts integer, OUT timeout_ms integer, OUT depends_on text[],
+                                            OUT item jsonb, OUT item_index integer)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off AS $$
 BEGIN
-  SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on
-    INTO task_key, executor, action, input, attempts, timeout_ms, depends_on
+  SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on, y.item, y.item_index
+    INTO task_key, executor, action, input, attempts, timeout_ms, depends_on, item, item_index
     FROM awp.tasks y
    WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds) AND y.task_key <> ALL (p_except)
    ORDER BY y.ordinal LIMIT 1
@@ -401,7 +403,7 @@ BEGIN
     RETURN;   -- the slot stays free: the caller's claim (or the woken coordinator) fills it
   END IF;
   RETURN QUERY SELECT v_id, v_token, r.workflow_id, r.workflow_version, v_run, t.task_key, t.executor, t.action,
-                      t.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence, r.input, v_up;
+                      t.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence, r.input, v_up, t.item, t.item_index;
 END $$;
 COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint, timestamptz, text, text, text[], text[], text[], text[], text[], text, bytea, jsonb) IS 'Refills the slot a completion freed with a dispatch leased at once to that worker (claim on complete); the hot path''s completion writes are finished with it.';
 
@@ -413,9 +415,11 @@ LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$   -- PL/pgSQ
 BEGIN
   -- One primary-key probe per dependency (LIMIT 1 keeps it a probe): a join here may be planned as a scan of
   -- the whole run when the statistics expect small runs (see awp._task_waits).
-  RETURN (SELECT coalesce(jsonb_object_agg(u.task_key, a.output), '{}'::jsonb)
+  -- A task settled without an attempt has its output on its row (a mapped task's array, docs/dynamic.md); a task
+  -- skipped by its condition has none (null).
+  RETURN (SELECT coalesce(jsonb_object_agg(u.task_key, coalesce(a.output, t.output)), '{}'::jsonb)
             FROM unnest(p_depends_on) AS u(task_key)
-            CROSS JOIN LATERAL (SELECT x.attempts FROM awp.tasks x
+            CROSS JOIN LATERAL (SELECT x.attempts, x.output FROM awp.tasks x
                                  WHERE x.run_id = p_run_id AND x.task_key = u.task_key LIMIT 1) t
             LEFT JOIN awp.attempts a ON a.run_id = p_run_id AND a.task_key = u.task_key AND a.attempt = t.attempts
                                     AND a.status = 'succeeded');

@@ -336,6 +336,7 @@ DECLARE
   v_ready text[];
   v_n     integer;
   v_last  boolean;   -- the completed task is the run's last unfinished one
+  v_resolve boolean := false;   -- a dynamic task waits for awp._resolve_run (awp._unlock_dependants)
   e_type  text[];
   e_key   text[];
   e_from  text[];
@@ -384,7 +385,7 @@ BEGIN
   e_why := ARRAY['completed by ' || w.worker_id, 'success', 'success'];
   IF cardinality(d.dependants) > 0 THEN
     fan_out := true;
-    v_ready := awp._unlock_dependants(v_run, d.dependants, v_now);
+    SELECT u.ready, u.resolve INTO v_ready, v_resolve FROM awp._unlock_dependants(v_run, d.dependants, v_now) u;
     v_n := coalesce(cardinality(v_ready), 0);
     e_type := e_type || array_fill('task'::text, ARRAY[v_n]);
     e_key := e_key || coalesce(v_ready, '{}');
@@ -396,6 +397,10 @@ BEGIN
   SELECT * INTO lease FROM awp._lease_refill(w, p_claim_seq, v_now, v_run, d.task_key, e_type, e_key, e_from, e_to, e_why,
                                              p_dispatch_id, v_hash, p_result);
   outcome := CASE WHEN FOUND THEN 'leased' ELSE 'completed' END;
+  IF v_resolve THEN   -- after the completion's own events: a condition, a for_each (docs/dynamic.md)
+    PERFORM awp._resolve_run(v_run);
+    PERFORM awp._log_flush();
+  END IF;
   IF v_last THEN   -- the run's last unfinished task (it has no dependants then): the run settles, as on the general path
     PERFORM awp._settle_run(v_run);
     PERFORM awp._log_flush();
@@ -548,6 +553,8 @@ DECLARE
   f_exp   timestamptz[] := '{}';
   f_fence bigint[] := '{}';
   f_up    jsonb[] := '{}';
+  f_item  jsonb[] := '{}';     --   its item and item_index (an instance of a for_each task, docs/dynamic.md)
+  f_idx   integer[] := '{}';
   f_deps  text[] := '{}';      --   the refilled task's dependencies (text[] as text); its upstream is read after the MERGE
   g_run   text[] := '{}';      -- the runs met (completed or considered for a refill), each read once:
   g_ok    boolean[] := '{}';   --   held, pending or running, no cancel requested
@@ -564,6 +571,8 @@ DECLARE
   v_run   text;
   v_g     integer;
   v_ready text[];
+  v_resolve boolean;
+  v_resolve_runs text[] := '{}';   -- runs whose dynamic tasks wait for awp._resolve_run (awp._unlock_dependants)
   v_k     integer;
   v_dl    timestamptz;
   v_exp   timestamptz;
@@ -677,7 +686,11 @@ BEGIN
     v_g := array_position(g_run, c_run[v_k]);
     g_busy[v_g] := g_busy[v_g] - 1;   -- its completion counts out
     IF c_deps[v_k] <> '{}' THEN
-      v_ready := coalesce(awp._unlock_dependants(c_run[v_k], c_deps[v_k]::text[], v_now), '{}');
+      SELECT coalesce(u.ready, '{}'), u.resolve INTO v_ready, v_resolve
+        FROM awp._unlock_dependants(c_run[v_k], c_deps[v_k]::text[], v_now) u;
+      IF v_resolve AND NOT c_run[v_k] = ANY (v_resolve_runs) THEN
+        v_resolve_runs := v_resolve_runs || c_run[v_k];
+      END IF;
       e_run := e_run || array_fill(c_run[v_k], ARRAY[cardinality(v_ready)]);
       e_type := e_type || array_fill('task'::text, ARRAY[cardinality(v_ready)]);
       e_key := e_key || v_ready;
@@ -758,6 +771,8 @@ BEGIN
     f_exp := f_exp || v_exp;
     f_fence := f_fence || v_fence;
     f_deps := f_deps || t.depends_on::text;
+    f_item := f_item || t.item;
+    f_idx := f_idx || t.item_index;
     e_run := e_run || array_fill(v_run, ARRAY[5]);
     e_type := e_type || '{task,dispatch,dispatch,task,attempt}'::text[];
     e_key := e_key || ARRAY[t.task_key, f_id[v_k], f_id[v_k], t.task_key, t.task_key || '#' || f_att[v_k]];
@@ -833,6 +848,12 @@ BEGIN
     PERFORM awp._write_log(v_cand, l_type, l_key, l_from, l_to, l_why,
                            -(SELECT count(*) FROM unnest(c_run) u WHERE u = v_cand)::integer, v_cand = ANY (v_order), v_now);
   END LOOP;
+  IF cardinality(v_resolve_runs) > 0 THEN   -- after the group's own events (docs/dynamic.md)
+    FOREACH v_cand IN ARRAY v_resolve_runs LOOP
+      PERFORM awp._resolve_run(v_cand);
+    END LOOP;
+    PERFORM awp._log_flush();
+  END IF;
   FOR v_k IN 1 .. v_n LOOP   -- the coordinator is woken as by each item's own call (awp._complete_and_claim)
     IF c_deps[v_k] <> '{}' THEN
       PERFORM awp._wake_for_fan_out(c_run[v_k], c_key[v_k], 'success');
@@ -842,9 +863,9 @@ BEGIN
     SELECT v_pos[u.i]::integer,
            ROW(u.id, u.tok, g_wf[array_position(g_run, u.run)], g_ver[array_position(g_run, u.run)], u.run, u.task_key,
                u.exec, u.act, u.inp, u.att, u.dl, u.exp, awp._ms(u.exp - v_now), u.fence,
-               g_in[array_position(g_run, u.run)], u.up)::awp.lease
-      FROM unnest(f_id, f_tok, f_run, f_key, f_exec, f_act, f_in, f_att, f_dl, f_exp, f_fence, f_up)
-           WITH ORDINALITY AS u(id, tok, run, task_key, exec, act, inp, att, dl, exp, fence, up, i);
+               g_in[array_position(g_run, u.run)], u.up, u.item, u.idx)::awp.lease
+      FROM unnest(f_id, f_tok, f_run, f_key, f_exec, f_act, f_in, f_att, f_dl, f_exp, f_fence, f_up, f_item, f_idx)
+           WITH ORDINALITY AS u(id, tok, run, task_key, exec, act, inp, att, dl, exp, fence, up, item, idx, i);
 END $$;
 COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb, text[]) IS 'The group path of complete_and_claim_many and complete_tasks: a group of hot-path items, of one run or several, settled set-based (raises AWGRP when it does not apply).';
 

@@ -15,6 +15,29 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._int_ok(jsonb, bigint, bigint) IS 'True when a JSON value is an integer in a range.';
 
+-- awp._condition_error(when): what is wrong with a task's `when` (docs/dynamic.md), or NULL when it is valid:
+-- an object {"task": "<dependency key>", "path": [keys or indexes] (optional), and exactly one of "equals" and
+-- "not_equals" (any JSON)}. Whether task names a dependency is checked by the caller. Locks: none.
+CREATE OR REPLACE FUNCTION awp._condition_error(p jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN CASE
+    WHEN jsonb_typeof(p) IS DISTINCT FROM 'object'
+      THEN 'when must be an object {"task", "path", "equals" or "not_equals"}'
+    WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(p) k WHERE k NOT IN ('task', 'path', 'equals', 'not_equals'))
+      THEN 'when has unknown fields (allowed: task, path, equals, not_equals)'
+    WHEN jsonb_typeof(p->'task') IS DISTINCT FROM 'string'
+      THEN 'when.task must be the key of one of the task''s dependencies'
+    WHEN p ? 'path' AND (jsonb_typeof(p->'path') IS DISTINCT FROM 'array' OR jsonb_array_length(p->'path') > 32
+                         OR EXISTS (SELECT 1 FROM jsonb_array_elements(p->'path') e
+                                     WHERE jsonb_typeof(e) <> 'string' AND NOT awp._int_ok(e, 0, 1000000)))
+      THEN 'when.path must be an array of at most 32 object keys (strings) or array indexes (integers >= 0)'
+    WHEN (p ? 'equals') = (p ? 'not_equals')
+      THEN 'when needs exactly one of equals and not_equals'
+  END;
+END $$;
+COMMENT ON FUNCTION awp._condition_error(jsonb) IS 'What is wrong with a task''s when condition, or NULL.';
+
 -- awp._validate_definition(definition): AWREQ (with a DETAIL naming the problem) unless the definition is
 -- valid. It only checks: defaults are applied by awp.start_run, and the stored definition is the one given,
 -- so its hash is that of the given JSON. Locks: none.
@@ -83,12 +106,16 @@ BEGIN
             CASE
               WHEN jsonb_typeof(t) <> 'object' THEN 'must be an object'
               WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(t) k
-                            WHERE k NOT IN ('key', 'executor', 'action', 'input', 'depends_on', 'retry', 'timeout_ms'))
+                            WHERE k NOT IN ('key', 'executor', 'action', 'input', 'depends_on', 'retry', 'timeout_ms',
+                                            'for_each', 'max_items', 'when'))
                 THEN 'unknown fields: ' || (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(t) k
-                            WHERE k NOT IN ('key', 'executor', 'action', 'input', 'depends_on', 'retry', 'timeout_ms'))
+                            WHERE k NOT IN ('key', 'executor', 'action', 'input', 'depends_on', 'retry', 'timeout_ms',
+                                            'for_each', 'max_items', 'when'))
               WHEN jsonb_typeof(t->'key') IS DISTINCT FROM 'string'
                    OR length(t->>'key') NOT BETWEEN 1 AND 128 OR (t->>'key') ~ '[[:cntrl:]/]'
                 THEN 'key must be a string of 1-128 characters without "/" or control characters'
+              WHEN (t->>'key') ~ '\[[0-9]+\]$'
+                THEN 'key must not end in [<number>]: such keys name the instances of a for_each task'
               WHEN jsonb_typeof(t->'executor') IS DISTINCT FROM 'string'
                 THEN 'executor must be a string'
               WHEN NOT (t->>'executor') = ANY (v_kinds)
@@ -115,6 +142,13 @@ BEGIN
                 THEN 'retry.interval_ms must be an integer from 0 to 86400000'
               WHEN t ? 'timeout_ms' AND NOT awp._int_ok(t->'timeout_ms', 1, 86400000)
                 THEN 'timeout_ms must be an integer from 1 to 86400000'
+              WHEN t ? 'for_each' AND jsonb_typeof(t->'for_each') IS DISTINCT FROM 'string'
+                THEN 'for_each must be the key of one of the task''s dependencies'
+              WHEN t ? 'max_items' AND NOT t ? 'for_each'
+                THEN 'max_items needs for_each'
+              WHEN t ? 'max_items' AND NOT awp._int_ok(t->'max_items', 1, 10000)
+                THEN 'max_items must be an integer from 1 to 10000'
+              WHEN t ? 'when' THEN awp._condition_error(t->'when')
             END AS err
           FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o)) e
    WHERE e.err IS NOT NULL
@@ -150,6 +184,22 @@ BEGIN
    LIMIT 1;
   IF v_err IS NOT NULL THEN
     PERFORM awp._raise_invalid_request('unknown dependency', v_err);
+  END IF;
+
+  -- for_each and when name a dependency of their task (docs/dynamic.md).
+  SELECT format('tasks[%s] (key %s): %s names %s, which is not one of its dependencies (depends_on)', o - 1, t->>'key',
+                CASE WHEN t ? 'for_each' AND NOT coalesce(t->'depends_on', '[]') ? (t->>'for_each')
+                     THEN 'for_each' ELSE 'when.task' END,
+                CASE WHEN t ? 'for_each' AND NOT coalesce(t->'depends_on', '[]') ? (t->>'for_each')
+                     THEN t->>'for_each' ELSE t->'when'->>'task' END)
+    INTO v_err
+    FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o)
+   WHERE (t ? 'for_each' AND NOT coalesce(t->'depends_on', '[]') ? (t->>'for_each'))
+      OR (t ? 'when' AND NOT coalesce(t->'depends_on', '[]') ? (t->'when'->>'task'))
+   ORDER BY o
+   LIMIT 1;
+  IF v_err IS NOT NULL THEN
+    PERFORM awp._raise_invalid_request('invalid task', v_err);
   END IF;
 
   -- Cycle check: Kahn's algorithm over compact arrays, O(tasks + edges).

@@ -19,7 +19,9 @@ CREATE OR REPLACE FUNCTION awp.get_task(p_run_id text, p_task_key text)
 RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestamptz, executor text,
                action text, depends_on text[], max_attempts integer, timeout_ms integer,
                updated_at timestamptz, finished_at timestamptz, attempt_history jsonb,
-               wait_reason text, wait_detail text)
+               wait_reason text, wait_detail text, mapped_task text, item_index integer, item jsonb,
+               item_count integer, instances_succeeded integer, skip_reason text, output jsonb, error_code text,
+               error_message text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_history jsonb;
@@ -28,7 +30,9 @@ BEGIN
     FROM awp.task_attempts(p_run_id, p_task_key) a;
   RETURN QUERY
   SELECT t.task_key, t.status, t.attempts, t.ready_at, t.executor, t.action, t.depends_on,
-         t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, v_history, w.reason, w.detail
+         t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, v_history, w.reason, w.detail,
+         t.mapped_task, t.item_index, t.item, t.item_count, awp._instances_succeeded(p_run_id, t.task_key, t.item_count),
+         t.skip_reason, t.output, t.error_code, t.error_message
     FROM awp.tasks t
     LEFT JOIN awp._task_waits(CASE WHEN t.status IN ('waiting_dependencies', 'waiting_retry', 'ready', 'queued')
                                    THEN p_run_id END) w ON w.task_key = t.task_key

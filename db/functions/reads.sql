@@ -179,15 +179,33 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._require_run(text) IS 'AWNTF unless the run exists.';
 
+-- awp._instances_succeeded(run, task, item_count): how many instances of a mapped task (docs/dynamic.md) succeeded;
+-- NULL for a task that is not mapped or not yet expanded (item_count NULL). Locks: none.
+CREATE OR REPLACE FUNCTION awp._instances_succeeded(p_run_id text, p_task_key text, p_item_count integer) RETURNS integer
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF p_item_count IS NULL THEN
+    RETURN NULL;
+  END IF;
+  RETURN (SELECT count(*) FROM awp.tasks i
+           WHERE i.run_id = p_run_id AND i.mapped_task = p_task_key AND i.status = 'succeeded');
+END $$;
+COMMENT ON FUNCTION awp._instances_succeeded(text, text, integer) IS 'The succeeded instances of a mapped task (NULL unless expanded).';
+
 -- awp.run_tasks(run_id, after_task_key, limit): the tasks of a run in definition order; page on with
 -- the task_key of the last row (AWREQ when the run has no such task). AWNTF for an unknown run.
 -- wait_reason and wait_detail say what holds a waiting task (awp.run_waits, docs/limits.md; NULL for
--- a running or finished one). Locks: none.
+-- a running or finished one). Dynamic workflows (docs/dynamic.md): an instance of a for_each task has its mapped
+-- task and item_index (instances follow the run's other tasks); a mapped task its item_count (NULL until its
+-- instances exist) and instances_succeeded; a skipped task its skip_reason (condition_false, dependency_failed).
+-- Locks: none.
 CREATE OR REPLACE FUNCTION awp.run_tasks(p_run_id text, p_after_task_key text DEFAULT NULL,
                                          p_limit integer DEFAULT NULL)
 RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestamptz, executor text,
                action text, depends_on text[], max_attempts integer, timeout_ms integer,
-               updated_at timestamptz, finished_at timestamptz, wait_reason text, wait_detail text)
+               updated_at timestamptz, finished_at timestamptz, wait_reason text, wait_detail text,
+               mapped_task text, item_index integer, item_count integer, instances_succeeded integer,
+               skip_reason text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_after integer := -1;
@@ -202,7 +220,9 @@ BEGIN
   END IF;
   RETURN QUERY
   SELECT t.task_key, t.status, t.attempts, t.ready_at, t.executor, t.action, t.depends_on,
-         t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, w.reason, w.detail
+         t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, w.reason, w.detail,
+         t.mapped_task, t.item_index, t.item_count, awp._instances_succeeded(p_run_id, t.task_key, t.item_count),
+         t.skip_reason
     FROM awp.tasks t LEFT JOIN awp._task_waits(p_run_id) w ON w.task_key = t.task_key
    WHERE t.run_id = p_run_id AND t.ordinal > v_after ORDER BY t.ordinal
    LIMIT p_limit;

@@ -64,7 +64,8 @@ BEGIN
      GROUP BY 1
   )
   INSERT INTO awp.tasks (run_id, task_key, ordinal, executor, action, input, depends_on, dependants,
-                         pending_deps, max_attempts, interval_ms, timeout_ms, status, updated_at)
+                         pending_deps, max_attempts, interval_ms, timeout_ms, status, updated_at,
+                         condition, for_each, max_items)
   SELECT v_run_id, d.t->>'key', d.ordinal, d.t->>'executor', coalesce(d.t->>'action', d.t->>'key'),
          coalesce(d.t->'input', '{}'::jsonb),
          coalesce(dp.depends_on, '{}'), coalesce(dn.dependants, '{}'),
@@ -72,7 +73,9 @@ BEGIN
          coalesce((d.t->'retry'->>'max_attempts')::integer, 1),
          coalesce((d.t->'retry'->>'interval_ms')::integer, 1000),
          coalesce((d.t->>'timeout_ms')::integer, 300000),
-         CASE WHEN dp.depends_on IS NULL THEN 'ready' ELSE 'waiting_dependencies' END, v_now
+         CASE WHEN dp.depends_on IS NULL THEN 'ready' ELSE 'waiting_dependencies' END, v_now,
+         d.t->'when', d.t->>'for_each',
+         CASE WHEN d.t ? 'for_each' THEN coalesce((d.t->>'max_items')::integer, 1000) END
     FROM defs d
     LEFT JOIN deps dp ON dp.task_key = d.t->>'key'
     LEFT JOIN dependants dn ON dn.task_key = d.t->>'key';

@@ -204,8 +204,8 @@ SELECT is(tests.out_columns('awp.register_worker(text, text[], integer, integer)
 SELECT is(tests.out_columns('awp.claim_tasks(text, text, integer, bigint)'),
           ARRAY['dispatch_id', 'lease_token', 'workflow_id', 'workflow_version', 'run_id', 'task_key', 'executor_kind',
                 'action', 'input', 'attempt', 'attempt_deadline', 'lease_expires_at', 'lease_remaining_ms', 'fencing_token',
-                'run_input', 'upstream'],
-          'claim_tasks returns the lease columns, run_input and upstream included');
+                'run_input', 'upstream', 'item', 'item_index'],
+          'claim_tasks returns the lease columns, run_input, upstream, item and item_index included');
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  WHERE p.pronamespace = 'awp'::regnamespace AND p.prorettype = 'awp.lease'::regtype AND p.proretset
                  ORDER BY 1),

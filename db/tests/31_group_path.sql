@@ -78,14 +78,14 @@ SELECT tests.end_tx();
 -- 1. The group path itself (called directly: it must apply, or this raises and the file fails).
 SELECT tests.rev(:'g_run') AS g_rev \gset
 SELECT pg_temp.items(:'g_run') AS g_items \gset
-CREATE TEMP TABLE got AS SELECT g.item, (g.lease).* FROM awp._complete_and_refill_group(:'g_items') g;
+CREATE TEMP TABLE got AS SELECT g.item AS pos, (g.lease).* FROM awp._complete_and_refill_group(:'g_items') g;
 SELECT is((SELECT count(*) FROM got), 2::bigint, 'the group path applies: a lease for each of the two items');
-SELECT is((SELECT array_agg(task_key ORDER BY item) FROM got), '{c,d}'::text[],
+SELECT is((SELECT array_agg(task_key ORDER BY pos) FROM got), '{c,d}'::text[],
           'item 1 (b''s worker, settled second) gets c; item 2 (a''s worker, first) gets d, which a''s completion made ready');
-SELECT is((SELECT array_agg(upstream ORDER BY item) FROM got), ARRAY['{}', '{"a": {"x": 1}}']::jsonb[],
+SELECT is((SELECT array_agg(upstream ORDER BY pos) FROM got), ARRAY['{}', '{"a": {"x": 1}}']::jsonb[],
           'd''s lease carries a''s output');
 UPDATE held h SET dispatch_id = g.dispatch_id, lease_token = g.lease_token, task_key = g.task_key
-  FROM got g WHERE h.worker_id = (:'g_items'::jsonb)->(g.item - 1)->>'worker_id';
+  FROM got g WHERE h.worker_id = (:'g_items'::jsonb)->(g.pos - 1)->>'worker_id';
 SELECT tests.end_tx();
 SELECT pg_temp.singles(:'s_run');
 SELECT tests.end_tx();
@@ -95,10 +95,10 @@ SELECT is(tests.task_rows(:'g_run'), tests.task_rows(:'s_run'), 'the same task a
 SELECT is(tests.rev(:'g_run'), :g_rev::bigint + 1, 'one revision for the whole group');
 SELECT ok(tests.sequences_contiguous(:'g_run'), 'sequences stay contiguous');
 SELECT is((SELECT array_agg(d.worker_id || '/' || d.status || '/' || (d.lease_token_hash = awp._hash(g.lease_token))
-                            || '/' || d.fencing_token ORDER BY g.item)
+                            || '/' || d.fencing_token ORDER BY g.pos)
              FROM got g JOIN awp.dispatches d USING (dispatch_id)),
-          (SELECT array_agg(((:'g_items'::jsonb)->(g.item - 1)->>'worker_id') || '/leased/true/' || g.fencing_token
-                            ORDER BY g.item) FROM got g),
+          (SELECT array_agg(((:'g_items'::jsonb)->(g.pos - 1)->>'worker_id') || '/leased/true/' || g.fencing_token
+                            ORDER BY g.pos) FROM got g),
           'each new dispatch is leased to its item''s worker, with the token and fencing token handed out');
 SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold');
 
@@ -106,14 +106,14 @@ SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants 
 --    seconds later: more than half a heartbeat interval, so each worker's claim is noted as its sign of life.
 SELECT tests.advance('3 seconds');
 SELECT pg_temp.items(:'g_run') AS g_items \gset
-CREATE TEMP TABLE got2 AS SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(:'g_items') m;
+CREATE TEMP TABLE got2 AS SELECT m.item AS pos, m.error, (m.lease).* FROM awp.complete_and_claim_many(:'g_items') m;
 SELECT is((SELECT count(*) FROM got2 WHERE error IS NULL AND dispatch_id IS NOT NULL), 2::bigint,
           'complete_and_claim_many answers each item with its lease');
 SELECT is((SELECT array_agg(x.last_heartbeat_at = awp._now()) FROM awp.workers x JOIN w USING (worker_id) WHERE w.run = :'g_run'),
           '{t,t}'::boolean[], 'each worker of the group is noted alive (last_heartbeat_at now)');
 SELECT is((SELECT array_agg(task_key ORDER BY task_key) FROM got2), '{e,f}'::text[], 'e and f are leased');
 UPDATE held h SET dispatch_id = g.dispatch_id, lease_token = g.lease_token, task_key = g.task_key
-  FROM got2 g WHERE h.worker_id = (:'g_items'::jsonb)->(g.item - 1)->>'worker_id';
+  FROM got2 g WHERE h.worker_id = (:'g_items'::jsonb)->(g.pos - 1)->>'worker_id';
 SELECT tests.end_tx();
 SELECT pg_temp.singles(:'s_run');
 SELECT tests.end_tx();
@@ -138,25 +138,25 @@ SELECT pg_temp.two_holders(:'h_run', 'h', 'mock');
 SELECT tests.end_tx();
 SELECT pg_temp.items(:'h_run') AS h_items \gset
 CREATE TEMP TABLE got3 AS   -- item 2 (a's worker) with a wrong lease token
-  SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(jsonb_set(:'h_items', '{1,lease_token}', '"wrong"')) m;
-SELECT is((SELECT error->>'sqlstate' FROM got3 WHERE item = 2), 'AWLST', 'the item with a wrong lease token: lease_lost');
-SELECT is((SELECT task_key FROM got3 WHERE item = 1), 'c', 'the other item is applied and refilled');
+  SELECT m.item AS pos, m.error, (m.lease).* FROM awp.complete_and_claim_many(jsonb_set(:'h_items', '{1,lease_token}', '"wrong"')) m;
+SELECT is((SELECT error->>'sqlstate' FROM got3 WHERE pos = 2), 'AWLST', 'the item with a wrong lease token: lease_lost');
+SELECT is((SELECT task_key FROM got3 WHERE pos = 1), 'c', 'the other item is applied and refilled');
 SELECT is(tests.task_statuses(:'h_run'), '{a=running,b=succeeded,c=running,d=ready,e=ready,f=ready,g=ready}'::text[],
           'nothing of the rolled-back group remains: a still runs');
 SELECT ok(tests.sequences_contiguous(:'h_run') AND (SELECT count(*) FROM awp.check_invariants()) = 0,
           'sequences contiguous, invariants hold');
 UPDATE held h SET dispatch_id = g.dispatch_id, lease_token = g.lease_token, task_key = g.task_key
-  FROM got3 g WHERE g.item = 1 AND h.worker_id = (:'h_items'::jsonb)->0->>'worker_id';
+  FROM got3 g WHERE g.pos = 1 AND h.worker_id = (:'h_items'::jsonb)->0->>'worker_id';
 SELECT tests.end_tx();
 -- An item with a wrong session token: the group path's session check raises AWSES inside; rolled back, that item
 -- is answered AWSES as its own call, the other applied and refilled.
 SELECT pg_temp.items(:'h_run') AS h_items \gset
 CREATE TEMP TABLE got5 AS   -- item 2 (a's worker again) with a wrong session token
-  SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(jsonb_set(:'h_items', '{1,session_token}', '"wrong"')) m;
-SELECT is((SELECT error->>'sqlstate' FROM got5 WHERE item = 2), 'AWSES', 'the item with a wrong session token: worker_session_invalid');
-SELECT is((SELECT task_key FROM got5 WHERE item = 1), 'd', 'the other item is applied and refilled');
+  SELECT m.item AS pos, m.error, (m.lease).* FROM awp.complete_and_claim_many(jsonb_set(:'h_items', '{1,session_token}', '"wrong"')) m;
+SELECT is((SELECT error->>'sqlstate' FROM got5 WHERE pos = 2), 'AWSES', 'the item with a wrong session token: worker_session_invalid');
+SELECT is((SELECT task_key FROM got5 WHERE pos = 1), 'd', 'the other item is applied and refilled');
 UPDATE held h SET dispatch_id = g.dispatch_id, lease_token = g.lease_token, task_key = g.task_key
-  FROM got5 g WHERE g.item = 1 AND h.worker_id = (:'h_items'::jsonb)->0->>'worker_id';
+  FROM got5 g WHERE g.pos = 1 AND h.worker_id = (:'h_items'::jsonb)->0->>'worker_id';
 SELECT tests.end_tx();
 
 -- 5. Another run with ready work of the workers' kinds: the refills go there in fairness order (they take turns),
@@ -170,10 +170,10 @@ UPDATE awp.runs SET concurrency = 2 WHERE run_id = :'k_run';
 SELECT is(:'k1_task' || '/' || (SELECT count(*) FROM awp._claim_candidates), 'x/0',
           'run k: x runs, y is ready, no dispatch waits to be claimed');
 SELECT pg_temp.items(:'h_run') AS h_items \gset
-CREATE TEMP TABLE got6 AS SELECT g.item, (g.lease).* FROM awp._complete_and_refill_group(:'h_items') g;
+CREATE TEMP TABLE got6 AS SELECT g.item AS pos, (g.lease).* FROM awp._complete_and_refill_group(:'h_items') g;
 SELECT is((SELECT array_agg(run_id || '/' || task_key ORDER BY worker_id)
              FROM got6 JOIN (SELECT (:'h_items'::jsonb)->(o - 1)->>'worker_id' AS worker_id, o
-                               FROM generate_series(1, 2) o) i ON i.o = got6.item),
+                               FROM generate_series(1, 2) o) i ON i.o = got6.pos),
           ARRAY[:'h_run' || '/e', :'k_run' || '/y'],
           'the first item (worker_id order) is refilled from run h (its latest dispatch is older than k''s), the second from run k: they take turns');
 SELECT ok(tests.sequences_contiguous(:'h_run') AND tests.sequences_contiguous(:'k_run')
@@ -193,10 +193,10 @@ UPDATE awp.dispatches SET lease_expires_at = awp._now()   -- item 2 (a's worker)
  WHERE dispatch_id = (SELECT dispatch_id FROM held WHERE task_key = 'a');
 SELECT throws_ok(format('SELECT * FROM awp._complete_and_refill_group(%L)', :'m_items'), 'AWGRP', NULL,
                  'the group path refuses a group with an expired lease');
-CREATE TEMP TABLE got4 AS SELECT m.item, m.error, (m.lease).* FROM awp.complete_and_claim_many(:'m_items') m;
-SELECT is((SELECT error->>'sqlstate' || ' ' || (error->>'detail') FROM got4 WHERE item = 2), 'AWLST the lease has expired',
+CREATE TEMP TABLE got4 AS SELECT m.item AS pos, m.error, (m.lease).* FROM awp.complete_and_claim_many(:'m_items') m;
+SELECT is((SELECT error->>'sqlstate' || ' ' || (error->>'detail') FROM got4 WHERE pos = 2), 'AWLST the lease has expired',
           'the item with the expired lease: lease_lost, as its own call');
-SELECT is((SELECT task_key FROM got4 WHERE item = 1), 'c', 'the other item is applied and refilled');
+SELECT is((SELECT task_key FROM got4 WHERE pos = 1), 'c', 'the other item is applied and refilled');
 SELECT ok(tests.task_statuses(:'m_run') = '{a=running,b=succeeded,c=running,d=ready}'::text[]
           AND (SELECT count(*) FROM awp.dispatches WHERE run_id = :'m_run') = 3
           AND tests.sequences_contiguous(:'m_run') AND (SELECT count(*) FROM awp.check_invariants()) = 0,

@@ -438,7 +438,7 @@ class Database:
 
     async def _complete_and_claim_many(self, items: list[dict[str, Any]], lock_wait_ms: int | None = None) -> list[Row]:
         return await self._rows(
-            "SELECT g.item, g.error, (g.lease).* FROM awp.complete_and_claim_many("
+            "SELECT g.item AS group_item, g.error AS group_error, (g.lease).* FROM awp.complete_and_claim_many("
             + _waiting_at_most("%(items)s", lock_wait_ms, "%(wait)s")
             + ") g",
             {"items": _jsonb(items), "wait": str(lock_wait_ms)},

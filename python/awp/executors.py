@@ -3,7 +3,8 @@
 
 - ``mock``: deterministic, driven by the input only (no code, no commands): ``sleep_ms``, ``fail``
   (``temporary`` | ``permanent``), ``fail_attempts`` (fail while attempt <= N), ``output``, ``echo``
-  (``true``: the output is ``{"task", "run_input", "upstream"[, "output"]}``, what the task received).
+  (``true``: the output is ``{"task", "run_input", "upstream"[, "item", "item_index"][, "output"]}``, what the task
+  received; item and item_index in an instance of a for_each task).
 - ``python``: the action names a handler registered with ``@awp.handlers.handler`` in a module the worker
   imported (``--handlers``). Never an import path, a file or a shell command.
 
@@ -67,6 +68,9 @@ class MockExecutor:
         if spec.get("echo") is True:
             # Data flow made visible: what this task received (for demos and tests).
             echoed: dict[str, Any] = {"task": ctx.task_key, "run_input": ctx.run_input, "upstream": ctx.upstream}
+            if ctx.item_index is not None:  # an instance of a for_each task (docs/dynamic.md)
+                echoed["item"] = ctx.item
+                echoed["item_index"] = ctx.item_index
             if "output" in spec:
                 echoed["output"] = spec["output"]
             return success(echoed)

@@ -50,6 +50,8 @@ class Context:
 
     ``run_input`` is the input the run was started with (``{}`` when none). ``upstream`` maps the key of each
     task this one depends on to that task's output (``None`` when it returned none); ``{}`` for a root task.
+    ``item`` and ``item_index``: in an instance of a ``for_each`` task, its element of the list and its index
+    (docs/dynamic.md); ``None`` otherwise.
     """
 
     run_id: str
@@ -62,6 +64,8 @@ class Context:
     _deadline_fn: Callable[[], float] | None = None
     run_input: dict[str, Any] = field(default_factory=dict)
     upstream: dict[str, Any] = field(default_factory=dict)
+    item: Any = None
+    item_index: int | None = None
 
     @property
     def idempotency_key(self) -> str:

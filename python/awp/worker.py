@@ -513,6 +513,8 @@ class Worker:
             deadline=ex.attempt_deadline - ex.margin_s,
             run_input=lease.get("run_input") or {},
             upstream=lease.get("upstream") or {},
+            item=lease.get("item"),
+            item_index=lease.get("item_index"),
             _deadline_fn=lambda: ex.deadline,
         )
         work = asyncio.create_task(executor.execute(ctx.action, lease.get("input"), ctx))

@@ -1,0 +1,331 @@
+-- Dynamic workflows (docs/dynamic.md, db/functions/_dynamic.sql): `when` conditions (skip with condition_false,
+-- branch-and-join) and `for_each` (instances created from a dependency's output when it succeeds, their leases'
+-- item and item_index, the mapped task's output, empty and invalid lists, an instance failing), on the general
+-- path (complete_task), the hot path (complete_and_claim) and the group path (complete_and_claim_many);
+-- validation at definition time; the run's invariants after each.
+BEGIN;
+\ir _fixtures.sql.inc
+SELECT plan(82);
+
+SELECT tests.freeze('2030-01-01 00:00:00+00');
+SELECT * FROM tests.register_worker('w1', '{mock}', 50) \gset w1_
+SELECT * FROM tests.register_worker('w2', '{mock}', 50) \gset w2_
+SELECT set_config('tests.w1', :'w1_worker_id', true), set_config('tests.t1', :'w1_token', true);
+SELECT set_config('tests.w2', :'w2_worker_id', true), set_config('tests.t2', :'w2_token', true);
+CREATE TEMP TABLE l AS SELECT * FROM awp.claim_tasks(:'w1_worker_id', :'w1_token', 1) WITH NO DATA;
+ALTER TABLE l ADD COLUMN done boolean NOT NULL DEFAULT false;
+
+-- tests.output_for(outputs, lease): what a task's worker reports: outputs->key when given ({"fail": true}: a
+-- permanent failure), for an instance {"item": item, "index": item_index}, else {"ok": true}.
+CREATE FUNCTION tests.result_for(p_outputs jsonb, p_key text, p_item jsonb, p_index integer) RETURNS jsonb
+LANGUAGE sql AS $$
+  SELECT CASE WHEN p_outputs->p_key = '{"fail": true}' THEN '{"kind": "permanent_failure", "error_code": "boom"}'::jsonb
+              WHEN p_outputs ? p_key THEN jsonb_build_object('kind', 'success', 'output', p_outputs->p_key)
+              WHEN p_index IS NOT NULL THEN jsonb_build_object('kind', 'success', 'output',
+                                                              jsonb_build_object('item', p_item, 'index', p_index))
+              ELSE '{"kind": "success", "output": {"ok": true}}'::jsonb END
+$$;
+
+-- tests.step(run, outputs, mode): one step of work with w1: a coordinator pass, w1 claims what is pending, then
+-- completes its oldest open lease of the run: mode 'general' with complete_task, 'hot' with complete_and_claim
+-- (1 slot; its refill is kept for a later step), 'group' its oldest two with complete_and_claim_many (one batch).
+CREATE FUNCTION tests.step(p_run text, p_outputs jsonb DEFAULT '{}', p_mode text DEFAULT 'general') RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  x record;
+  y record;
+BEGIN
+  PERFORM awp.coordinator_tick();
+  INSERT INTO l SELECT c.*, false FROM awp.claim_tasks(current_setting('tests.w1'), current_setting('tests.t1'),
+    (SELECT 50 - count(*) FROM awp.dispatches d WHERE d.worker_id = current_setting('tests.w1') AND d.status = 'leased')::integer) c
+   WHERE (SELECT count(*) FROM awp.dispatches d WHERE d.worker_id = current_setting('tests.w1') AND d.status = 'leased') < 50;
+  SELECT * INTO x FROM l WHERE NOT l.done AND l.run_id = p_run ORDER BY l.dispatch_id LIMIT 1;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'tests.step: nothing to work on, tasks %', tests.task_statuses(p_run);
+  END IF;
+  IF p_mode = 'group' THEN   -- FOUND: a second lease
+    SELECT * INTO y FROM l WHERE NOT l.done AND l.run_id = p_run AND l.dispatch_id > x.dispatch_id
+     ORDER BY l.dispatch_id LIMIT 1;
+  END IF;
+  IF p_mode = 'group' AND FOUND THEN
+    UPDATE l SET done = true WHERE l.dispatch_id IN (x.dispatch_id, y.dispatch_id);
+    INSERT INTO l SELECT (m.lease).*, false FROM awp.complete_and_claim_many(jsonb_build_array(
+      jsonb_build_object('worker_id', current_setting('tests.w1'), 'session_token', current_setting('tests.t1'),
+                         'dispatch_id', x.dispatch_id, 'lease_token', x.lease_token, 'slots', 1,
+                         'result', tests.result_for(p_outputs, x.task_key, x.item, x.item_index)),
+      jsonb_build_object('worker_id', current_setting('tests.w1'), 'session_token', current_setting('tests.t1'),
+                         'dispatch_id', y.dispatch_id, 'lease_token', y.lease_token, 'slots', 1,
+                         'result', tests.result_for(p_outputs, y.task_key, y.item, y.item_index)))) m
+     WHERE (m.lease).dispatch_id IS NOT NULL;
+  ELSIF p_mode IN ('hot', 'group') THEN
+    UPDATE l SET done = true WHERE l.dispatch_id = x.dispatch_id;
+    INSERT INTO l SELECT c.*, false FROM awp.complete_and_claim(current_setting('tests.w1'), current_setting('tests.t1'),
+      x.dispatch_id, x.lease_token, tests.result_for(p_outputs, x.task_key, x.item, x.item_index), 1) c;
+  ELSE
+    UPDATE l SET done = true WHERE l.dispatch_id = x.dispatch_id;
+    PERFORM awp.complete_task(current_setting('tests.w1'), current_setting('tests.t1'), x.dispatch_id, x.lease_token,
+                              tests.result_for(p_outputs, x.task_key, x.item, x.item_index));
+  END IF;
+  PERFORM tests.end_tx();
+END $$;
+
+-- tests.drive(run, outputs, mode): tests.step until the run ends; returns its status.
+CREATE FUNCTION tests.drive(p_run text, p_outputs jsonb DEFAULT '{}', p_mode text DEFAULT 'general') RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+  n integer := 0;
+BEGIN
+  WHILE (SELECT status FROM awp.runs WHERE run_id = p_run) IN ('pending', 'running') LOOP
+    n := n + 1;
+    IF n > 500 THEN RAISE EXCEPTION 'tests.drive: no end'; END IF;
+    PERFORM tests.step(p_run, p_outputs, p_mode);
+  END LOOP;
+  RETURN (SELECT status FROM awp.runs WHERE run_id = p_run);
+END $$;
+
+-- tests.ok_run(run): no invariant violated for the run, its events numbered 1..n.
+CREATE FUNCTION tests.ok_run(p_run text) RETURNS boolean
+LANGUAGE sql AS $$
+  SELECT NOT EXISTS (SELECT 1 FROM awp.check_invariants(ARRAY[p_run])) AND tests.sequences_contiguous(p_run)
+$$;
+
+-- tests.events_of(run, key): "from->to (reason)" of a task's events, oldest first.
+CREATE FUNCTION tests.events_of(p_run text, p_key text) RETURNS text[]
+LANGUAGE sql AS $$
+  SELECT array_agg(coalesce(from_status, 'created') || '->' || to_status || ' (' || reason || ')' ORDER BY sequence)
+    FROM awp.events WHERE run_id = p_run AND entity_type = 'task' AND entity_key = p_key
+$$;
+
+-- ================================================================ validation
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            tests.task('a'), tests.task('b', '{}', '{"for_each": "a"}'))))$$),
+          'tasks[1] (key b): for_each names a, which is not one of its dependencies (depends_on)',
+          'for_each must name a dependency');
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            tests.task('a'), tests.task('c'), tests.task('b', '{c}', '{"when": {"task": "a", "equals": 1}}'))))$$),
+          'tasks[2] (key b): when.task names a, which is not one of its dependencies (depends_on)',
+          'when must name a dependency');
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            tests.task('a'), tests.task('b', '{a}', '{"when": {"task": "a"}}'))))$$),
+          'tasks[1] (key b): when needs exactly one of equals and not_equals', 'when without equals');
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            tests.task('a'), tests.task('b', '{a}', '{"when": {"task": "a", "equals": 1, "not_equals": 2}}'))))$$),
+          'tasks[1] (key b): when needs exactly one of equals and not_equals', 'when with both');
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            tests.task('a'), tests.task('b', '{a}', '{"when": {"task": "a", "path": "x", "equals": 1}}'))))$$),
+          'tasks[1] (key b): when.path must be an array of at most 32 object keys (strings) or array indexes (integers >= 0)',
+          'when.path must be an array');
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            tests.task('a'), tests.task('b', '{a}', '{"when": {"task": "a", "equals": 1, "eq": 1}}'))))$$),
+          'tasks[1] (key b): when has unknown fields (allowed: task, path, equals, not_equals)', 'when: unknown fields');
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            tests.task('a'), tests.task('b', '{a}', '{"max_items": 5}'))))$$),
+          'tasks[1] (key b): max_items needs for_each', 'max_items without for_each');
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            tests.task('a'), tests.task('b', '{a}', '{"for_each": "a", "max_items": 10001}'))))$$),
+          'tasks[1] (key b): max_items must be an integer from 1 to 10000', 'max_items at most 10,000');
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            tests.task('a[0]'))))$$),
+          'tasks[0] (key a[0]): key must not end in [<number>]: such keys name the instances of a for_each task',
+          'a key cannot look like an instance''s');
+SELECT lives_ok($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            tests.task('a'), tests.task('b', '{a}', '{"for_each": "a", "max_items": 10000, "when": {"task": "a", "path": ["x", 0], "not_equals": null}}'))))$$,
+          'for_each, max_items and when together are valid');
+
+-- ================================================================ when: branch and join
+SELECT tests.make_workflow('branch', jsonb_build_array(
+         tests.task('classify'),
+         tests.task('urgent', '{classify}', '{"when": {"task": "classify", "path": ["label"], "equals": "urgent"}}'),
+         tests.task('normal', '{classify}', '{"when": {"task": "classify", "path": ["label"], "not_equals": "urgent"}}'),
+         tests.task('after-urgent', '{urgent}'),
+         tests.task('join', '{after-urgent,normal}')));
+SELECT awp.start_run('branch') AS run \gset
+SELECT is(tests.drive(:'run', '{"classify": {"label": "normal"}, "normal": {"n": 1}}'), 'succeeded',
+          'a run with a branch skipped by its condition succeeds');
+SELECT is(tests.task_statuses(:'run'),
+          '{classify=succeeded,urgent=skipped,normal=succeeded,after-urgent=succeeded,join=succeeded}',
+          'the false branch is skipped, its dependant runs (the skip counts as done), the join runs');
+SELECT is((SELECT skip_reason FROM awp.run_tasks(:'run') WHERE task_key = 'urgent'), 'condition_false',
+          'run_tasks gives skip_reason condition_false');
+SELECT is(tests.events_of(:'run', 'urgent'),
+          '{"created->waiting_dependencies (task created)","waiting_dependencies->skipped (condition_false)"}',
+          'the skipped task''s events: reason condition_false');
+SELECT is(tests.events_of(:'run', 'normal'),
+          '{"created->waiting_dependencies (task created)","waiting_dependencies->ready (condition holds)","ready->queued (dispatch created)","queued->running (attempt 1 started)","running->succeeded (success)"}',
+          'the true branch becomes ready when its condition holds');
+SELECT is((SELECT upstream FROM l WHERE run_id = :'run' AND task_key = 'after-urgent'), '{"urgent": null}'::jsonb,
+          'a dependant of a skipped task receives null for it in upstream');
+SELECT is((SELECT upstream FROM l WHERE run_id = :'run' AND task_key = 'join'), '{"after-urgent": {"ok": true}, "normal": {"n": 1}}'::jsonb,
+          'the join receives both branches');
+SELECT is((SELECT output FROM awp.get_run(:'run')), '{"join": {"ok": true}}'::jsonb, 'the run''s output');
+SELECT ok(tests.ok_run(:'run'), 'invariants hold, events contiguous (branch)');
+
+-- The other branch, on the hot path.
+SELECT awp.start_run('branch') AS run2 \gset
+SELECT is(tests.drive(:'run2', '{"classify": {"label": "urgent"}}', 'hot'), 'succeeded', 'the urgent branch (hot path)');
+SELECT is(tests.task_statuses(:'run2'),
+          '{classify=succeeded,urgent=succeeded,normal=skipped,after-urgent=succeeded,join=succeeded}',
+          'not_equals false: normal skipped');
+SELECT ok(tests.ok_run(:'run2'), 'invariants hold (hot path)');
+
+-- A condition on a missing path compares JSON null; a skipped leaf: the run's output maps it to null.
+SELECT tests.make_workflow('leafskip', jsonb_build_array(
+         tests.task('a'), tests.task('b', '{a}', '{"when": {"task": "a", "path": ["no", "such"], "equals": 1}}'),
+         tests.task('c', '{a}', '{"when": {"task": "a", "path": ["no"], "equals": null}}')));
+SELECT awp.start_run('leafskip') AS run3 \gset
+SELECT is(tests.drive(:'run3'), 'succeeded', 'a run whose only leaves are skipped or conditional succeeds');
+SELECT is(tests.task_statuses(:'run3'), '{a=succeeded,b=skipped,c=succeeded}', 'a missing path is JSON null');
+SELECT is((SELECT output FROM awp.get_run(:'run3')), '{"b": null, "c": {"ok": true}}'::jsonb, 'a skipped leaf is null in the run output');
+
+-- A failed dependency still skips (dependency_failed), the run fails.
+SELECT awp.start_run('branch') AS run4 \gset
+SELECT is(tests.drive(:'run4', '{"classify": {"fail": true}}'), 'failed', 'a failed dependency fails the run');
+SELECT is(tests.task_statuses(:'run4'),
+          '{classify=failed,urgent=skipped,normal=skipped,after-urgent=skipped,join=skipped}', 'its dependants skipped');
+SELECT is((SELECT array_agg(DISTINCT skip_reason) FROM awp.run_tasks(:'run4') WHERE status = 'skipped'),
+          '{dependency_failed}', 'skip_reason dependency_failed');
+
+-- ================================================================ for_each
+SELECT tests.make_workflow('fan', jsonb_build_array(
+         tests.task('split'),
+         tests.task('each', '{split}', '{"for_each": "split", "input": {"model": "m"}, "retry": {"max_attempts": 2, "interval_ms": 0}}'),
+         tests.task('merge', '{each}')), 3);
+SELECT awp.start_run('fan') AS frun \gset
+SELECT tests.step(:'frun', '{"split": ["x", {"y": 2}, 3]}', 'hot');
+SELECT is(tests.task_statuses(:'frun'),
+          '{split=succeeded,each=waiting_dependencies,merge=waiting_dependencies,each[0]=running,each[1]=ready,each[2]=ready}',
+          'split''s output [x, {y: 2}, 3]: three instances after the run''s other tasks, the first leased at once to the completing worker');
+SELECT results_eq($$SELECT task_key, mapped_task, item_index, item_count, instances_succeeded FROM awp.run_tasks('$$ || :'frun' || $$')$$,
+                  $$VALUES ('split', NULL, NULL::integer, NULL::integer, NULL::integer), ('each', NULL, NULL, 3, 0),
+                           ('merge', NULL, NULL, NULL, NULL), ('each[0]', 'each', 0, NULL, NULL),
+                           ('each[1]', 'each', 1, NULL, NULL), ('each[2]', 'each', 2, NULL, NULL)$$,
+                  'run_tasks: instances name their mapped task and index; the mapped task counts them');
+SELECT is(tests.events_of(:'frun', 'each[1]'), '{"created->ready (for_each instance of each)"}', 'an instance''s creation event');
+SELECT is((SELECT pending_deps FROM awp.tasks WHERE run_id = :'frun' AND task_key = 'each'), 3,
+          'the mapped task waits for its three instances');
+SELECT is((SELECT unfinished_tasks FROM awp.runs WHERE run_id = :'frun'), 5, 'unfinished: each, merge and three instances');
+SELECT ok(tests.ok_run(:'frun'), 'invariants hold after the expansion');
+SELECT tests.step(:'frun', '{}', 'hot');
+SELECT results_eq($$SELECT task_key, item, item_index, input FROM l WHERE run_id = '$$ || :'frun' || $$' AND task_key LIKE 'each[%' ORDER BY item_index$$,
+                  $$VALUES ('each[0]', '"x"'::jsonb, 0, '{"model": "m"}'::jsonb), ('each[1]', '{"y": 2}', 1, '{"model": "m"}'),
+                           ('each[2]', '3', 2, '{"model": "m"}')$$,
+                  'each instance''s lease carries its item, item_index and the task''s input (claim and refill)');
+SELECT is((SELECT upstream FROM l WHERE run_id = :'frun' AND task_key = 'each[0]'), '{"split": ["x", {"y": 2}, 3]}'::jsonb,
+          'an instance''s upstream is its mapped task''s');
+SELECT is(tests.drive(:'frun', '{}', 'hot'), 'succeeded', 'the run succeeds once every instance and merge did');
+SELECT is((SELECT output FROM awp.get_task(:'frun', 'each')),
+          '[{"item": "x", "index": 0}, {"item": {"y": 2}, "index": 1}, {"item": 3, "index": 2}]'::jsonb,
+          'the mapped task''s output: its instances'' outputs in index order');
+SELECT is((SELECT upstream FROM l WHERE run_id = :'frun' AND task_key = 'merge'),
+          '{"each": [{"item": "x", "index": 0}, {"item": {"y": 2}, "index": 1}, {"item": 3, "index": 2}]}'::jsonb,
+          'merge receives the array as upstream["each"]');
+SELECT is(tests.events_of(:'frun', 'each'),
+          '{"created->waiting_dependencies (task created)","waiting_dependencies->succeeded (every instance succeeded)"}',
+          'the mapped task''s events');
+SELECT is((SELECT instances_succeeded FROM awp.run_tasks(:'frun') WHERE task_key = 'each'), 3, 'instances_succeeded 3');
+SELECT is((SELECT task_counts FROM awp.get_run(:'frun')), '{"succeeded": 6}'::jsonb, 'task counts include the instances');
+SELECT ok(tests.ok_run(:'frun'), 'invariants hold (for_each, hot path)');
+
+-- Run concurrency (3) and wait reasons apply to instances.
+SELECT awp.start_run('fan') AS krun \gset
+SELECT tests.step(:'krun', '{"split": [1, 2, 3, 4, 5]}');
+SELECT awp.coordinator_tick();
+SELECT is((SELECT count(*) FROM awp.tasks WHERE run_id = :'krun' AND status IN ('queued', 'running')), 3::bigint,
+          'three instances in flight: the run''s concurrency');
+SELECT is((SELECT array_agg(task_key || ':' || wait_reason ORDER BY task_key) FROM awp.run_tasks(:'krun') WHERE status = 'ready'),
+          '{each[3]:run_concurrency,each[4]:run_concurrency}', 'the other instances wait for run_concurrency');
+SELECT is(tests.drive(:'krun'), 'succeeded', 'all five instances run');
+
+-- The group path and the general path.
+SELECT awp.start_run('fan') AS grun \gset
+SELECT is(tests.drive(:'grun', '{"split": [1, 2, 3, 4, 5]}', 'group'), 'succeeded', 'for_each over five items (group path)');
+SELECT is((SELECT output FROM awp.get_task(:'grun', 'each')),
+          (SELECT jsonb_agg(jsonb_build_object('item', g, 'index', g - 1) ORDER BY g) FROM generate_series(1, 5) g),
+          'the mapped output in index order (group path)');
+SELECT ok(tests.ok_run(:'grun'), 'invariants hold (group path)');
+SELECT awp.start_run('fan') AS prun \gset
+SELECT is(tests.drive(:'prun', '{"split": [1, 2]}', 'general'), 'succeeded', 'for_each (general path)');
+SELECT ok(tests.ok_run(:'prun'), 'invariants hold (general path)');
+
+-- An empty list: the mapped task succeeds at once with [].
+SELECT awp.start_run('fan') AS erun \gset
+SELECT is(tests.drive(:'erun', '{"split": []}'), 'succeeded', 'for_each over [] succeeds');
+SELECT is(tests.task_statuses(:'erun'), '{split=succeeded,each=succeeded,merge=succeeded}', 'no instance; merge runs');
+SELECT is((SELECT output FROM awp.get_task(:'erun', 'each')), '[]'::jsonb, 'the mapped output is []');
+SELECT is((SELECT upstream FROM l WHERE run_id = :'erun' AND task_key = 'merge'), '{"each": []}'::jsonb, 'merge receives []');
+SELECT is(tests.events_of(:'erun', 'each'),
+          '{"created->waiting_dependencies (task created)","waiting_dependencies->succeeded (for_each over an empty list)"}',
+          'its events');
+SELECT ok(tests.ok_run(:'erun'), 'invariants hold (empty)');
+
+-- Not an array; too many elements: for_each_invalid, nothing created, dependants skipped, the run fails.
+SELECT awp.start_run('fan') AS irun \gset
+SELECT is(tests.drive(:'irun', '{"split": {"not": "a list"}}'), 'failed', 'a for_each over an object fails the run');
+SELECT is(tests.task_statuses(:'irun'), '{split=succeeded,each=failed,merge=skipped}', 'no instance created; merge skipped');
+SELECT results_eq($$SELECT error_code, error_message FROM awp.get_task('$$ || :'irun' || $$', 'each')$$,
+                  $$VALUES ('for_each_invalid', 'for_each: the output of split is a JSON object, not an array')$$,
+                  'error code for_each_invalid and a message that says why');
+SELECT ok(tests.ok_run(:'irun'), 'invariants hold (invalid)');
+SELECT tests.make_workflow('fan2', jsonb_build_array(
+         tests.task('split'), tests.task('each', '{split}', '{"for_each": "split", "max_items": 2}')));
+SELECT awp.start_run('fan2') AS mrun \gset
+SELECT is(tests.drive(:'mrun', '{"split": [1, 2, 3]}'), 'failed', 'over max_items fails the run');
+SELECT results_eq($$SELECT error_code, error_message FROM awp.get_task('$$ || :'mrun' || $$', 'each')$$,
+                  $$VALUES ('for_each_invalid', 'for_each: the output of split has 3 elements, over max_items 2')$$,
+                  'the message names the count and max_items');
+SELECT is((SELECT count(*) FROM awp.tasks WHERE run_id = :'mrun'), 2::bigint, 'nothing half-created');
+SELECT awp.start_run('fan2') AS m2run \gset
+SELECT is(tests.drive(:'m2run', '{"split": [1, 2]}'), 'succeeded', 'exactly max_items is accepted');
+
+-- An instance that fails for good fails its mapped task; the dependants are skipped; the run fails.
+SELECT awp.start_run('fan') AS xrun \gset
+SELECT is(tests.drive(:'xrun', '{"split": ["a", "b"], "each[1]": {"fail": true}}'), 'failed', 'an instance failing fails the run');
+SELECT is(tests.task_statuses(:'xrun'),
+          '{split=succeeded,each=failed,merge=skipped,each[0]=succeeded,each[1]=failed}',
+          'the mapped task failed, merge skipped, the other instance ran');
+SELECT results_eq($$SELECT error_code, error_message FROM awp.get_task('$$ || :'xrun' || $$', 'each')$$,
+                  $$VALUES ('instance_failed', 'instance each[1] failed')$$, 'error instance_failed');
+SELECT ok(tests.ok_run(:'xrun'), 'invariants hold (an instance failed)');
+
+-- A retry of an instance: the instance retries on its own (max_attempts 2 from the task).
+SELECT awp.start_run('fan') AS rrun \gset
+SELECT tests.step(:'rrun', '{"split": ["only"]}');
+SELECT tests.step(:'rrun', '{"each[0]": {"fail": true}}');
+SELECT is(tests.task_status(:'rrun', 'each[0]'), 'failed', 'a permanent failure does not retry');
+SELECT awp.start_run('fan') AS r2run \gset
+SELECT tests.step(:'r2run', '{"split": ["only"]}');
+SELECT tests.step(:'r2run');
+SELECT is(tests.task_status(:'r2run', 'each[0]'), 'succeeded', 'the instance ran');
+
+-- Cancel: instances are canceled with the run.
+SELECT awp.start_run('fan') AS crun \gset
+SELECT tests.step(:'crun', '{"split": [1, 2, 3, 4]}');
+SELECT ok((SELECT count(*) FROM awp.tasks WHERE run_id = :'crun' AND mapped_task = 'each') = 4, 'four instances');
+SELECT awp.request_cancel(:'crun');
+SELECT awp.coordinator_tick();
+SELECT is(tests.run_status(:'crun'), 'canceled', 'the run is canceled');
+SELECT is((SELECT array_agg(DISTINCT status) FROM awp.tasks WHERE run_id = :'crun' AND status <> 'succeeded'), '{canceled}',
+          'the mapped task and its instances are canceled');
+SELECT ok(tests.ok_run(:'crun'), 'invariants hold (canceled)');
+
+-- when together with for_each: the condition first.
+SELECT tests.make_workflow('fan3', jsonb_build_array(
+         tests.task('split'),
+         tests.task('each', '{split}', '{"for_each": "split", "when": {"task": "split", "path": [0], "equals": "go"}}'),
+         tests.task('after', '{each}')));
+SELECT awp.start_run('fan3') AS wrun \gset
+SELECT is(tests.drive(:'wrun', '{"split": ["stop", 1]}'), 'succeeded', 'a for_each whose condition is false');
+SELECT is(tests.task_statuses(:'wrun'), '{split=succeeded,each=skipped,after=succeeded}', 'skipped without instances');
+SELECT is((SELECT upstream FROM l WHERE run_id = :'wrun' AND task_key = 'after'), '{"each": null}'::jsonb, 'after receives null');
+SELECT awp.start_run('fan3') AS w2run \gset
+SELECT is(tests.drive(:'w2run', '{"split": ["go", 1]}'), 'succeeded', 'a for_each whose condition holds');
+SELECT is((SELECT item_count FROM awp.tasks WHERE run_id = :'w2run' AND task_key = 'each'), 2, 'two instances');
+
+-- The new invariant catches a broken shape.
+SELECT is_empty($$SELECT * FROM awp.check_invariants() WHERE invariant = 'for_each_instances'$$, 'no for_each_instances violation');
+UPDATE awp.tasks SET item_count = 4 WHERE run_id = :'w2run' AND task_key = 'each';
+SELECT is((SELECT array_agg(entity_key) FROM awp.check_invariants(ARRAY[:'w2run']) WHERE invariant = 'for_each_instances'),
+          '{each}', 'for_each_instances: item_count without its instances');
+
+SELECT * FROM finish();
+ROLLBACK;
