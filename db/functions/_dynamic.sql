@@ -125,7 +125,8 @@ COMMENT ON FUNCTION awp._expand_for_each(text, text, timestamptz) IS 'Creates a 
 
 -- awp._resolve_run(run): resolves every dynamic task of the run whose dependencies (or instances) are done, until
 -- none is left (a skip or a success may unlock more), then settles the run (awp._settle_run). See the top of this
--- file. Locks: as above; the caller holds the run.
+-- file. Then the child-run tasks made ready start their children (awp._start_children). Locks: as above; the
+-- caller holds the run.
 CREATE OR REPLACE FUNCTION awp._resolve_run(p_run_id text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -170,6 +171,210 @@ BEGIN
       END IF;
     END LOOP;
   END LOOP;
+  IF EXISTS (SELECT 1 FROM awp.ready_queue q WHERE q.run_id = p_run_id AND q.executor_kind = 'workflow') THEN
+    PERFORM awp._start_children(p_run_id);   -- child-run tasks made ready (see the section on child runs below)
+  END IF;
   PERFORM awp._settle_run(p_run_id);
 END $$;
 COMMENT ON FUNCTION awp._resolve_run(text) IS 'Resolves the dynamic tasks of a run whose dependencies are done (conditions, for_each), then settles the run.';
+
+-- ================================================================ child runs
+-- A task of executor `workflow` (docs/dynamic.md) is run by the database: no worker, no dispatch. When it is ready
+-- and its run has room under its concurrency, awp._start_children starts a run of the workflow named by its input
+-- (the child: parent_run_id, parent_task_key, depth + 1) and the task runs attempt N with child_run_id set (events:
+-- task ready -> running, attempt "<key>#N" created -> running). The child is dispatched by the coordinator's next
+-- pass. When the child ends, its settle wakes the coordinator, whose pass (awp._settle_children) settles the task
+-- under the parent's lock as a worker's result would be: the child succeeded -> the task succeeds with the child's
+-- output; failed or canceled -> the attempt fails (error child_run_failed, retried as the task's retry says: each
+-- attempt starts a new child). A child that cannot start fails its attempt for good: an unknown workflow or
+-- version (not_found), a run input that is not valid or the depth limit of 10 (invalid_request).
+-- Lock order: a parent run before its children. A child never locks its parent (that is why the coordinator, not the
+-- child's own last transaction, settles the parent's task); a parent's cancel cancels its running children
+-- (awp._converge_cancel -> awp._request_cancel), taking their locks after its own.
+
+-- awp._database_kinds(): the executor kinds the database runs itself (a definition may name them, a worker may not).
+CREATE OR REPLACE FUNCTION awp._database_kinds() RETURNS text[]
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT ARRAY['workflow'] $$;
+COMMENT ON FUNCTION awp._database_kinds() IS 'The executor kinds run by the database itself (no worker).';
+
+-- awp._workflow_input_error(input): what is wrong with the input of a task of executor workflow, or NULL:
+-- {"workflow_id": "<id>", "version": null | integer >= 1 (optional: the latest), "run_input": {...} (optional: the
+-- task's upstream)}. Locks: none.
+CREATE OR REPLACE FUNCTION awp._workflow_input_error(p jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN CASE
+    WHEN jsonb_typeof(p) IS DISTINCT FROM 'object'
+      THEN 'a task of executor workflow needs an input {"workflow_id", "version", "run_input"}'
+    WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(p) k WHERE k NOT IN ('workflow_id', 'version', 'run_input'))
+      THEN 'input of a workflow task has unknown fields (allowed: workflow_id, version, run_input)'
+    WHEN jsonb_typeof(p->'workflow_id') IS DISTINCT FROM 'string' OR (p->>'workflow_id') !~ '^[A-Za-z0-9._-]{1,128}$'
+      THEN 'input.workflow_id must be a workflow id (1-128 characters from [A-Za-z0-9._-])'
+    WHEN p ? 'version' AND jsonb_typeof(p->'version') <> 'null' AND NOT awp._int_ok(p->'version', 1, 2147483647)
+      THEN 'input.version must be null (the latest) or an integer >= 1'
+    WHEN p ? 'run_input' AND jsonb_typeof(p->'run_input') IS DISTINCT FROM 'object'
+      THEN 'input.run_input must be a JSON object'
+  END;
+END $$;
+COMMENT ON FUNCTION awp._workflow_input_error(jsonb) IS 'What is wrong with the input of a workflow (child run) task, or NULL.';
+
+-- awp._start_children(run): starts a child run for each ready task of executor workflow of the run, in definition
+-- order, while the run has room under its concurrency (its queued and running tasks; a running child-run task
+-- counts); the others stay ready (the coordinator's pass tries again: awp._start_waiting_children). Returns how
+-- many attempts started. Locks: the caller holds the run; the task rows; each child's rows (new).
+CREATE OR REPLACE FUNCTION awp._start_children(p_run_id text) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  r       record;
+  t       record;
+  v_now   timestamptz := awp._now();
+  v_room  integer;
+  v_n     integer := 0;
+  v_att   integer;
+  v_child text;
+  v_code  text;
+  v_err   text;
+  v_msg   text;
+  v_det   text;
+BEGIN
+  SELECT x.status, x.concurrency, x.depth INTO r FROM awp.runs x
+   WHERE x.run_id = p_run_id AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
+  IF NOT FOUND THEN
+    RETURN 0;
+  END IF;
+  v_room := r.concurrency - (SELECT count(*) FROM awp.tasks y WHERE y.run_id = p_run_id AND y.status IN ('queued', 'running'));
+  FOR t IN
+    SELECT y.task_key, y.input, y.depends_on, y.attempts FROM awp.tasks y
+     WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = 'workflow'
+     ORDER BY y.ordinal
+       FOR UPDATE
+  LOOP
+    EXIT WHEN v_room <= 0;
+    v_att := t.attempts + 1;
+    v_child := NULL;
+    v_code := NULL;
+    IF r.depth >= 10 THEN
+      v_code := 'invalid_request';
+      v_err := format('run %s is at depth %s: child runs nest at most 10 deep', p_run_id, r.depth);
+    ELSE
+      BEGIN   -- a subtransaction: a child that cannot start fails the attempt, not the caller's call
+        v_child := awp._start_run(t.input->>'workflow_id', (t.input->>'version')::integer, NULL,
+                                  coalesce(t.input->'run_input',
+                                           CASE WHEN cardinality(t.depends_on) = 0 THEN '{}'::jsonb
+                                                ELSE awp._upstream(p_run_id, t.depends_on) END),
+                                  NULL, p_run_id, t.task_key, r.depth + 1);
+      EXCEPTION WHEN SQLSTATE 'AWNTF' OR SQLSTATE 'AWREQ' OR SQLSTATE 'AWIDM' THEN
+        GET STACKED DIAGNOSTICS v_msg = MESSAGE_TEXT, v_det = PG_EXCEPTION_DETAIL;
+        v_code := CASE WHEN SQLSTATE = 'AWNTF' THEN 'not_found' ELSE 'invalid_request' END;
+        v_err := 'the child run could not start: ' || coalesce(nullif(v_det, ''), v_msg);
+      END;
+    END IF;
+    UPDATE awp.tasks y SET status = 'running', attempts = v_att, child_run_id = v_child, updated_at = v_now,
+                           output = NULL, error_code = NULL, error_message = NULL
+     WHERE y.run_id = p_run_id AND y.task_key = t.task_key;
+    IF r.status = 'pending' THEN   -- its first start, as a first dispatch (awp._dispatch_one)
+      UPDATE awp.runs x SET status = 'running', started_at = coalesce(x.started_at, v_now) WHERE x.run_id = p_run_id;
+      PERFORM awp._append_event(p_run_id, 'run', p_run_id, 'pending', 'running', 'first child run started');
+      r.status := 'running';
+    END IF;
+    PERFORM awp._append_events(p_run_id, '{task,attempt}', ARRAY[t.task_key, t.task_key || '#' || v_att],
+                               ARRAY['ready', NULL],  '{running,running}',
+                               ARRAY[coalesce('child run ' || v_child || ' started', 'child run not started'),
+                                     coalesce('child run ' || v_child, v_code)]);
+    v_n := v_n + 1;
+    IF v_code IS NOT NULL THEN
+      UPDATE awp.tasks y SET error_code = v_code, error_message = v_err
+       WHERE y.run_id = p_run_id AND y.task_key = t.task_key;
+      PERFORM awp._end_attempt(p_run_id, t.task_key, v_att, 'failed', false, NULL, v_code, v_err, v_code, true,
+                               'completed', NULL);
+    ELSE
+      v_room := v_room - 1;
+    END IF;
+  END LOOP;
+  RETURN v_n;
+END $$;
+COMMENT ON FUNCTION awp._start_children(text) IS 'Starts child runs for a run''s ready workflow tasks within its concurrency; returns the attempts started.';
+
+-- awp._settle_child_task(run, task, child): settles a running child-run task whose child `child` ended (or no
+-- longer exists: pruned), under the parent run's lock: see the top of this section. False when the task is no
+-- longer waiting for that child. Locks: the caller holds the run; the task row, then as awp._end_attempt.
+CREATE OR REPLACE FUNCTION awp._settle_child_task(p_run_id text, p_task_key text, p_child text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  t awp.tasks;
+  c record;
+BEGIN
+  SELECT * INTO t FROM awp.tasks y
+   WHERE y.run_id = p_run_id AND y.task_key = p_task_key AND y.status = 'running' AND y.child_run_id = p_child
+     FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  SELECT x.status, x.output INTO c FROM awp.runs x WHERE x.run_id = p_child;
+  IF FOUND AND c.status IN ('pending', 'running') THEN
+    RETURN false;
+  END IF;
+  IF c.status = 'succeeded' THEN
+    UPDATE awp.tasks y SET output = c.output WHERE y.run_id = p_run_id AND y.task_key = p_task_key;
+    PERFORM awp._end_attempt(p_run_id, p_task_key, t.attempts, 'succeeded', false, NULL, NULL, NULL,
+                             'child run ' || p_child || ' succeeded', true, 'completed', NULL);
+  ELSE
+    UPDATE awp.tasks y SET error_code = 'child_run_failed',
+                           error_message = format('child run %s %s', p_child, coalesce(c.status, 'no longer exists'))
+     WHERE y.run_id = p_run_id AND y.task_key = p_task_key;
+    PERFORM awp._end_attempt(p_run_id, p_task_key, t.attempts, 'failed', true, NULL, 'child_run_failed',
+                             format('child run %s %s', p_child, coalesce(c.status, 'no longer exists')),
+                             'child_run_failed', true, 'completed', NULL);
+  END IF;
+  RETURN true;
+END $$;
+COMMENT ON FUNCTION awp._settle_child_task(text, text, text) IS 'Settles a child-run task whose child ended (succeeded: its output; else child_run_failed, retried by its policy).';
+
+-- awp._settle_children(isolate): the coordinator's step for child runs: every running child-run task whose child
+-- ended is settled (awp._settle_child_task), its run taken without waiting (awp._try_run: a busy one is left to the
+-- next pass); then the ready child-run tasks that waited for room under their run's concurrency are started
+-- (awp._start_children, runs from awp.ready_queue). With isolate, each run in a subtransaction of its own
+-- (awp._pass_skip). Returns how many tasks were settled or started. Locks: each run, then as those functions.
+CREATE OR REPLACE FUNCTION awp._settle_children(p_isolate boolean) RETURNS integer
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  x   record;
+  v_n integer := 0;
+BEGIN
+  FOR x IN
+    SELECT t.run_id, t.task_key, t.child_run_id
+      FROM awp.tasks t LEFT JOIN awp.runs c ON c.run_id = t.child_run_id
+     WHERE t.status = 'running' AND t.child_run_id IS NOT NULL AND (c.run_id IS NULL OR c.finished_at IS NOT NULL)
+     ORDER BY t.run_id, t.task_key
+  LOOP
+    CONTINUE WHEN NOT awp._try_run(x.run_id);
+    IF NOT p_isolate THEN
+      v_n := v_n + awp._settle_child_task(x.run_id, x.task_key, x.child_run_id)::integer;
+    ELSE
+      BEGIN
+        v_n := v_n + awp._settle_child_task(x.run_id, x.task_key, x.child_run_id)::integer;
+        PERFORM awp._log_flush();
+      EXCEPTION WHEN OTHERS THEN
+        PERFORM awp._pass_skip('child run settle', x.run_id, SQLSTATE, SQLERRM);
+      END;
+    END IF;
+  END LOOP;
+  FOR x IN
+    SELECT q.run_id FROM awp.ready_queue q WHERE q.executor_kind = 'workflow' ORDER BY q.run_id
+  LOOP
+    CONTINUE WHEN NOT awp._try_run(x.run_id);
+    IF NOT p_isolate THEN
+      v_n := v_n + awp._start_children(x.run_id);
+    ELSE
+      BEGIN
+        v_n := v_n + awp._start_children(x.run_id);
+        PERFORM awp._log_flush();
+      EXCEPTION WHEN OTHERS THEN
+        PERFORM awp._pass_skip('child run start', x.run_id, SQLSTATE, SQLERRM);
+      END;
+    END IF;
+  END LOOP;
+  PERFORM awp._log_flush();
+  RETURN v_n;
+END $$;
+COMMENT ON FUNCTION awp._settle_children(boolean) IS 'Coordinator step: settles child-run tasks whose child ended, starts those that waited for room; returns the count.';

@@ -27,8 +27,10 @@ DECLARE
   v_counts jsonb;
   v_output jsonb;
   v_cut    boolean;
+  v_parent text;
 BEGIN
-  SELECT r.status, r.unfinished_tasks + (awp._run_state(p_run_id)).unfinished_delta INTO v_status, v_left
+  SELECT r.status, r.unfinished_tasks + (awp._run_state(p_run_id)).unfinished_delta, r.parent_run_id
+    INTO v_status, v_left, v_parent
     FROM awp.runs r WHERE r.run_id = p_run_id;
   IF v_status NOT IN ('pending', 'running') OR v_left > 0 THEN
     RETURN v_status;
@@ -48,7 +50,11 @@ BEGIN
                             CASE v_final WHEN 'succeeded' THEN 'all tasks succeeded' ELSE 'a task failed' END);
   -- No NOTIFY to the coordinator: a finished run gives a pass nothing to do (its slots were freed and refilled by
   -- the completions), and with many small runs a wake-up per finished run kept the coordinator passing back to
-  -- back (AWP issue 46).
+  -- back (AWP issue 46). A child run's end is the exception: its parent's task is settled by a pass
+  -- (awp._settle_children; docs/dynamic.md).
+  IF v_parent IS NOT NULL THEN
+    PERFORM awp._wake('awp_coordinator', 'child_run_finished');
+  END IF;
   RETURN v_final;
 END $$;
 COMMENT ON FUNCTION awp._settle_run(text) IS 'Finishes a run (succeeded/failed) once none of its tasks can change.';
@@ -122,7 +128,8 @@ COMMENT ON FUNCTION awp._skip_descendants(text, text) IS 'Skips every waiting de
 -- of its dependants still waiting has one dependency less, and those with none left become ready. Returns `ready`,
 -- the keys that became ready, in definition order (their events are the caller's: waiting_dependencies -> ready),
 -- or NULL; and `resolve`: a task with a `when` or a `for_each` (or a mapped task whose last instance succeeded)
--- has none left, and stays waiting_dependencies for the caller to pass the run to awp._resolve_run
+-- has none left, and stays waiting_dependencies, or a child-run task became ready, for the caller to pass the run
+-- to awp._resolve_run
 -- (db/functions/_dynamic.sql) once its own writes are done. Shared by awp._end_attempt, the hot path
 -- (awp._complete_and_refill), the group path and awp._resolve_run. Locks: those task rows; the caller holds the
 -- run.
@@ -137,10 +144,11 @@ BEGIN
                          ELSE x.status END,
            updated_at = p_now
      WHERE x.run_id = p_run_id AND x.task_key = ANY (p_dependants) AND x.status = 'waiting_dependencies'
-    RETURNING x.task_key, x.status, x.ordinal, x.pending_deps
+    RETURNING x.task_key, x.status, x.ordinal, x.pending_deps, x.executor
   )
   SELECT array_agg(u.task_key ORDER BY u.ordinal) FILTER (WHERE u.status = 'ready'),
-         coalesce(bool_or(u.pending_deps = 0 AND u.status <> 'ready'), false)
+         coalesce(bool_or((u.pending_deps = 0 AND u.status <> 'ready') OR (u.status = 'ready' AND u.executor = 'workflow')),
+                  false)
     INTO ready, resolve FROM u;
 END $$;
 COMMENT ON FUNCTION awp._unlock_dependants(text, text[], timestamptz) IS 'Counts a success against the waiting dependants of a task; returns those that became ready, and whether a dynamic task waits for awp._resolve_run.';
@@ -232,12 +240,26 @@ DECLARE
   v_keys   text[];
   v_from   text[];
   v_attempts text[];
+  v_child  text;
+  v_children text[];
+  v_child_attempts text[];
 BEGIN
   SELECT r.status INTO v_status FROM awp.runs r
    WHERE r.run_id = p_run_id AND r.cancel_requested_at IS NOT NULL AND r.status IN ('pending', 'running');
   IF NOT FOUND THEN
     RETURN false;
   END IF;
+  -- Its running child runs are canceled too, with their tasks' attempts (docs/dynamic.md; lock order: the parent,
+  -- then its children).
+  SELECT array_agg(t.child_run_id ORDER BY t.child_run_id), array_agg(t.task_key || '#' || t.attempts ORDER BY t.ordinal)
+    INTO v_children, v_child_attempts
+    FROM awp.tasks t WHERE t.run_id = p_run_id AND t.status = 'running' AND t.child_run_id IS NOT NULL;
+  FOREACH v_child IN ARRAY coalesce(v_children, '{}') LOOP
+    PERFORM awp._request_cancel(v_child);
+  END LOOP;
+  PERFORM awp._append_events_alike(p_run_id, 'attempt', v_child_attempts,
+                                   array_fill('running'::text, ARRAY[coalesce(cardinality(v_child_attempts), 0)]),
+                                   'canceled', 'run canceled');
   -- A leased dispatch's running attempt is canceled with it, in the same UPDATE (the attempt is the dispatch's
   -- row: 0010_fold_attempts; see awp._end_attempt for why a row is written once).
   WITH l AS (
@@ -280,7 +302,7 @@ BEGIN
                         final_task_counts = awp._task_counts(p_run_id)
    WHERE r.run_id = p_run_id;
   PERFORM awp._append_event(p_run_id, 'run', p_run_id, v_status, 'canceled', 'cancellation converged');
-  PERFORM awp._wake('awp_coordinator', 'run_canceled');
+  PERFORM awp._wake('awp_coordinator', 'run_canceled');   -- also settles its parent's task, for a child run
   RETURN true;
 END $$;
 COMMENT ON FUNCTION awp._converge_cancel(text) IS 'Converges a requested cancellation: dispatches, attempts, tasks and the run become canceled.';

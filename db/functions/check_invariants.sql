@@ -14,7 +14,9 @@
 --   attempts_within_max      counted attempts per task <= max_attempts, tasks.attempts = attempts made and
 --                            tasks.uncounted_attempts = attempts not counted (docs/protocol.md, Lease recovery)
 --   started_before_deps      no attempt started before every dependency had succeeded
---   task_dispatch_match      queued <-> one pending dispatch; running <-> one leased dispatch
+--   task_dispatch_match      queued <-> one pending dispatch; running <-> one leased dispatch (tasks run by workers)
+--   child_run                a task of executor workflow has no dispatch; running, its child_run_id names a run
+--                            started by it (parent_run_id, parent_task_key), one level deeper (docs/dynamic.md)
 --   events_contiguous        per-run event sequences are 1..n
 --   events_match_status      each entity's last event names its current status
 --   illegal_transition       every event is a transition allowed by docs/protocol.md, State machines
@@ -43,6 +45,7 @@ LANGUAGE sql IMMUTABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
          ('task', 'waiting_dependencies', 'skipped'),
          ('task', 'waiting_dependencies', 'succeeded'), ('task', 'waiting_dependencies', 'failed'),
          ('task', 'ready', 'queued'), ('task', 'ready', 'canceled'), ('task', 'ready', 'skipped'),
+         ('task', 'ready', 'running'),
          ('task', 'queued', 'running'), ('task', 'queued', 'ready'), ('task', 'queued', 'canceled'),
          ('task', 'running', 'succeeded'), ('task', 'running', 'waiting_retry'),
          ('task', 'running', 'failed'), ('task', 'running', 'canceled'),
@@ -128,8 +131,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
          format('%s attempts made (%s not counted), tasks.attempts = %s (%s not counted), max_attempts = %s',
                 count(a.*), count(a.*) FILTER (WHERE NOT a.counted), t.attempts, t.uncounted_attempts, t.max_attempts)
     FROM tasks t LEFT JOIN attempts a ON a.run_id = t.run_id AND a.task_key = t.task_key
-   GROUP BY t.run_id, t.task_key, t.attempts, t.uncounted_attempts, t.max_attempts
-  HAVING count(a.*) FILTER (WHERE a.counted) > t.max_attempts OR count(a.*) <> t.attempts
+   GROUP BY t.run_id, t.task_key, t.attempts, t.uncounted_attempts, t.max_attempts, t.executor
+  HAVING count(a.*) FILTER (WHERE a.counted) > t.max_attempts
+      OR (count(a.*) <> t.attempts AND t.executor <> 'workflow')   -- a child-run task's attempts are its child runs
       OR count(a.*) FILTER (WHERE NOT a.counted) <> t.uncounted_attempts
   UNION ALL
   SELECT 'started_before_deps', a.run_id, a.task_key || '#' || a.attempt, format('dependency %s', dep)
@@ -140,13 +144,15 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                         AND x.finished_at <= a.started_at)
      AND NOT EXISTS (SELECT 1 FROM tasks y   -- done without an attempt: a mapped task, a condition skip
                       WHERE y.run_id = a.run_id AND y.task_key = dep AND y.finished_at <= a.started_at
-                        AND ((y.status = 'succeeded' AND y.attempts = 0) OR y.skip_reason = 'condition_false'))
+                        AND ((y.status = 'succeeded' AND (y.attempts = 0 OR y.executor = 'workflow'))
+                             OR y.skip_reason = 'condition_false'))
   UNION ALL
   SELECT 'task_dispatch_match', t.run_id, t.task_key,
          format('task %s with %s pending and %s leased dispatches', t.status,
                 count(d.*) FILTER (WHERE d.status = 'pending'), count(d.*) FILTER (WHERE d.status = 'leased'))
     FROM tasks t LEFT JOIN dispatches d
       ON d.run_id = t.run_id AND d.task_key = t.task_key AND d.status IN ('pending', 'leased')
+   WHERE t.executor <> 'workflow'   -- run by the database: child_run below
    GROUP BY t.run_id, t.task_key, t.status
   HAVING count(d.*) FILTER (WHERE d.status = 'pending') <> (t.status = 'queued')::integer
       OR count(d.*) FILTER (WHERE d.status = 'leased') <> (t.status = 'running')::integer
@@ -178,6 +184,21 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     FROM awp.dispatches d, awp.settings s
    WHERE d.status IN ('pending', 'leased')
    GROUP BY s.dispatch_limit HAVING count(*) > s.dispatch_limit
+  UNION ALL
+  SELECT 'child_run', t.run_id, t.task_key,
+         format('task %s, child_run_id %s: %s', t.status, coalesce(t.child_run_id, 'NULL'),
+                CASE WHEN count(d.*) > 0 THEN format('%s live dispatches', count(d.*))
+                     WHEN c.run_id IS NULL THEN 'no such run'
+                     ELSE format('child run of %s / %s at depth %s (parent depth %s)', c.parent_run_id, c.parent_task_key,
+                                 c.depth, p.depth) END)
+    FROM tasks t JOIN runs p ON p.run_id = t.run_id
+    LEFT JOIN awp.runs c ON c.run_id = t.child_run_id
+    LEFT JOIN dispatches d ON d.run_id = t.run_id AND d.task_key = t.task_key
+   WHERE t.executor = 'workflow'
+   GROUP BY t.run_id, t.task_key, t.status, t.child_run_id, c.run_id, c.parent_run_id, c.parent_task_key, c.depth, p.depth
+  HAVING count(d.*) > 0
+      OR (t.status = 'running' AND (c.run_id IS NULL OR c.parent_run_id IS DISTINCT FROM t.run_id
+                                    OR c.parent_task_key IS DISTINCT FROM t.task_key OR c.depth <> p.depth + 1))
   UNION ALL
   SELECT 'for_each_instances', m.run_id, m.task_key,
          format('mapped task %s, item_count %s, pending_deps %s: %s instances (indexes %s..%s), %s succeeded',

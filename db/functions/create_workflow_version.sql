@@ -62,7 +62,7 @@ DECLARE
   v_seen   integer[];
   v_path   integer[];
   v_step   integer;
-  v_kinds  text[] := awp._executor_kinds();
+  v_kinds  text[] := awp._executor_kinds() || awp._database_kinds();
   v_edges  bigint;
 BEGIN
   IF p IS NULL OR jsonb_typeof(p) <> 'object' THEN
@@ -148,7 +148,8 @@ BEGIN
                 THEN 'max_items needs for_each'
               WHEN t ? 'max_items' AND NOT awp._int_ok(t->'max_items', 1, 10000)
                 THEN 'max_items must be an integer from 1 to 10000'
-              WHEN t ? 'when' THEN awp._condition_error(t->'when')
+              WHEN t ? 'when' AND awp._condition_error(t->'when') IS NOT NULL THEN awp._condition_error(t->'when')
+              WHEN t->>'executor' = 'workflow' THEN awp._workflow_input_error(t->'input')
             END AS err
           FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o)) e
    WHERE e.err IS NOT NULL

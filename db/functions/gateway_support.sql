@@ -21,7 +21,7 @@ RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestampt
                updated_at timestamptz, finished_at timestamptz, attempt_history jsonb,
                wait_reason text, wait_detail text, mapped_task text, item_index integer, item jsonb,
                item_count integer, instances_succeeded integer, skip_reason text, output jsonb, error_code text,
-               error_message text)
+               error_message text, child_run_id text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_history jsonb;
@@ -32,7 +32,7 @@ BEGIN
   SELECT t.task_key, t.status, t.attempts, t.ready_at, t.executor, t.action, t.depends_on,
          t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, v_history, w.reason, w.detail,
          t.mapped_task, t.item_index, t.item, t.item_count, awp._instances_succeeded(p_run_id, t.task_key, t.item_count),
-         t.skip_reason, t.output, t.error_code, t.error_message
+         t.skip_reason, t.output, t.error_code, t.error_message, t.child_run_id
     FROM awp.tasks t
     LEFT JOIN awp._task_waits(CASE WHEN t.status IN ('waiting_dependencies', 'waiting_retry', 'ready', 'queued')
                                    THEN p_run_id END) w ON w.task_key = t.task_key
@@ -60,7 +60,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     'leases_active', (SELECT count(*) FROM awp.dispatches d WHERE d.status = 'leased'),
     'ready_without_worker', (SELECT coalesce(jsonb_object_agg(x.executor, x.n), '{}') FROM
                (SELECT q.executor_kind AS executor, sum(q.ready_tasks) AS n FROM awp.ready_queue q
-                 WHERE NOT EXISTS (SELECT 1 FROM awp.workers w
+                 WHERE q.executor_kind <> ALL (awp._database_kinds())
+                   AND NOT EXISTS (SELECT 1 FROM awp.workers w
                                     WHERE w.status = 'active' AND q.executor_kind = ANY (w.executor_kinds))
                  GROUP BY 1) x))
 $$;

@@ -98,19 +98,22 @@ COMMENT ON FUNCTION awp._run_rows(text, text, text, text, integer, timestamptz) 
 -- it succeeded, else NULL; `output_truncated` when it was cut at 1 MiB) and `waiting_for_executors`:
 -- the executor kinds of its ready or queued tasks that no active worker offers (such a task waits
 -- until a worker with that kind registers; empty when none), and `waiting`: its waiting tasks counted
--- by reason code (awp.run_waits, docs/limits.md; {} when none waits). AWNTF when unknown. Locks: none.
+-- by reason code (awp.run_waits, docs/limits.md; {} when none waits); a child run (docs/dynamic.md) names its
+-- parent_run_id and parent_task_key, and its depth (0 for a run started by a caller or a schedule). AWNTF when
+-- unknown. Locks: none.
 CREATE OR REPLACE FUNCTION awp.get_run(p_run_id text)
 RETURNS TABLE (run_id text, workflow_id text, workflow_version integer, status text, revision bigint,
                cancel_requested_at timestamptz, created_at timestamptz, started_at timestamptz,
                finished_at timestamptz, concurrency integer, idempotency_key text, task_counts jsonb,
                schedule_id text, input jsonb, output jsonb, output_truncated boolean,
-               waiting_for_executors text[], waiting jsonb)
+               waiting_for_executors text[], waiting jsonb, parent_run_id text, parent_task_key text, depth integer)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN QUERY
   SELECT x.*, r.input, r.output, r.output_truncated,
          CASE WHEN r.status IN ('pending', 'running') THEN awp._waiting_for_executors(r.run_id) ELSE '{}' END,
-         CASE WHEN r.status IN ('pending', 'running') THEN awp._run_wait_counts(r.run_id) ELSE '{}' END
+         CASE WHEN r.status IN ('pending', 'running') THEN awp._run_wait_counts(r.run_id) ELSE '{}' END,
+         r.parent_run_id, r.parent_task_key, r.depth
     FROM awp._run_rows(p_run_id, NULL, NULL, NULL, 1) x JOIN awp.runs r ON r.run_id = x.run_id;
   IF NOT FOUND THEN
     PERFORM awp._raise_not_found('run not found', format('no run %s', p_run_id));
@@ -139,7 +142,7 @@ CREATE OR REPLACE FUNCTION awp._waiting_for_executors(p_run_id text) RETURNS tex
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT coalesce(array_agg(DISTINCT t.executor ORDER BY t.executor), '{}')
     FROM awp.tasks t
-   WHERE t.run_id = p_run_id AND t.status IN ('ready', 'queued')
+   WHERE t.run_id = p_run_id AND t.status IN ('ready', 'queued') AND t.executor <> ALL (awp._database_kinds())
      AND NOT EXISTS (SELECT 1 FROM awp.workers w WHERE w.status = 'active' AND t.executor = ANY (w.executor_kinds))
 $$;
 COMMENT ON FUNCTION awp._waiting_for_executors(text) IS 'Executor kinds a run''s ready tasks wait for because no active worker offers them.';
@@ -197,7 +200,8 @@ COMMENT ON FUNCTION awp._instances_succeeded(text, text, integer) IS 'The succee
 -- wait_reason and wait_detail say what holds a waiting task (awp.run_waits, docs/limits.md; NULL for
 -- a running or finished one). Dynamic workflows (docs/dynamic.md): an instance of a for_each task has its mapped
 -- task and item_index (instances follow the run's other tasks); a mapped task its item_count (NULL until its
--- instances exist) and instances_succeeded; a skipped task its skip_reason (condition_false, dependency_failed).
+-- instances exist) and instances_succeeded; a skipped task its skip_reason (condition_false, dependency_failed); a
+-- task of executor workflow the child run of its latest attempt (child_run_id).
 -- Locks: none.
 CREATE OR REPLACE FUNCTION awp.run_tasks(p_run_id text, p_after_task_key text DEFAULT NULL,
                                          p_limit integer DEFAULT NULL)
@@ -205,7 +209,7 @@ RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestampt
                action text, depends_on text[], max_attempts integer, timeout_ms integer,
                updated_at timestamptz, finished_at timestamptz, wait_reason text, wait_detail text,
                mapped_task text, item_index integer, item_count integer, instances_succeeded integer,
-               skip_reason text)
+               skip_reason text, child_run_id text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_after integer := -1;
@@ -222,7 +226,7 @@ BEGIN
   SELECT t.task_key, t.status, t.attempts, t.ready_at, t.executor, t.action, t.depends_on,
          t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, w.reason, w.detail,
          t.mapped_task, t.item_index, t.item_count, awp._instances_succeeded(p_run_id, t.task_key, t.item_count),
-         t.skip_reason
+         t.skip_reason, t.child_run_id
     FROM awp.tasks t LEFT JOIN awp._task_waits(p_run_id) w ON w.task_key = t.task_key
    WHERE t.run_id = p_run_id AND t.ordinal > v_after ORDER BY t.ordinal
    LIMIT p_limit;

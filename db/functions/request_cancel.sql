@@ -7,12 +7,25 @@ CREATE OR REPLACE FUNCTION awp.request_cancel(p_run_id text)
 RETURNS TABLE (run_id text, status text, cancel_requested_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
+BEGIN
+  IF NOT awp._request_cancel(p_run_id) THEN
+    PERFORM awp._raise_not_found('run not found', format('no run %s', p_run_id));
+  END IF;
+  PERFORM awp._log_flush();
+  RETURN QUERY SELECT x.run_id, x.status, x.cancel_requested_at FROM awp.runs x WHERE x.run_id = p_run_id;
+END $$;
+COMMENT ON FUNCTION awp.request_cancel(text) IS 'Requests cancellation of a run (durable intent; converged at once when nothing is leased, else by the coordinator); AWNTF when unknown.';
+
+-- awp._request_cancel(run): the body of awp.request_cancel, also for a parent run's cancel that cancels its running
+-- children (awp._converge_cancel; docs/dynamic.md). False when the run does not exist. Locks: as awp.request_cancel.
+CREATE OR REPLACE FUNCTION awp._request_cancel(p_run_id text) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   r awp.runs;
 BEGIN
   SELECT * INTO r FROM awp.runs x WHERE x.run_id = p_run_id FOR UPDATE;
   IF NOT FOUND THEN
-    PERFORM awp._raise_not_found('run not found', format('no run %s', p_run_id));
+    RETURN false;
   END IF;
   IF r.status IN ('pending', 'running') THEN
     IF r.cancel_requested_at IS NULL THEN
@@ -26,10 +39,9 @@ BEGIN
       PERFORM awp._wake('awp_coordinator', 'cancel_requested');
     END IF;
   END IF;
-  PERFORM awp._log_flush();
-  RETURN QUERY SELECT x.run_id, x.status, x.cancel_requested_at FROM awp.runs x WHERE x.run_id = p_run_id;
+  RETURN true;
 END $$;
-COMMENT ON FUNCTION awp.request_cancel(text) IS 'Requests cancellation of a run (durable intent; converged at once when nothing is leased, else by the coordinator); AWNTF when unknown.';
+COMMENT ON FUNCTION awp._request_cancel(text) IS 'Records a run''s cancellation (converged at once when nothing is leased); false when unknown.';
 
 -- awp.cancel_waiting_runs(executor_kind, limit): prunes a backlog that no worker serves: requests cancellation
 -- (as awp.request_cancel, each run converged at once when nothing of it is leased) of up to `limit` (1-1000) live

@@ -8,8 +8,12 @@
 -- or version, AWREQ for a bad key or input.
 -- Locks: inserts (the unique index serialises two starts with one key), then as awp._dispatch_new_run (the
 -- new run only).
+-- A child run (docs/dynamic.md) is started by awp._start_children with its parent run and task and its depth: it is
+-- not dispatched here (the coordinator's next pass does it, woken), since its parent's lock is held and the
+-- dispatch budget's advisory lock comes before any run's (docs/architecture.md, Lock order).
 CREATE OR REPLACE FUNCTION awp._start_run(p_workflow_id text, p_version integer, p_idempotency_key text,
-                                          p_input jsonb, p_schedule_id text)
+                                          p_input jsonb, p_schedule_id text, p_parent_run_id text DEFAULT NULL,
+                                          p_parent_task_key text DEFAULT NULL, p_depth integer DEFAULT 0)
 RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -43,9 +47,10 @@ BEGIN
 
   v_run_id := awp._new_id('run');
   INSERT INTO awp.runs (run_id, workflow_id, workflow_version, concurrency, unfinished_tasks, idempotency_key,
-                        input, schedule_id, created_at)
+                        input, schedule_id, created_at, parent_run_id, parent_task_key, depth)
   VALUES (v_run_id, p_workflow_id, v_ver, coalesce((v_def->>'concurrency')::integer, 10),
-          jsonb_array_length(v_def->'tasks'), p_idempotency_key, v_input, p_schedule_id, v_now)
+          jsonb_array_length(v_def->'tasks'), p_idempotency_key, v_input, p_schedule_id, v_now, p_parent_run_id,
+          p_parent_task_key, p_depth)
   ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
   IF NOT FOUND THEN   -- a concurrent start with the same key won
     RETURN awp._existing_run(p_workflow_id, p_idempotency_key, v_input);
@@ -87,6 +92,14 @@ BEGIN
   PERFORM awp._append_events_alike(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
                                    'waiting_dependencies', 'task created')
      FROM awp.tasks t WHERE t.run_id = v_run_id AND t.status = 'waiting_dependencies';
+  -- Its root child-run tasks start their children (docs/dynamic.md), within the run's concurrency.
+  IF EXISTS (SELECT 1 FROM awp.ready_queue q WHERE q.run_id = v_run_id AND q.executor_kind = 'workflow') THEN
+    PERFORM awp._start_children(v_run_id);
+  END IF;
+  IF p_parent_run_id IS NOT NULL THEN   -- a child run: dispatched by the coordinator's next pass (see above)
+    PERFORM awp._wake('awp_coordinator', 'run_started');
+    RETURN v_run_id;
+  END IF;
   -- Dispatch on start (docs/protocol.md, Refill and claim on complete): the run's own ready tasks, within the
   -- limits, so an idle worker's long-poll wakes without waiting for a coordinator pass.
   IF awp._dispatch_new_run(v_run_id) = 0 THEN
@@ -95,7 +108,7 @@ BEGIN
   PERFORM awp._notify_pending();
   RETURN v_run_id;
 END $$;
-COMMENT ON FUNCTION awp._start_run(text, integer, text, jsonb, text) IS 'awp.start_run, also recording the schedule that started the run.';
+COMMENT ON FUNCTION awp._start_run(text, integer, text, jsonb, text, text, text, integer) IS 'awp.start_run, also recording the schedule (or the parent run and task) that started the run.';
 
 CREATE OR REPLACE FUNCTION awp.start_run(p_workflow_id text, p_version integer DEFAULT NULL,
                                          p_idempotency_key text DEFAULT NULL, p_input jsonb DEFAULT NULL)

@@ -189,6 +189,7 @@ BEGIN
              WHEN r.cancel_requested_at IS NOT NULL THEN 'cancel_requested'
              WHEN p.status = 'waiting_dependencies' THEN 'waiting_dependencies'
              WHEN p.status = 'waiting_retry' THEN 'waiting_retry'
+             WHEN p.executor = ANY (awp._database_kinds()) THEN 'run_concurrency'   -- a ready child-run task
              WHEN NOT p.offered THEN 'no_worker_for_executor'
              WHEN p.status = 'queued' THEN 'waiting_for_claim'
              WHEN v_inflight >= r.concurrency OR p.rnk IS NULL THEN 'run_concurrency'   -- past the candidates
@@ -312,12 +313,13 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
   SELECT coalesce(array_agg(DISTINCT c.code ORDER BY c.code) FILTER (WHERE c.code IS NOT NULL), '{}')
     FROM (
       SELECT CASE
-               WHEN NOT (SELECT b.kinds FROM b) ? q.kind THEN 'no_worker_for_executor'
+               WHEN NOT (SELECT b.kinds FROM b) ? q.kind AND q.kind <> ALL (awp._database_kinds()) THEN 'no_worker_for_executor'
                WHEN q.concurrency <= (SELECT count(*) FROM awp.tasks y
                                        WHERE y.run_id = q.run_id AND y.status IN ('queued', 'running')) THEN 'run_concurrency'
                WHEN (SELECT b.global_free FROM b) <= 0 THEN 'dispatch_limit'
                WHEN (SELECT b.worker_free FROM b) <= 0
-                    OR coalesce(((SELECT b.kinds FROM b)->>q.kind)::integer, 0) <= 0 THEN 'workers_full'
+                    OR (coalesce(((SELECT b.kinds FROM b)->>q.kind)::integer, 0) <= 0
+                        AND q.kind <> ALL (awp._database_kinds())) THEN 'workers_full'
              END AS code
         FROM (SELECT x.run_id, x.concurrency,
                      (SELECT y.executor FROM awp.tasks y WHERE y.run_id = x.run_id AND y.status = 'ready'

@@ -5,7 +5,7 @@
 -- validation at definition time; the run's invariants after each.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(82);
+SELECT plan(117);
 
 SELECT tests.freeze('2030-01-01 00:00:00+00');
 SELECT * FROM tests.register_worker('w1', '{mock}', 50) \gset w1_
@@ -326,6 +326,114 @@ SELECT is_empty($$SELECT * FROM awp.check_invariants() WHERE invariant = 'for_ea
 UPDATE awp.tasks SET item_count = 4 WHERE run_id = :'w2run' AND task_key = 'each';
 SELECT is((SELECT array_agg(entity_key) FROM awp.check_invariants(ARRAY[:'w2run']) WHERE invariant = 'for_each_instances'),
           '{each}', 'for_each_instances: item_count without its instances');
+
+-- ================================================================ child runs
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            jsonb_build_object('key', 'sub', 'executor', 'workflow', 'input', '{"workflow": "kid"}'::jsonb))))$$),
+          'tasks[0] (key sub): input of a workflow task has unknown fields (allowed: workflow_id, version, run_input)',
+          'a workflow task''s input is checked');
+SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
+            jsonb_build_object('key', 'sub', 'executor', 'workflow'))))$$),
+          'tasks[0] (key sub): a task of executor workflow needs an input {"workflow_id", "version", "run_input"}',
+          'a workflow task needs an input');
+SELECT throws_ok($$SELECT awp.register_worker('w', '{workflow}', 1)$$, 'AWREQ', NULL, 'no worker may offer executor workflow');
+SELECT tests.make_workflow('kid', jsonb_build_array(tests.task('k1', '{}', '{"retry": {"max_attempts": 1}}')));
+SELECT tests.make_workflow('parent', jsonb_build_array(
+         tests.task('prep'),
+         jsonb_build_object('key', 'sub', 'executor', 'workflow', 'depends_on', '["prep"]'::jsonb,
+                            'input', '{"workflow_id": "kid"}'::jsonb, 'retry', '{"max_attempts": 2, "interval_ms": 0}'::jsonb),
+         tests.task('after', '{sub}')));
+SELECT awp.start_run('parent') AS prun1 \gset
+SELECT tests.step(:'prun1', '{"prep": {"doc": 7}}', 'hot');
+SELECT is(tests.task_status(:'prun1', 'sub'), 'running', 'prep done: the child-run task runs');
+SELECT (SELECT child_run_id FROM awp.run_tasks(:'prun1') WHERE task_key = 'sub') AS kid1 \gset
+SELECT results_eq($$SELECT workflow_id, parent_run_id, parent_task_key, depth, input FROM awp.get_run('$$ || :'kid1' || $$')$$,
+                  $$VALUES ('kid', '$$ || :'prun1' || $$', 'sub', 1, '{"prep": {"doc": 7}}'::jsonb)$$,
+                  'the child: its workflow, parent run and task, depth 1, and the task''s upstream as input');
+SELECT is(tests.events_of(:'prun1', 'sub'),
+          ARRAY['created->waiting_dependencies (task created)', 'waiting_dependencies->ready (dependencies succeeded)',
+                'ready->running (child run ' || :'kid1' || ' started)'],
+          'its events: ready -> running when the child starts');
+SELECT is((SELECT count(*) FROM awp.dispatches WHERE run_id = :'prun1' AND task_key = 'sub'), 0::bigint, 'no dispatch for it');
+SELECT is((SELECT wait_reason FROM awp.run_tasks(:'prun1') WHERE task_key = 'after'), 'waiting_dependencies', 'after waits');
+SELECT ok(tests.ok_run(:'prun1') AND tests.ok_run(:'kid1'), 'invariants hold while the child runs');
+SELECT is(tests.drive(:'kid1', '{"k1": {"summary": "ok"}}'), 'succeeded', 'the child runs on the workers and succeeds');
+SELECT is(tests.task_status(:'prun1', 'sub'), 'running', 'the parent''s task waits for a coordinator pass');
+SELECT is((awp.coordinator_tick())->'children', '1'::jsonb, 'the pass settles it');
+SELECT is(tests.task_status(:'prun1', 'sub'), 'succeeded', 'the child-run task succeeded');
+SELECT is((SELECT output FROM awp.get_task(:'prun1', 'sub')), '{"k1": {"summary": "ok"}}'::jsonb, 'with the child''s output');
+SELECT is(tests.drive(:'prun1'), 'succeeded', 'the parent run succeeds');
+SELECT is((SELECT upstream FROM l WHERE run_id = :'prun1' AND task_key = 'after'), '{"sub": {"k1": {"summary": "ok"}}}'::jsonb,
+          'after receives the child''s output as upstream["sub"]');
+SELECT ok(tests.ok_run(:'prun1') AND tests.ok_run(:'kid1'), 'invariants hold (child succeeded)');
+
+-- A child that fails: the attempt fails (child_run_failed); the retry starts a new child.
+SELECT awp.start_run('parent') AS prun2 \gset
+SELECT tests.step(:'prun2');
+SELECT (SELECT child_run_id FROM awp.run_tasks(:'prun2') WHERE task_key = 'sub') AS kid2 \gset
+SELECT is(tests.drive(:'kid2', '{"k1": {"fail": true}}'), 'failed', 'the first child fails');
+SELECT awp.coordinator_tick();
+SELECT awp.coordinator_tick();
+SELECT isnt((SELECT child_run_id FROM awp.run_tasks(:'prun2') WHERE task_key = 'sub'), :'kid2', 'the retry started a new child');
+SELECT results_eq($$SELECT status, attempts FROM awp.run_tasks('$$ || :'prun2' || $$') WHERE task_key = 'sub'$$,
+                  $$VALUES ('running', 2)$$, 'attempt 2 runs');
+SELECT (SELECT child_run_id FROM awp.run_tasks(:'prun2') WHERE task_key = 'sub') AS kid3 \gset
+SELECT is(tests.drive(:'kid3', '{"k1": {"fail": true}}'), 'failed', 'the second child fails too');
+SELECT awp.coordinator_tick();
+SELECT results_eq($$SELECT status, error_code, error_message FROM awp.get_task('$$ || :'prun2' || $$', 'sub')$$,
+                  $$VALUES ('failed', 'child_run_failed', 'child run $$ || :'kid3' || $$ failed')$$,
+                  'no attempt left: the task fails with child_run_failed');
+SELECT is(tests.run_status(:'prun2'), 'failed', 'the parent run fails');
+SELECT ok(tests.ok_run(:'prun2'), 'invariants hold (child failed)');
+
+-- An unknown workflow: the attempt fails with not_found at once.
+SELECT tests.make_workflow('orphan', jsonb_build_array(
+         jsonb_build_object('key', 'sub', 'executor', 'workflow', 'input', '{"workflow_id": "nope"}'::jsonb)));
+SELECT awp.start_run('orphan') AS orun \gset
+SELECT results_eq($$SELECT status, error_code, error_message FROM awp.get_task('$$ || :'orun' || $$', 'sub')$$,
+                  $$VALUES ('failed', 'not_found', 'the child run could not start: no workflow nope')$$,
+                  'an unknown target fails with not_found');
+SELECT is(tests.run_status(:'orun'), 'failed', 'its run fails');
+
+-- A workflow that contains itself: allowed through the depth limit of 10.
+SELECT tests.make_workflow('rec', jsonb_build_array(
+         jsonb_build_object('key', 'again', 'executor', 'workflow', 'input', '{"workflow_id": "rec", "run_input": {}}'::jsonb)));
+SELECT awp.start_run('rec') AS rrun \gset
+SELECT is((SELECT array_agg(depth ORDER BY depth) FROM awp.runs WHERE workflow_id = 'rec'), ARRAY[0,1,2,3,4,5,6,7,8,9,10],
+          'eleven nested runs, depths 0-10');
+SELECT results_eq($$SELECT error_code FROM awp.get_task((SELECT run_id FROM awp.runs WHERE workflow_id = 'rec' AND depth = 10), 'again')$$,
+                  $$VALUES ('invalid_request')$$, 'the deepest task fails: invalid_request (the depth limit)');
+CREATE FUNCTION tests.ticks_until_done(p_run text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE n integer := 0;
+BEGIN
+  WHILE tests.run_status(p_run) IN ('pending', 'running') AND n < 30 LOOP
+    PERFORM awp.coordinator_tick();
+    n := n + 1;
+  END LOOP;
+  RETURN n;
+END $$;
+SELECT cmp_ok(tests.ticks_until_done(:'rrun'), '<', 30, 'the failure climbs the levels, one per pass');
+SELECT is(tests.run_status(:'rrun'), 'failed', 'the outermost run fails');
+SELECT is_empty($$SELECT * FROM awp.check_invariants((SELECT array_agg(run_id) FROM awp.runs WHERE workflow_id = 'rec'))$$,
+                'invariants hold (nested)');
+
+-- Canceling the parent cancels the child.
+SELECT awp.start_run('parent') AS prun3 \gset
+SELECT tests.step(:'prun3');
+SELECT (SELECT child_run_id FROM awp.run_tasks(:'prun3') WHERE task_key = 'sub') AS kid4 \gset
+SELECT awp.request_cancel(:'prun3');
+SELECT is(ARRAY[tests.run_status(:'prun3'), tests.run_status(:'kid4')], '{canceled,canceled}', 'parent and child canceled');
+SELECT is(tests.task_status(:'prun3', 'sub'), 'canceled', 'the child-run task canceled');
+SELECT ok(tests.ok_run(:'prun3') AND tests.ok_run(:'kid4'), 'invariants hold (parent canceled)');
+
+-- Canceling the child alone fails the parent's attempt (child_run_failed; max_attempts 2: a new child).
+SELECT awp.start_run('parent') AS prun4 \gset
+SELECT tests.step(:'prun4');
+SELECT (SELECT child_run_id FROM awp.run_tasks(:'prun4') WHERE task_key = 'sub') AS kid5 \gset
+SELECT awp.request_cancel(:'kid5');
+SELECT awp.coordinator_tick();
+SELECT is((SELECT reason FROM awp.events WHERE run_id = :'prun4' AND entity_key = 'sub' AND to_status = 'waiting_retry'),
+          'child_run_failed', 'a canceled child fails the attempt (child_run_failed)');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -31,6 +31,7 @@ COORDINATOR_COUNTS = (
     "dispatched",
     "schedules_fired",
     "resumed",  # leases resumed after an outage (docs/protocol.md, Lease recovery)
+    "children",  # child-run tasks settled or started (docs/dynamic.md)
 )
 # The limits a coordinator pass can find holding ready tasks back ("limited" in its answer; docs/limits.md).
 LIMITS = ("run_concurrency", "workers_full", "dispatch_limit", "no_worker_for_executor")
