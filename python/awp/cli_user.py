@@ -382,6 +382,8 @@ def run_show(client: Client, as_json: bool, run_id: str) -> None:
     console = Console(highlight=False)
     console.print(run_header(info))
     width = max(20, console.width - 8)
+    if info.get("parent_run_id"):  # a child run (docs/dynamic.md)
+        console.print(Text(f"parent {info['parent_run_id']} (task {info.get('parent_task_key')})"), crop=False)
     if info.get("input"):
         console.print(Text("input  " + preview(info["input"], width)), crop=False, soft_wrap=True)
     if info.get("output") is not None:
@@ -390,11 +392,14 @@ def run_show(client: Client, as_json: bool, run_id: str) -> None:
     for line in wait_lines(tasks):  # what holds the waiting tasks, one line per reason (docs/limits.md)
         console.print(line, crop=False, soft_wrap=True)
     for t in failed:
-        last = (t.get("attempt_history") or [{}])[-1]
         line = Text(f"{t.get('task_key')} failed: ", style="red")
-        line.append(f"attempt {last.get('attempt')} {last.get('status')}, {last.get('error_code') or '-'}")
-        if last.get("error_message"):
-            line.append(f": {last.get('error_message')}")
+        if t.get("error_code"):  # settled by the database (docs/dynamic.md): a for_each, a child run
+            line.append(f"{t.get('error_code')}: {t.get('error_message') or '-'}")
+        else:
+            last = (t.get("attempt_history") or [{}])[-1]
+            line.append(f"attempt {last.get('attempt')} {last.get('status')}, {last.get('error_code') or '-'}")
+            if last.get("error_message"):
+                line.append(f": {last.get('error_message')}")
         console.print(line)
 
 

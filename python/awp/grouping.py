@@ -68,7 +68,8 @@ class Single(Protocol):
 
 
 class Many(Protocol):
-    """``awp.complete_and_claim_many`` for several calls' arguments (rows: group_item, group_error, the lease columns)."""
+    """``awp.complete_and_claim_many`` for several calls' arguments (rows: group_item, group_error, the lease
+    columns)."""
 
     def __call__(self, items: list[dict[str, Any]], lock_wait_ms: int | None = None) -> Awaitable[list[Row]]: ...
 
@@ -242,7 +243,8 @@ class RunGroups:
 
     @staticmethod
     def _split(rows: list[Row]) -> dict[int, list[Row] | ItemError]:
-        """Rows of ``awp.complete_and_claim_many`` (group_item, group_error, the lease columns) -> each item's answer."""
+        """Rows of ``awp.complete_and_claim_many`` (group_item, group_error, the lease columns) -> each item's
+        answer."""
         out: dict[int, list[Row] | ItemError] = {}
         for row in rows:
             position, error = row.pop("group_item"), row.pop("group_error")  # the lease has an "item" column

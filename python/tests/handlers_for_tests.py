@@ -51,3 +51,10 @@ def sized_output(input: Any, ctx: Context) -> list[int]:
     size = int(input["size"])
     count, rest = divmod(size, 3)  # each "1, " is 3 bytes; the brackets replace the last ", "
     return [1] * (count - 1) + [10**rest]
+
+
+@handler("test-item")
+def item(input: Any, ctx: Context) -> dict[str, Any]:
+    """An instance of a for_each task (docs/dynamic.md): what it was given."""
+    doubled = ctx.item * 2 if isinstance(ctx.item, int) else None
+    return {"item": ctx.item, "item_index": ctx.item_index, "doubled": doubled}

@@ -93,6 +93,11 @@ PLANTED = {
     # A queue row for a run with no ready task (the fairness order would offer it for nothing).
     "ready_queue": "INSERT INTO awp.ready_queue (run_id, executor_kind, ready_tasks, last_dispatch_seq, created_at)"
     " VALUES (%(run)s, 'mock', 1, NULL, now())",
+    # A for_each task said to have two instances, with none (docs/dynamic.md).
+    "for_each_instances": "UPDATE awp.tasks SET for_each = 'a', max_items = 10, item_count = 2"
+    " WHERE run_id = %(run)s AND task_key = 'b'",
+    # A child-run task (run by the database) with a worker's dispatch.
+    "child_run": "UPDATE awp.tasks SET executor = 'workflow' WHERE run_id = %(run)s AND task_key = 'b'",
 }
 
 
