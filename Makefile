@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.awp-bench.stamp
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup pgtap plpgsql-check chromium ha-deps valgrind test test-db test-py ha-test demo bench bench-quick chaos soak fuzz mutate docs lint typecheck test-fast clean
+.PHONY: help setup pgtap plpgsql-check chromium ha-deps valgrind test test-db test-py ha-test demo demo-dynamic bench bench-quick chaos soak fuzz mutate docs lint typecheck test-fast clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
@@ -72,6 +72,9 @@ ha-test: $(STAMP) ha-deps  ## PostgreSQL failover + switchover under Patroni mid
 
 demo: setup  ## start the local database, control plane and workers, and run a sample workflow
 	$(BIN)/awp demo
+
+demo-dynamic: setup  ## the same with the dynamic example: for_each over chunks made at run time, when, a child run
+	$(BIN)/awp demo --dynamic
 
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]' && touch $@

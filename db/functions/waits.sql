@@ -6,12 +6,14 @@
 -- from the same rules awp._create_dispatches, awp._dispatch_one and awp.withdraw_orphan_dispatches
 -- apply, with the budget of awp._dispatch_budget():
 --   cancel_requested        the run's cancellation was requested: it will be canceled, not dispatched
---   waiting_dependencies    a dependency has not succeeded yet (waiting_on: which)
+--   waiting_dependencies    a dependency has not succeeded yet (waiting_on: which); a for_each task: its instances
+--                           (docs/dynamic.md)
 --   waiting_retry           an attempt failed; the retry becomes ready at ready_at
 --   no_worker_for_executor  no active worker offers the task's executor kind (a queued task's dispatch
 --                           is withdrawn by the next coordinator pass)
 --   run_concurrency         the run's queued + running tasks reach its concurrency, or the places left
---                           go to its tasks before this one (definition order)
+--                           go to its tasks before this one (definition order); a ready child-run task (executor
+--                           workflow, run by the database) waits only for this
 --   dispatch_limit          the global dispatch_limit (pending + leased dispatches) is reached, or the
 --                           places left go to tasks before this one
 --   workers_full            every active worker offering the kind is busy (its free slots are taken
@@ -207,8 +209,13 @@ BEGIN
   SELECT j.task_key, j.status, j.code,
          CASE WHEN NOT p_details THEN NULL ELSE CASE j.code
            WHEN 'waiting_dependencies' THEN
-             format('waiting for %s of its %s dependencies: %s%s', dp.n, cardinality(j.depends_on), dp.listed,
-                    CASE WHEN dp.n > 5 THEN format(' and %s more', dp.n - 5) ELSE '' END)
+             CASE WHEN coalesce(dp.n, 0) = 0   -- a for_each task whose instances run (docs/dynamic.md)
+               THEN (SELECT format('waiting for its %s instances (for_each over %s): %s of them not yet succeeded',
+                                   x.item_count, x.for_each, x.pending_deps)
+                       FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = j.task_key)
+               ELSE format('waiting for %s of its %s dependencies: %s%s', dp.n, cardinality(j.depends_on), dp.listed,
+                           CASE WHEN dp.n > 5 THEN format(' and %s more', dp.n - 5) ELSE '' END)
+             END
            WHEN 'waiting_retry' THEN
              CASE WHEN j.ready_at > v_now
                THEN format('attempt %s of %s failed; the retry is ready at %s (in %s)', j.attempts, j.max_attempts,

@@ -5,7 +5,7 @@
 -- validation at definition time; the run's invariants after each.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(117);
+SELECT plan(118);
 
 SELECT tests.freeze('2030-01-01 00:00:00+00');
 SELECT * FROM tests.register_worker('w1', '{mock}', 50) \gset w1_
@@ -234,6 +234,9 @@ SELECT is((SELECT count(*) FROM awp.tasks WHERE run_id = :'krun' AND status IN (
           'three instances in flight: the run''s concurrency');
 SELECT is((SELECT array_agg(task_key || ':' || wait_reason ORDER BY task_key) FROM awp.run_tasks(:'krun') WHERE status = 'ready'),
           '{each[3]:run_concurrency,each[4]:run_concurrency}', 'the other instances wait for run_concurrency');
+SELECT results_eq($$SELECT wait_reason, wait_detail FROM awp.run_tasks('$$ || :'krun' || $$') WHERE task_key = 'each'$$,
+                  $$VALUES ('waiting_dependencies', 'waiting for its 5 instances (for_each over split): 5 of them not yet succeeded')$$,
+                  'the mapped task waits for its instances, and says so');
 SELECT is(tests.drive(:'krun'), 'succeeded', 'all five instances run');
 
 -- The group path and the general path.

@@ -626,12 +626,15 @@ def schedule_delete(client: Client, as_json: bool, schedule_id: str) -> None:
 @click.option("--fast", is_flag=True, help="Shorter tasks and timings (for tests).")
 @click.option("--port", type=int, default=0, help="Gateway port [default: a free one].")
 @click.option("--workers", "n_workers", type=click.IntRange(2, 16), default=3, show_default=True)
-def demo(database_url: str | None, fast: bool, port: int, n_workers: int) -> None:
+@click.option(
+    "--dynamic", is_flag=True, help="Run the dynamic example instead (for_each, when, a child run; docs/dynamic.md)."
+)
+def demo(database_url: str | None, fast: bool, port: int, n_workers: int, dynamic: bool) -> None:
     """Start the database, the gateway and workers; run the example DAG; kill a worker mid-run; show the takeover."""
     from awp.demo import DemoError, run_demo
 
     try:
-        code = run_demo(database_url=database_url, fast=fast, port=port, n_workers=n_workers)
+        code = run_demo(database_url=database_url, fast=fast, port=port, n_workers=n_workers, dynamic=dynamic)
     except DemoError as e:
         raise click.ClickException(str(e)) from e
     sys.exit(code)

@@ -122,19 +122,38 @@ def _local_database(console: Console) -> tuple[str, str, Any]:
     return local.admin_dsn, local.gateway_dsn, (local.cluster if local.started else None)
 
 
-def _prepare_definition(timings: Timings) -> dict[str, Any]:
-    definition = yaml.safe_load((examples_dir() / "demo-etl.yaml").read_text())
+def _prepare_definition(timings: Timings, name: str = "demo-etl.yaml") -> dict[str, Any]:
+    definition = yaml.safe_load((examples_dir() / name).read_text())
     if timings.sleep_scale != 1.0:
         definition["id"] = f"{definition['id']}-fast"
         for task in definition["tasks"]:
             inp = task.get("input") or {}
             if isinstance(inp.get("sleep_ms"), int):
                 inp["sleep_ms"] = max(50, int(inp["sleep_ms"] * timings.sleep_scale))
+            if task.get("executor") == "workflow":  # its child workflow is applied under its -fast id too
+                inp["workflow_id"] = f"{inp['workflow_id']}-fast"
     return definition
 
 
-def run_demo(database_url: str | None = None, fast: bool = False, port: int = 0, n_workers: int = 3) -> int:
-    """Run the demo; returns the exit code (0 when the run succeeded after a takeover)."""
+# The dynamic example's document (`awp demo --dynamic`): cut into chunks at run time by examples/handlers.py:chunk.
+DYNAMIC_DOCUMENT = (
+    "A control plane keeps every fact in PostgreSQL. Workers pull tasks over HTTP, hold leases with secret tokens, "
+    "renew them with heartbeats and report results. The database decides with its own clock who owns each "
+    "attempt, so a stale worker's late result is rejected and a crashed worker's task is retried. Agent workloads "
+    "are many small dynamic runs: an agent decides at run time how many things to do, so a workflow maps a task "
+    "over a list that an earlier task produced, takes one branch or another on a condition, and starts whole "
+    "workflows as child runs. Each instance of a mapped task is an ordinary task: it is leased, fenced, retried "
+    "and counted against the run's concurrency like any other, and the mapped task's output is the list of its "
+    "instances' outputs in order. A condition that does not hold skips its task without failing the run, and a "
+    "child run's output becomes the output of the task that started it."
+)
+
+
+def run_demo(
+    database_url: str | None = None, fast: bool = False, port: int = 0, n_workers: int = 3, dynamic: bool = False
+) -> int:
+    """Run the demo; returns the exit code (0 when the run succeeded after a takeover). ``dynamic``: the dynamic
+    example instead (examples/demo-dynamic.yaml: for_each, when, a child run; docs/dynamic.md), without a kill."""
     console = Console()
     timings = FAST if fast else NORMAL
     state = DemoState()
@@ -169,7 +188,7 @@ def run_demo(database_url: str | None = None, fast: bool = False, port: int = 0,
             )
         console.print(f"demo timings: lease {timings.lease_ms} ms, heartbeat {timings.heartbeat_ms} ms")
         assert serve_dsn is not None
-        return asyncio.run(_main(console, serve_dsn, port, n_workers, timings, state, log_dir))
+        return asyncio.run(_main(console, serve_dsn, port, n_workers, timings, state, log_dir, dynamic))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: shutting down[/]")
         return 130
@@ -227,7 +246,14 @@ async def _cancel(gateway: str, token: str | None, run_id: str) -> None:
 
 
 async def _main(
-    console: Console, dsn: str, port: int, n_workers: int, timings: Timings, state: DemoState, log_dir: Path
+    console: Console,
+    dsn: str,
+    port: int,
+    n_workers: int,
+    timings: Timings,
+    state: DemoState,
+    log_dir: Path,
+    dynamic: bool = False,
 ) -> int:
     from awp.localdb import free_port
     from awp.terminal import watch_run, workers_table
@@ -279,6 +305,8 @@ async def _main(
     async with Client(gateway, operator) as client:
         await _wait_workers(client, state, n_workers)
         console.print(workers_table(await _our_workers(client, state)))
+        if dynamic:
+            return await _run_dynamic(console, client, state, timings)
         definition = _prepare_definition(timings)
         applied = await client.apply_workflow(definition)
         console.print(
@@ -318,6 +346,55 @@ async def _main(
         ok = final == "succeeded" and all(t.new_worker for t in state.takeovers) and bool(state.takeovers)
         console.print(f"[bold {'green' if ok else 'red'}]run {run_id} {final}[/]")
         return 0 if ok else 1
+
+
+async def _run_dynamic(console: Console, client: Client, state: DemoState, timings: Timings) -> int:
+    """The dynamic example (docs/dynamic.md): chunk -> summarize each chunk (for_each) -> merge -> a review child
+    run or a short note (when); watched to the end, then what each dynamic step did."""
+    from awp.terminal import watch_run
+
+    review = await client.apply_workflow(_prepare_definition(timings, "demo-review.yaml"))
+    definition = _prepare_definition(timings, "demo-dynamic.yaml")
+    applied = await client.apply_workflow(definition)
+    console.print(
+        f"workflows [bold]{applied['workflow_id']}[/] v{applied['version']} and [bold]{review['workflow_id']}[/] "
+        f"v{review['version']} (its child run)"
+    )
+    run = await client.start_run(applied["workflow_id"], applied["version"], input={"document": DYNAMIC_DOCUMENT})
+    run_id = state.run_id = run["run_id"]
+    console.print(f"run [bold]{run_id}[/] started on a document of {len(DYNAMIC_DOCUMENT.split())} words")
+    final = await watch_run(client, run_id, console, timeout_s=180, poll_s=0.25)
+    state.finished = True
+
+    console.rule("[bold]dynamic steps")
+    tasks = await client.run_tasks(run_id)
+    instances = [t for t in tasks if t.get("mapped_task") == "summarize"]
+    mapped = await client.get_task(run_id, "summarize")
+    console.print(
+        f"chunk cut the document into {mapped.get('item_count')} chunks; summarize ran as {len(instances)} "
+        f"instances summarize[0]..summarize[{len(instances) - 1}] (ctx.item, ctx.item_index), "
+        f"{mapped.get('instances_succeeded')} succeeded"
+    )
+    merge = ((await client.get_task(run_id, "merge")).get("attempt_history") or [{}])[-1].get("output") or {}
+    console.print(
+        f"merge read the {merge.get('chunks')} summaries in order: {merge.get('words')} words, long={merge.get('long')}"
+    )
+    short = await client.get_task(run_id, "short-note")
+    console.print(f"short-note: {short.get('status')} ({short.get('skip_reason')})")
+    sub = await client.get_task(run_id, "review")
+    child = await client.get_run(str(sub.get("child_run_id"))) if sub.get("child_run_id") else {}
+    console.print(
+        f"review: child run {child.get('run_id')} of {child.get('workflow_id')} {child.get('status')}; "
+        f"its output became review's: {json.dumps(sub.get('output'))}"
+    )
+    ok = (
+        final == "succeeded"
+        and short.get("skip_reason") == "condition_false"
+        and child.get("status") == "succeeded"
+        and len(instances) == mapped.get("item_count")
+    )
+    console.print(f"[bold {'green' if ok else 'red'}]run {run_id} {final}[/]")
+    return 0 if ok else 1
 
 
 async def _show_data_flow(console: Console, client: Client, run_id: str) -> None:

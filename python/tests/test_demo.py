@@ -41,3 +41,24 @@ def test_demo_runs_to_the_end_with_a_takeover(db_dsn: str) -> None:
         settings = one(conn, "SELECT awp.get_settings()")[0]
     assert workers == {"stopped": 2, "offline": 1}, "two drained workers, one killed"
     assert settings["lease_duration_ms"] == 15000, "the demo restores the settings it changed"
+
+
+def test_the_dynamic_demo_runs_to_the_end(db_dsn: str) -> None:
+    """``awp demo --dynamic`` (make demo-dynamic): for_each over chunks made at run time, when, a child run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWP_")}
+    proc = subprocess.run(
+        awp_command("demo", "--database-url", db_dsn, "--fast", "--dynamic"),
+        env={**env, "COLUMNS": "200"},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "chunk cut the document into 7 chunks; summarize ran as 7 instances summarize[0]..summarize[6]" in out
+    assert "7 succeeded" in out
+    assert "long=True" in out
+    assert "short-note: skipped (condition_false)" in out
+    assert 'of demo-review-fast succeeded; its output became review\'s: {"approve": {"approved": true}}' in out
+    assert "gateway exited with 0" in out
