@@ -10,6 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import dynamic
+
 # Peers' figures as published: NOT measured by this harness, shown for context only.
 PUBLISHED = [
     ("seed article (design article of this project)", {"1 worker": 18.3, "4 workers": 27.6, "16 workers": 30.0}),
@@ -140,6 +142,7 @@ def _scenarios(results: dict[str, Any]) -> list[dict[str, Any]]:
         *([io] if io else []),
         *rec,
         *(s for s in (results.get("many_runs") or {}).values() if s.get("invariants") is not None),
+        *(v for k, v in (results.get("dynamic") or {}).items() if k in ("static", "for_each")),
     ]
 
 
@@ -217,6 +220,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
         out.append((name, *missing))
 
     out += many_runs_targets(results, with_invariants=False)
+    out += dynamic.targets(results)
     out.append(_invariants_target(results))
     return out
 
@@ -830,11 +834,13 @@ def tables(results: dict[str, Any]) -> list[Table]:
                 )
             out.append(t_prof)
     out += many_runs_tables(results)
+    if results.get("dynamic"):
+        out.append(dynamic_table(results))
     t_inv = _invariants_table(results)
     if t_inv is not None:
         out.append(t_inv)
     t_tgt = Table(
-        "Targets of issues 11, 18 and 46 (measured, not asserted)", ["target", "measured", "result"], right=set()
+        "Targets of issues 11, 18, 46 and 39 (measured, not asserted)", ["target", "measured", "result"], right=set()
     )
     for name, measured, met in targets(results):
         t_tgt.add(name, measured, "NOT MEASURED" if met is None else ("PASS" if met else "MISS"))
@@ -844,6 +850,28 @@ def tables(results: dict[str, Any]) -> list[Table]:
         )
     out.append(t_tgt)
     return out
+
+
+def dynamic_table(results: dict[str, Any]) -> Table:
+    """Step 10 (issue 39, benchmarks/dynamic.py): the for_each run beside the static one, rounds alternating."""
+    d = results.get("dynamic") or {}
+    t = Table(
+        "Dynamic workflows (issue 39): for_each against a static run, rounds alternating",
+        ["scenario", "tasks/s (median, spread)", "n", "PostgreSQL ms/task", "for_each / static"],
+        right={1, 2, 3, 4},
+    )
+    for key in ("static", "for_each"):
+        sc = d.get(key)
+        if not sc:
+            continue
+        pg = (sc.get("cpu_ms_per_task") or {}).get("postgres") or {}
+        ratio = (
+            f"{d['ratio']:.2f} x (pairs {', '.join(f'{p:.2f}' for p in d.get('pairs') or [])})"
+            if key == "for_each" and d.get("ratio")
+            else ""
+        )
+        t.add(sc["label"], _spread(sc["tasks_per_s"]), sc["tasks_per_s"].get("n", ""), _ms(pg) if pg else "-", ratio)
+    return t
 
 
 def _invariants_table(results: dict[str, Any]) -> Table | None:

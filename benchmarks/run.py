@@ -42,6 +42,8 @@ One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated databas
    Its targets also raise two of step 2's: AWP >= 1.5 x procrastinate and PostgreSQL CPU per task <= 0.7 ms (the
    issue-11 targets, 1.0 x and 2 ms, stay beside them). ``--quick``: 100 x 10 and 1,000 x 1 runs, a backlog of
    10,000 tasks, 2,000 live runs for the pass, 3 s of starts.
+10. dynamic workflows (issue 39, ``dynamic.py``): one run with a ``for_each`` over 5,000 items against a static run
+   of 5,000 tasks, 4 workers x concurrency 16, rounds alternating: target >= 0.8 x (``--quick``: 1,000 items).
 
 Every AWP scenario ends with ``awp.check_invariants()`` (whole database; step 9: over its own runs, 1,000 a call, as
 a whole-database call costs runs x tasks there); violations are reported per scenario and make the exit status 1
@@ -76,6 +78,7 @@ from pathlib import Path
 from typing import Any
 
 # this folder's modules (peer_procrastinate, procs, ...): a script's own folder is first on sys.path
+import dynamic
 import many_runs
 import peer_procrastinate
 import procs
@@ -144,6 +147,10 @@ class Plan:
     start_clients: tuple[int, ...] = (8, 1)  # POST .../runs: concurrent clients, start_seconds each
     start_seconds: float = 5.0
     log_pairs: int = 3  # logging: pairs of repetitions (INFO, WARNING), alternating
+    # Dynamic workflows (issue 39; dynamic.py): a for_each over dynamic_items against a static run of as many tasks,
+    # batch_workers x batch_concurrency, dynamic_repeats rounds alternating
+    dynamic_items: int = 5000
+    dynamic_repeats: int = 3
 
 
 FULL = Plan(
@@ -191,6 +198,8 @@ QUICK = replace(
     pass_samples=30,
     start_seconds=3.0,
     log_pairs=2,
+    dynamic_items=1000,
+    dynamic_repeats=2,
 )
 
 
@@ -729,6 +738,7 @@ def problems(results: dict[str, Any]) -> list[str]:
         *([results["io_bound"]] if results.get("io_bound") else []),
         *results.get("recovery", []),
         *(results.get("many_runs") or {}).values(),
+        *(v for k, v in (results.get("dynamic") or {}).items() if k in ("static", "for_each")),
     ]
     for s in scenarios:
         if s.get("status") == "failed":
@@ -890,6 +900,7 @@ def run_plan(
         # Issue 46 last: after retention's prune the database is small again, and its runs (tens of thousands)
         # weigh on no earlier scenario's whole-database awp.check_invariants().
         results["many_runs"] = many_runs.measure(b, plan)
+        results["dynamic"] = dynamic.measure(b, plan)
     finally:
         b.pool.resize(0)
         b.gateway.stop()
@@ -950,6 +961,34 @@ def run_many_only(
     return 1 if results["problems"] else 0
 
 
+def run_dynamic_only(
+    plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, out: Path, when: dt.datetime
+) -> int:
+    """``--dynamic-only``: step 10 alone (``dynamic.py``), on its own gateway and workers; prints its table and
+    target and writes ``dynamic-<plan>-<time>.json`` (``latest.*`` are left as they are)."""
+    b = Bench(dsn, datadir, workdir, reaper)
+    results: dict[str, Any] = {"plan": asdict(plan), "machine": machine()}
+    b.gateway.start()
+    try:
+        results["dynamic"] = dynamic.measure(b, plan)
+    finally:
+        b.pool.resize(0)
+        b.gateway.stop()
+        b.conn.close()
+    results["started_at"] = when.isoformat(timespec="seconds")
+    results["problems"] = problems(results)
+    print(report.dynamic_table(results).text())
+    for name, measured, met in dynamic.targets(results):
+        print(f"{name}: {measured} {'NOT MEASURED' if met is None else ('PASS' if met else 'MISS')}")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"dynamic-{plan.name}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    log.info("written %s", path)
+    for p in results["problems"]:
+        log.error("PROBLEM: %s", p)
+    return 1 if results["problems"] else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="reduced sizes (about three minutes)")
@@ -972,9 +1011,15 @@ def main() -> int:
         help="only the scenarios of issue 46 (many_runs.py; with --quick: reduced sizes), printed with their targets "
         "and written to many-<plan>-<time>.json",
     )
+    parser.add_argument(
+        "--dynamic-only",
+        action="store_true",
+        help="only step 10 (issue 39, dynamic.py: for_each against a static run), printed with its target and "
+        "written to dynamic-<plan>-<time>.json",
+    )
     args = parser.parse_args()
-    if args.io_only and args.many_runs_only:
-        parser.error("--io-only and --many-runs-only: one at a time")
+    if args.io_only + args.many_runs_only + args.dynamic_only > 1:
+        parser.error("--io-only, --many-runs-only and --dynamic-only: one at a time")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     plan = QUICK if args.quick else FULL
     if args.repeats:
@@ -1006,8 +1051,8 @@ def main() -> int:
                 enable_pg_stat_statements(server)
             dsn = fresh_database(server, database_name("bench"))
             peer_db = database_name("bench_procrastinate")
-            alone = args.io_only or args.many_runs_only
-            # empty: the peer applies its own schema (not needed for --io-only, --many-runs-only)
+            alone = args.io_only or args.many_runs_only or args.dynamic_only
+            # empty: the peer applies its own schema (not needed for --io-only, --many-runs-only, --dynamic-only)
             peer_dsn = None if alone else server.create_database(peer_db)
             # The plain-SQL reference runs in a database of its own: run in AWP's database, its 300,000-row
             # table churn (and the VACUUM ANALYZE after it) slowed AWP's later scenarios by 30-150%.
@@ -1018,6 +1063,8 @@ def main() -> int:
                     alone_code = run_io_only(plan, dsn, datadir, workdir, reaper, args.out, when)
                 elif args.many_runs_only:
                     alone_code = run_many_only(plan, dsn, datadir, workdir, reaper, args.out, when)
+                elif args.dynamic_only:
+                    alone_code = run_dynamic_only(plan, dsn, datadir, workdir, reaper, args.out, when)
                 else:
                     results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile, peer_dsn, ref_dsn)
             finally:
@@ -1036,7 +1083,7 @@ def main() -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             log.info("gateway and worker logs kept in %s", workdir)
-    if args.io_only or args.many_runs_only:
+    if alone:
         return alone_code
     results["started_at"] = when.isoformat(timespec="seconds")
     results["problems"] = problems(results)

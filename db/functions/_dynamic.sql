@@ -11,7 +11,9 @@
 --   a `for_each` (its `when`, if any, holds)       -> the dependency's output must be an array of at most max_items
 --                                                    elements: one instance per element ("<key>[<i>]", ready, with
 --                                                    the task's executor, action, input, retry and timeout; the
---                                                    element and index on its lease), and the mapped task waits
+--                                                    element and index on its lease; its dependencies are the
+--                                                    task's but the list's, which `item` replaces: a lease does not
+--                                                    carry the whole list), and the mapped task waits
 --                                                    for them (pending_deps counts those not yet succeeded); an
 --                                                    empty array: succeeded with []; otherwise failed, error
 --                                                    for_each_invalid, dependants skipped
@@ -107,7 +109,8 @@ BEGIN
     INSERT INTO awp.tasks (run_id, task_key, ordinal, executor, action, input, depends_on, dependants, pending_deps,
                            max_attempts, interval_ms, timeout_ms, status, updated_at, mapped_task, item, item_index)
     SELECT p_run_id, p_task_key || '[' || (e.o - 1) || ']', v_after + e.o::integer, x.executor, x.action, x.input,
-           x.depends_on, ARRAY[p_task_key], 0, x.max_attempts, x.interval_ms, x.timeout_ms, 'ready', p_now,
+           array_remove(x.depends_on, x.for_each), ARRAY[p_task_key], 0, x.max_attempts, x.interval_ms, x.timeout_ms,
+           'ready', p_now,
            p_task_key, e.v, (e.o - 1)::integer
       FROM awp.tasks x, jsonb_array_elements(v_list) WITH ORDINALITY AS e(v, o)
      WHERE x.run_id = p_run_id AND x.task_key = p_task_key

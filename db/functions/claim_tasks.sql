@@ -265,8 +265,10 @@ COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready t
 -- awp._append_events), and the completed dispatch (`done`, its result hash and result, checked by the caller under
 -- the run's lock): it is written here with the refill's row, one MERGE on awp.dispatches (completed with its
 -- attempt as awp._end_attempt does for a success) instead of an UPDATE and an INSERT. Each run touched is then
--- written once with its events (awp._write_log). The general path (after awp._complete_task) passes the worker
--- and claim_seq alone. The MERGE reads awp.dispatches by primary key only (its ON clause names both ids), and the
+-- written once with its events (awp._write_log). `countdown`: the mapped task of a completed instance
+-- (docs/dynamic.md) that waits for other instances too: one less to wait for, in the same tasks UPDATE (the caller
+-- checked it under the run's lock). The general path (after awp._complete_task) passes the worker and claim_seq
+-- alone. The MERGE reads awp.dispatches by primary key only (its ON clause names both ids), and the
 -- tasks UPDATE awp.tasks by primary key; both are planned with enable_seqscan off (set around them): with a table
 -- small (a fresh database, or one analyzed while small) the planner preferred to scan all of it, a plan the plan
 -- cache kept as the table grew (measured: +30% per completion at 2,400 dispatches; the tasks UPDATE scanned 1,200
@@ -278,7 +280,8 @@ CREATE OR REPLACE FUNCTION awp._lease_refill(w awp.workers, p_claim_seq bigint, 
                                              p_types text[] DEFAULT '{}', p_keys text[] DEFAULT '{}',
                                              p_from text[] DEFAULT '{}', p_to text[] DEFAULT '{}',
                                              p_reasons text[] DEFAULT '{}', p_done text DEFAULT NULL,
-                                             p_done_hash bytea DEFAULT NULL, p_done_result jsonb DEFAULT NULL)
+                                             p_done_hash bytea DEFAULT NULL, p_done_result jsonb DEFAULT NULL,
+                                             p_countdown text DEFAULT NULL)
 RETURNS SETOF awp.lease
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off AS $$   -- see awp._dispatch_one
 DECLARE
@@ -375,9 +378,11 @@ BEGIN
   IF v_key IS NOT NULL OR p_succeeded_task IS NOT NULL THEN
     UPDATE awp.tasks y
        SET status = v.status, attempts = coalesce(v.attempts, y.attempts), updated_at = v_now, ready_at = NULL,
-           finished_at = CASE WHEN v.status = 'succeeded' THEN v_now END
-      FROM (VALUES (p_run, p_succeeded_task, 'succeeded', NULL::integer), (v_run, v_key, 'running', v_att))
-           AS v(run_id, task_key, status, attempts)
+           finished_at = CASE WHEN v.status = 'succeeded' THEN v_now END, pending_deps = y.pending_deps - v.down
+      FROM (VALUES (p_run, p_succeeded_task, 'succeeded', NULL::integer, 0),
+                   (v_run, v_key, 'running', v_att, 0),
+                   (p_run, p_countdown, 'waiting_dependencies', NULL, 1))
+           AS v(run_id, task_key, status, attempts, down)
      WHERE y.run_id = v.run_id AND y.task_key = v.task_key;
   END IF;
   PERFORM set_config('enable_seqscan', v_seqscan, true);
@@ -405,7 +410,7 @@ BEGIN
   RETURN QUERY SELECT v_id, v_token, r.workflow_id, r.workflow_version, v_run, t.task_key, t.executor, t.action,
                       t.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence, r.input, v_up, t.item, t.item_index;
 END $$;
-COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint, timestamptz, text, text, text[], text[], text[], text[], text[], text, bytea, jsonb) IS 'Refills the slot a completion freed with a dispatch leased at once to that worker (claim on complete); the hot path''s completion writes are finished with it.';
+COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint, timestamptz, text, text, text[], text[], text[], text[], text[], text, bytea, jsonb, text) IS 'Refills the slot a completion freed with a dispatch leased at once to that worker (claim on complete); the hot path''s completion writes are finished with it.';
 
 -- awp._upstream(run, depends_on): {dependency key: output of its succeeded attempt} (JSON null when
 -- that attempt had no output). Called only for tasks that are being leased, so every dependency has

@@ -106,7 +106,8 @@ CREATE OR REPLACE FUNCTION awp._wake_for_fan_out(p_run_id text, p_task_key text,
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF p_kind = 'success'
-     AND (SELECT cardinality(t.dependants) FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key) > 0
+     AND (SELECT cardinality(t.dependants) FROM awp.tasks t
+           WHERE t.run_id = p_run_id AND t.task_key = p_task_key AND t.mapped_task IS NULL) > 0   -- not an instance
      AND (SELECT t.ordinal FROM awp.tasks t WHERE t.run_id = p_run_id AND t.status = 'ready' ORDER BY t.ordinal LIMIT 1) IS NOT NULL
      AND (awp._dispatch_budget()).worker_free > 0 THEN
     PERFORM awp._wake('awp_coordinator', 'completed');
@@ -337,6 +338,7 @@ DECLARE
   v_n     integer;
   v_last  boolean;   -- the completed task is the run's last unfinished one
   v_resolve boolean := false;   -- a dynamic task waits for awp._resolve_run (awp._unlock_dependants)
+  v_countdown text;   -- the mapped task counted down (see below)
   e_type  text[];
   e_key   text[];
   e_from  text[];
@@ -369,8 +371,13 @@ BEGIN
   -- The completion's checks, read: the dispatch is written by awp._lease_refill together with the refill's (one
   -- MERGE). Under the locks held here nothing else writes this dispatch or its task: the run's (the reaper, a
   -- cancel, another completion), the worker's (its heartbeats).
-  SELECT x.task_key, x.attempt, y.dependants INTO d
+  -- countdown: the task is an instance of a for_each task that waits for other instances too (docs/dynamic.md): its
+  -- count goes down in awp._lease_refill's tasks UPDATE instead of a statement of its own (awp._unlock_dependants).
+  SELECT x.task_key, x.attempt, y.dependants, y.mapped_task,
+         coalesce(m.status = 'waiting_dependencies' AND m.pending_deps > 1, false) AS countdown
+    INTO d
     FROM awp.dispatches x JOIN awp.tasks y ON y.run_id = x.run_id AND y.task_key = x.task_key
+    LEFT JOIN awp.tasks m ON m.run_id = y.run_id AND m.task_key = y.mapped_task
    WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND awp._holds_lease(x, w.worker_id, p_lease_token)
      AND v_now < x.attempt_deadline AND v_now < x.lease_expires_at AND x.attempt_status = 'running'
      AND y.attempts = x.attempt AND y.status = 'running';
@@ -383,10 +390,14 @@ BEGIN
   e_from := '{leased,running,running}';
   e_to := '{completed,succeeded,succeeded}';
   e_why := ARRAY['completed by ' || w.worker_id, 'success', 'success'];
-  IF cardinality(d.dependants) > 0 THEN
-    fan_out := true;
+  IF d.countdown THEN
+    v_countdown := d.mapped_task;
+  ELSIF cardinality(d.dependants) > 0 THEN
     SELECT u.ready, u.resolve INTO v_ready, v_resolve FROM awp._unlock_dependants(v_run, d.dependants, v_now) u;
     v_n := coalesce(cardinality(v_ready), 0);
+    -- A fan-out only when dependants became ready: an instance of a for_each task counts down its mapped task and
+    -- unlocks nothing (a wake-up per instance kept the coordinator passing back to back; docs/dynamic.md).
+    fan_out := v_n > 0;
     e_type := e_type || array_fill('task'::text, ARRAY[v_n]);
     e_key := e_key || coalesce(v_ready, '{}');
     e_from := e_from || array_fill('waiting_dependencies'::text, ARRAY[v_n]);
@@ -395,7 +406,7 @@ BEGIN
   END IF;
 
   SELECT * INTO lease FROM awp._lease_refill(w, p_claim_seq, v_now, v_run, d.task_key, e_type, e_key, e_from, e_to, e_why,
-                                             p_dispatch_id, v_hash, p_result);
+                                             p_dispatch_id, v_hash, p_result, v_countdown);
   outcome := CASE WHEN FOUND THEN 'leased' ELSE 'completed' END;
   IF v_resolve THEN   -- after the completion's own events: a condition, a for_each (docs/dynamic.md)
     PERFORM awp._resolve_run(v_run);
@@ -573,6 +584,11 @@ DECLARE
   v_ready text[];
   v_resolve boolean;
   v_resolve_runs text[] := '{}';   -- runs whose dynamic tasks wait for awp._resolve_run (awp._unlock_dependants)
+  c_fan   integer[] := '{}';   -- the items whose completion made dependants ready (a fan-out)
+  c_mapped text[];             -- per item: the mapped task of an instance of a for_each task (docs/dynamic.md)
+  d_run   text[] := '{}';      -- the mapped tasks to count down (run, key), one entry per instance completed
+  d_key   text[] := '{}';
+  d_left  integer;
   v_k     integer;
   v_dl    timestamptz;
   v_exp   timestamptz;
@@ -664,7 +680,9 @@ BEGIN
   v_now := awp._now();
   v_ctid := awp._task_rows(c_run, c_key);
   PERFORM set_config('enable_seqscan', 'off', true);   -- planned as a TID scan (see above)
-  SELECT array_agg(y.dependants::text ORDER BY array_position(v_ctid, y.ctid)) INTO c_deps
+  SELECT array_agg(y.dependants::text ORDER BY array_position(v_ctid, y.ctid)),
+         array_agg(y.mapped_task ORDER BY array_position(v_ctid, y.ctid))
+    INTO c_deps, c_mapped
     FROM awp.tasks y
    WHERE y.ctid = ANY (v_ctid) AND y.status IS NOT DISTINCT FROM 'running'
      AND y.attempts = c_att[array_position(v_ctid, y.ctid)];
@@ -685,9 +703,15 @@ BEGIN
     e_why := e_why || ARRAY['completed by ' || w.worker_id, 'success', 'success'];
     v_g := array_position(g_run, c_run[v_k]);
     g_busy[v_g] := g_busy[v_g] - 1;   -- its completion counts out
-    IF c_deps[v_k] <> '{}' THEN
+    IF c_mapped[v_k] IS NOT NULL THEN   -- an instance: its mapped task is counted down once for the group, below
+      d_run := d_run || c_run[v_k];
+      d_key := d_key || c_mapped[v_k];
+    ELSIF c_deps[v_k] <> '{}' THEN
       SELECT coalesce(u.ready, '{}'), u.resolve INTO v_ready, v_resolve
         FROM awp._unlock_dependants(c_run[v_k], c_deps[v_k]::text[], v_now) u;
+      IF cardinality(v_ready) > 0 THEN   -- a fan-out (see awp._complete_and_refill)
+        c_fan := c_fan || v_k;
+      END IF;
       IF v_resolve AND NOT c_run[v_k] = ANY (v_resolve_runs) THEN
         v_resolve_runs := v_resolve_runs || c_run[v_k];
       END IF;
@@ -848,16 +872,24 @@ BEGIN
     PERFORM awp._write_log(v_cand, l_type, l_key, l_from, l_to, l_why,
                            -(SELECT count(*) FROM unnest(c_run) u WHERE u = v_cand)::integer, v_cand = ANY (v_order), v_now);
   END LOOP;
+  -- The mapped tasks of the instances completed, each counted down by its instances in one UPDATE (by key); one that
+  -- reaches 0 (its last instance) is resolved with the runs below.
+  FOR x IN SELECT u.r, u.k, count(*)::integer AS n FROM unnest(d_run, d_key) AS u(r, k) GROUP BY u.r, u.k ORDER BY u.r, u.k LOOP
+    UPDATE awp.tasks y SET pending_deps = y.pending_deps - x.n, updated_at = v_now
+     WHERE y.run_id = x.r AND y.task_key = x.k AND y.status = 'waiting_dependencies'
+    RETURNING y.pending_deps INTO d_left;
+    IF d_left = 0 AND NOT x.r = ANY (v_resolve_runs) THEN
+      v_resolve_runs := v_resolve_runs || x.r;
+    END IF;
+  END LOOP;
   IF cardinality(v_resolve_runs) > 0 THEN   -- after the group's own events (docs/dynamic.md)
     FOREACH v_cand IN ARRAY v_resolve_runs LOOP
       PERFORM awp._resolve_run(v_cand);
     END LOOP;
     PERFORM awp._log_flush();
   END IF;
-  FOR v_k IN 1 .. v_n LOOP   -- the coordinator is woken as by each item's own call (awp._complete_and_claim)
-    IF c_deps[v_k] <> '{}' THEN
-      PERFORM awp._wake_for_fan_out(c_run[v_k], c_key[v_k], 'success');
-    END IF;
+  FOREACH v_k IN ARRAY c_fan LOOP   -- the coordinator is woken as by each item's own call (awp._complete_and_claim)
+    PERFORM awp._wake_for_fan_out(c_run[v_k], c_key[v_k], 'success');
   END LOOP;
   RETURN QUERY
     SELECT v_pos[u.i]::integer,

@@ -211,7 +211,7 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                  ORDER BY 1),
           ARRAY['awp._claim(awp.workers,integer,boolean,bigint)',
                 'awp._complete_and_claim(awp.workers,text,text,jsonb,integer,bigint)',
-                'awp._lease_refill(awp.workers,bigint,timestamp with time zone,text,text,text[],text[],text[],text[],text[],text,bytea,jsonb)',
+                'awp._lease_refill(awp.workers,bigint,timestamp with time zone,text,text,text[],text[],text[],text[],text[],text,bytea,jsonb,text)',
                 'awp.claim_tasks(text,text,integer,bigint)',
                 'awp.complete_and_claim(text,text,text,text,jsonb,integer,bigint)'],
           'the lease columns are defined once (awp.lease): claim_tasks, complete_and_claim, _claim, _lease_refill return it');

@@ -54,7 +54,8 @@ def test_for_each_maps_a_list_made_at_run_time(gw: ServeProcess, workers: Worker
         "concurrency": 3,
         "tasks": [
             mock_task("split", output=chunks),
-            {**mock_task("summarize", ["split"], echo=True), "for_each": "split"},
+            mock_task("style", output={"tone": "short"}),
+            {**mock_task("summarize", ["split", "style"], echo=True), "for_each": "split"},
             mock_task("merge", ["summarize"], echo=True),
         ],
     }
@@ -62,13 +63,13 @@ def test_for_each_maps_a_list_made_at_run_time(gw: ServeProcess, workers: Worker
     run = wait_run(gw, run_id)
     assert run["status"] == "succeeded", tasks(gw, run_id)
     listed = tasks(gw, run_id)
-    assert list(listed) == ["split", "summarize", "merge", *[f"summarize[{i}]" for i in range(5)]]
+    assert list(listed) == ["split", "style", "summarize", "merge", *[f"summarize[{i}]" for i in range(5)]]
     for i, chunk in enumerate(chunks):
         instance = listed[f"summarize[{i}]"]
         assert (instance["mapped_task"], instance["item_index"], instance["status"]) == ("summarize", i, "succeeded")
         output = task(gw, run_id, f"summarize[{i}]")["attempt_history"][-1]["output"]
         assert output["item"] == chunk and output["item_index"] == i
-        assert output["upstream"] == {"split": chunks}
+        assert output["upstream"] == {"style": {"tone": "short"}}  # not the list: its element is item
     mapped = task(gw, run_id, "summarize")
     assert (mapped["status"], mapped["item_count"], mapped["instances_succeeded"]) == ("succeeded", 5, 5)
     assert [o["item"] for o in mapped["output"]] == chunks
@@ -76,6 +77,7 @@ def test_for_each_maps_a_list_made_at_run_time(gw: ServeProcess, workers: Worker
     assert merge["upstream"] == {"summarize": mapped["output"]}
     assert one_success_each(db_dsn, run_id) == {
         "split": 1,
+        "style": 1,
         "merge": 1,
         **{f"summarize[{i}]": 1 for i in range(5)},
     }

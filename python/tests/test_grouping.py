@@ -162,8 +162,8 @@ def test_the_held_calls_go_to_the_database_before_the_call_before_them_is_answer
                 await release.wait()
             return [
                 {
-                    "item": n,
-                    "error": None,
+                    "group_item": n,
+                    "group_error": None,
                     "dispatch_id": "next-" + i["dispatch_id"],
                     "run_id": run_of[i["dispatch_id"]],
                 }
@@ -266,7 +266,7 @@ def test_lanes_keep_one_grouped_call_in_flight_each_and_a_run_always_takes_its_o
         async def many(items: list[dict[str, Any]], lock_wait_ms: int | None = None) -> list[dict[str, Any]]:
             started.append([i["dispatch_id"] for i in items])
             return [
-                {"item": n, "error": None, "dispatch_id": "next-" + i["dispatch_id"], "run_id": "x"}
+                {"group_item": n, "group_error": None, "dispatch_id": "next-" + i["dispatch_id"], "run_id": "x"}
                 for n, i in enumerate(items, start=1)
             ]
 
