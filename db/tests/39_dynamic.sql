@@ -5,7 +5,7 @@
 -- validation at definition time; the run's invariants after each.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(118);
+SELECT plan(128);
 
 SELECT tests.freeze('2030-01-01 00:00:00+00');
 SELECT * FROM tests.register_worker('w1', '{mock}', 50) \gset w1_
@@ -437,6 +437,49 @@ SELECT awp.request_cancel(:'kid5');
 SELECT awp.coordinator_tick();
 SELECT is((SELECT reason FROM awp.events WHERE run_id = :'prun4' AND entity_key = 'sub' AND to_status = 'waiting_retry'),
           'child_run_failed', 'a canceled child fails the attempt (child_run_failed)');
+
+-- The group path counts instances down once per group (called directly: it must apply, or this raises).
+SELECT count(*) FROM awp.runs r, LATERAL awp.request_cancel(r.run_id) c WHERE r.status IN ('pending', 'running');   -- nothing else pending
+SELECT awp.coordinator_tick();
+SELECT tests.make_workflow('fan4', jsonb_build_array(
+         tests.task('split'), tests.task('each', '{split}', '{"for_each": "split"}')), 2);
+SELECT awp.start_run('fan4') AS g4run \gset
+SELECT tests.step(:'g4run', '{"split": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}');
+SELECT awp.coordinator_tick();
+SELECT c.dispatch_id AS g4d1, c.lease_token AS g4t1 FROM awp.claim_tasks(:'w1_worker_id', :'w1_token', 1) c \gset
+SELECT c.dispatch_id AS g4d2, c.lease_token AS g4t2 FROM awp.claim_tasks(:'w2_worker_id', :'w2_token', 1) c \gset
+SELECT jsonb_build_array(
+         jsonb_build_object('worker_id', :'w1_worker_id', 'session_token', :'w1_token', 'dispatch_id', :'g4d1',
+                            'lease_token', :'g4t1', 'result', '{"kind": "success", "output": 1}'::jsonb, 'slots', 1,
+                            'claim_seq', NULL),
+         jsonb_build_object('worker_id', :'w2_worker_id', 'session_token', :'w2_token', 'dispatch_id', :'g4d2',
+                            'lease_token', :'g4t2', 'result', '{"kind": "success", "output": 2}'::jsonb, 'slots', 1,
+                            'claim_seq', NULL)) AS g4items \gset
+SELECT is(jsonb_array_length(:'g4items'), 2, 'two instances leased, nothing pending');
+CREATE TEMP TABLE g4 AS SELECT g.item AS pos, (g.lease).* FROM awp._complete_and_refill_group(:'g4items') g;
+SELECT is((SELECT array_agg(task_key ORDER BY task_key) FROM g4), '{each[2],each[3]}', 'each refilled with the next instance');
+SELECT is((SELECT pending_deps FROM awp.tasks WHERE run_id = :'g4run' AND task_key = 'each'), 8,
+          'the group path counted both instances down (10 -> 8)');
+SELECT tests.end_tx();
+SELECT awp.complete_task(:'w1_worker_id', :'w1_token', dispatch_id, lease_token, '{"kind": "success"}') FROM g4 WHERE pos = 1;
+SELECT awp.complete_task(:'w2_worker_id', :'w2_token', dispatch_id, lease_token, '{"kind": "success"}') FROM g4 WHERE pos = 2;
+SELECT tests.end_tx();
+SELECT is(tests.drive(:'g4run', '{}', 'group'), 'succeeded', 'and the run ends');
+SELECT ok(tests.ok_run(:'g4run'), 'invariants hold (group countdown)');
+
+-- Child runs within the run's concurrency: concurrency 1, two child-run tasks: one child at a time.
+SELECT tests.make_workflow('twokids', jsonb_build_array(
+         jsonb_build_object('key', 'k1', 'executor', 'workflow', 'input', '{"workflow_id": "kid"}'::jsonb),
+         jsonb_build_object('key', 'k2', 'executor', 'workflow', 'input', '{"workflow_id": "kid"}'::jsonb)), 1);
+SELECT awp.start_run('twokids') AS tk \gset
+SELECT is(tests.task_statuses(:'tk'), '{k1=running,k2=ready}', 'concurrency 1: one child at a time');
+SELECT is((SELECT wait_reason FROM awp.run_tasks(:'tk') WHERE task_key = 'k2'), 'run_concurrency',
+          'the other waits for run_concurrency');
+SELECT (SELECT child_run_id FROM awp.run_tasks(:'tk') WHERE task_key = 'k1') AS tk1 \gset
+SELECT is(tests.drive(:'tk1'), 'succeeded', 'the first child runs');
+SELECT awp.coordinator_tick();
+SELECT is(tests.task_statuses(:'tk'), '{k1=succeeded,k2=running}', 'the pass settles it and starts the second');
+SELECT ok(tests.ok_run(:'tk'), 'invariants hold (children within concurrency)');
 
 SELECT * FROM finish();
 ROLLBACK;
