@@ -16,6 +16,11 @@ The steps, each linear (or near) in tasks + edges:
    sub-columns, and when there are more than ``columns`` columns they wrap into bands below each other, so
    the drawing stays about a screen wide whatever the shape (a 300-task chain or a 300-task fan-out).
 
+Dynamic workflows (docs/dynamic.md): the instances of a ``for_each`` task (``each[0]``, ``each[1]``, ... up to
+10,000 of them, rows with ``mapped_task`` set) are not nodes: :func:`tasks_from_rows` leaves them out, and the mapped
+task's node carries their count instead (:attr:`Node.badge`, "succeeded/instances"); the task panel lists them, a
+page at a time (python/awp/ui/views.py). So the graph is the definition's, whatever the lists hold.
+
 A run with more tasks than fit one drawing is *paged*: the tasks, in layered order, are cut into pages of at
 most ``page_size``, each page drawn on its own (edges whose other end is on another page are counted, not
 drawn), and :func:`overview` collapses the whole graph into one box per layer (or band of layers) with the
@@ -50,6 +55,9 @@ class Task:
     depends_on: tuple[str, ...] = ()
     attempts: int = 0
     wait: str = ""  # what holds it while it waits: "reason: detail" (awp.run_tasks wait_reason / wait_detail)
+    skip_reason: str = ""  # a skipped task's: condition_false or dependency_failed (awp.run_tasks skip_reason)
+    item_count: int | None = None  # a mapped (for_each) task's instances, once created (None before, or not mapped)
+    instances_succeeded: int = 0  # ...and how many of them succeeded
 
 
 @dataclass
@@ -63,10 +71,30 @@ class Node:
     w: int = NODE_W
     h: int = NODE_H
     wait: str = ""
+    skip_reason: str = ""
+    item_count: int | None = None
+    instances_succeeded: int = 0
+
+    @property
+    def badge(self) -> str:
+        """A mapped task's count, "succeeded/instances" (e.g. "12/40"); "" before its instances exist."""
+        return "" if self.item_count is None else f"{self.instances_succeeded}/{self.item_count}"
 
     @property
     def label(self) -> str:
-        return self.key if len(self.key) <= 19 else self.key[:18] + "…"
+        room = label_room(self.item_count)
+        return self.key if len(self.key) <= room else self.key[: room - 1] + "…"
+
+
+def label_room(item_count: int | None) -> int:
+    """Characters of a node's key shown: 19, fewer beside a count badge as wide as it can grow ("40/40": 10). The
+    key and the badge share 113 px (the node's width but the glyph, the margins and a gap): about 7 px a character of
+    the badge (11 px digits, app.css) and 7.5 of the key (12.5 px, DejaVu Sans, Chromium's on Debian: its widest).
+    python/awp/ui/static/app.js computes the same for a badge that appears while the page is open."""
+    if item_count is None:
+        return 19
+    digits = len(str(item_count))
+    return max(4, int((113 - 7 * (2 * digits + 1)) / 7.5))
 
 
 @dataclass
@@ -101,7 +129,7 @@ class Layered:
 
 
 def tasks_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[Task]:
-    """Tasks from ``awp.run_tasks`` rows."""
+    """Tasks from ``awp.run_tasks`` rows, without the instances of mapped tasks (rows with ``mapped_task``)."""
     return [
         Task(
             r["task_key"],
@@ -109,8 +137,12 @@ def tasks_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[Task]:
             tuple(r.get("depends_on") or ()),
             int(r.get("attempts") or 0),
             f"{r['wait_reason']}: {r.get('wait_detail') or ''}".rstrip(": ") if r.get("wait_reason") else "",
+            r.get("skip_reason") or "",
+            r.get("item_count"),
+            int(r.get("instances_succeeded") or 0),
         )
         for r in rows
+        if r.get("mapped_task") is None
     ]
 
 
@@ -216,7 +248,16 @@ def draw(
             for row, key in enumerate(col):
                 t = layered.tasks[key]
                 nodes[key] = Node(
-                    key, t.status, layered.layer_of[key], x, y0 + offset + row * pitch_y, t.attempts, wait=t.wait
+                    key,
+                    t.status,
+                    layered.layer_of[key],
+                    x,
+                    y0 + offset + row * pitch_y,
+                    t.attempts,
+                    wait=t.wait,
+                    skip_reason=t.skip_reason,
+                    item_count=t.item_count,
+                    instances_succeeded=t.instances_succeeded,
                 )
             width = max(width, x + NODE_W + PAD)
         y0 += tallest * pitch_y - ROW_GAP + BAND_GAP
@@ -247,6 +288,11 @@ def _path(a: Node, b: Node) -> str:
         return f"M{x1} {y1} C{x1 + dx} {y1} {x2 - dx} {y2} {x2} {y2}"
     # The target wrapped into a later band (below, further left): leave right, come in from the left.
     return f"M{x1} {y1} C{x1 + 40} {y1} {x2 - 40} {y2} {x2} {y2}"
+
+
+def status_digits(order: Sequence[str]) -> dict[str, str]:
+    """Each status of ``order`` as one character, its index in base 36: how the page's state lists many statuses."""
+    return {s: "0123456789abcdefghijklmnopqrstuvwxyz"[i] for i, s in enumerate(order)}
 
 
 BOX_W = 170
@@ -280,7 +326,7 @@ class Overview:
 
     def status_codes(self, order: Sequence[str]) -> list[str]:
         """Each band's member statuses as one character each: the index in ``order`` (base 36)."""
-        index = {s: "0123456789abcdefghijklmnopqrstuvwxyz"[i] for i, s in enumerate(order)}
+        index = status_digits(order)
         return ["".join(index.get(s, "z") for s in band) for band in self.statuses]
 
 

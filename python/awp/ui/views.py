@@ -21,6 +21,14 @@ every task, 125-150 ms at 10,000 tasks on a slow phase of this project's machine
 events (sequence > S, from ``awp.run_events``), which the page applies to the DAG in place, and the re-rendered
 summary (a big live run's read shared by every tab for a moment: python/awp/ui/recent.py). The runs and workers
 pages re-fetch their table (``?fragment=1``, with an ETag) every two seconds.
+
+Dynamic workflows (docs/dynamic.md): the instances of a mapped (``for_each``) task are not nodes of the graph (up
+to 10,000 of them: python/awp/ui/dag.py); its node shows "succeeded/instances", and its task panel lists them
+:data:`INSTANCES_PAGE` at a time (``?task=each&ipage=N``: one ``awp.run_tasks`` page after the instance before the
+first shown, as instances are contiguous in definition order). The page's state carries each mapped task's instance
+statuses (one character each), so the count follows the events live without asking the database again. A task that
+started a child run links to it from its panel (graph nodes are links already, and a link cannot hold another); a
+child run's page names its parent run and task.
 """
 
 from __future__ import annotations
@@ -33,12 +41,13 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import mimetypes
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -70,6 +79,7 @@ RUNS_PAGE = 25
 TIMELINE = 100  # events shown on the run page
 CHANGES_LIMIT = 1000  # events per /changes answer
 PREVIEW_CHARS = 2000
+INSTANCES_PAGE = 50  # instances of a mapped task listed per page of its task panel
 
 WAITS_LIMIT = 500  # /changes carries each waiting task's reason while at most this many wait
 GLYPH = {
@@ -84,6 +94,9 @@ GLYPH = {
     "skipped": "\u2013",  # en dash
 }
 WORKER_ORDER = {"active": 0, "draining": 1, "offline": 2, "stopped": 3}
+# Why a task was skipped (awp.run_tasks skip_reason), as shown after its status; python/awp/ui/static/app.js has
+# the same words for a task skipped while the page is open.
+SKIP_REASONS = {"condition_false": "condition false", "dependency_failed": "dependency failed"}
 
 # Scripts and styles from the gateway only, no inline script. 'unsafe-eval' is allowed because browser automation
 # (Playwright's wait_for_function, used by tests and by people scripting the dashboard) evaluates strings in the
@@ -277,6 +290,25 @@ def task_url(run_id: str, key: str) -> str:
     return f"/ui/runs/{quote(run_id, safe='')}/tasks/{quote(key, safe='')}"
 
 
+def run_task_url(run_id: str, key: str, ipage: int | None = None) -> str:
+    """The run page with ``key``'s task panel open (on page ``ipage`` of its instances, 0-based, when given): a link
+    that works without the script, which opens the panel in place instead."""
+    query = {"task": key} if ipage is None else {"task": key, "ipage": ipage + 1}
+    return f"/ui/runs/{quote(run_id, safe='')}?" + urlencode(query)
+
+
+def run_url(run_id: str) -> str:
+    return f"/ui/runs/{quote(run_id, safe='')}"
+
+
+def status_text(status: str, skip_reason: str | None = None) -> str:
+    """A task's status in words; a skipped one's says why: "skipped (condition false)"."""
+    words = status.replace("_", " ")
+    if status == "skipped" and skip_reason:
+        return f"{words} ({SKIP_REASONS.get(skip_reason, skip_reason.replace('_', ' '))})"
+    return words
+
+
 def json_island(value: Any) -> Markup:
     """JSON for a <script type=application/json> block (no "</" can end it early)."""
     return Markup(dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
@@ -300,6 +332,10 @@ def _environment() -> jinja2.Environment:
         preview=preview,
         progress=progress,
         task_url=task_url,
+        run_task_url=run_task_url,
+        run_url=run_url,
+        status_text=status_text,
+        instances_page=INSTANCES_PAGE,
         quote=lambda s: quote(str(s), safe=""),
         glyph=GLYPH,
         task_statuses=TASK_STATUSES,
@@ -522,6 +558,13 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def _page_number(value: str | None) -> int:
+    """A 1-based page number from the query (anything else: the first page), 0-based."""
+    if value and value.isascii() and value.isdigit() and 0 < int(value) < 10**6:
+        return int(value) - 1
+    return 0
+
+
 def _query(request: web.Request, name: str, max_len: int = 256) -> str | None:
     value = request.query.get(name, "").strip()
     if not value:
@@ -608,13 +651,30 @@ class RunView:
     shown_to: int
     matching: int
     total: int
+    # per mapped task, its instances' statuses in index order, one character each (dag.status_digits)
+    instances: dict[str, str] = field(default_factory=dict)
+
+
+def instance_statuses(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Per mapped task of ``rows`` (``awp.run_tasks``), its instances' statuses in index order as one character each
+    (the index in TASK_STATUSES, base 36): what the page's script counts the succeeded ones from."""
+    digit = dag.status_digits(TASK_STATUSES)
+    codes: dict[str, list[str]] = {}
+    for r in rows:
+        mapped = r.get("mapped_task")
+        if mapped is not None:
+            codes.setdefault(mapped, []).append(digit.get(r["status"], "z"))  # rows are in index order
+    return {k: "".join(v) for k, v in codes.items()}
 
 
 def run_view(rows: list[dict[str, Any]], page: int, status: str | None, page_size: int = dag.PAGE_SIZE) -> RunView:
+    """The graph of ``rows`` (``awp.run_tasks``): the instances of mapped tasks are not drawn (dag.tasks_from_rows),
+    their statuses are counted instead (:func:`instance_statuses`)."""
     layered = dag.layer(dag.tasks_from_rows(rows))
-    total = len(rows)
+    instances = instance_statuses(rows)
+    total = len(layered.tasks)
     if total <= page_size and status is None:
-        return RunView(dag.draw(layered), None, 0, 1, 1 if total else 0, total, total, total)
+        return RunView(dag.draw(layered), None, 0, 1, 1 if total else 0, total, total, total, instances)
     keys = layered.order if status is None else [k for k in layered.order if layered.tasks[k].status == status]
     cut = dag.pages(layered, page_size, keys)
     page = min(max(page, 0), len(cut) - 1)
@@ -622,21 +682,79 @@ def run_view(rows: list[dict[str, Any]], page: int, status: str | None, page_siz
     start = page * page_size
     over = dag.overview(layered, page_size) if total > page_size else None
     return RunView(
-        dag.draw(layered, shown), over, page, len(cut), start + 1 if shown else 0, start + len(shown), len(keys), total
+        dag.draw(layered, shown),
+        over,
+        page,
+        len(cut),
+        start + 1 if shown else 0,
+        start + len(shown),
+        len(keys),
+        total,
+        instances,
     )
+
+
+@dataclass
+class Instances:
+    """One page of a mapped task's instances, for its task panel."""
+
+    rows: list[dict[str, Any]]  # awp.run_tasks rows (the first one may be awp.get_task's), in index order
+    page: int  # 0-based
+    pages: int
+    count: int  # every instance of the task
+    succeeded: int
+
+    @property
+    def first(self) -> int:
+        """The index of the page's first instance."""
+        return self.page * INSTANCES_PAGE
+
+
+async def read_instances(db: Any, run_id: str, task: dict[str, Any], page: int) -> Instances | None:
+    """Page ``page`` (0-based, clamped) of a mapped task's instances, or None for a task that has none (not mapped,
+    or not yet expanded). Instances ``<key>[0..n-1]`` are created together, after every other task of the run and
+    in index order (db/functions/_dynamic.sql, awp._expand_for_each), so page p is the ``awp.run_tasks`` page after
+    ``<key>[p*50-1]``; the first page starts with ``<key>[0]`` itself (``awp.get_task``). Two reads of at most 50
+    rows, whatever the number of instances (on a live run each also ranks what holds its waiting tasks, as every
+    ``awp.run_tasks`` call does: 45 ms for a page of a run with 10,000 waiting instances, 40 ms for the last page of
+    a run with 3,000 through the gateway, on this project's machine)."""
+    count = task.get("item_count")
+    if count is None:
+        return None
+    key = task["task_key"]
+    pages = max(1, math.ceil(count / INSTANCES_PAGE))
+    page = min(max(page, 0), pages - 1)
+    start = page * INSTANCES_PAGE
+    limit = min(INSTANCES_PAGE, count - start)
+    rows: list[dict[str, Any]] = []
+    if limit > 0 and start == 0:
+        rows = [await db.get_task(run_id, f"{key}[0]")]
+        if limit > 1:
+            rows += await db.run_tasks(run_id, f"{key}[0]", limit - 1)
+    elif limit > 0:
+        rows = await db.run_tasks(run_id, f"{key}[{start - 1}]", limit)
+    rows = [r for r in rows if r.get("mapped_task") == key]
+    return Instances(rows, page, pages, count, int(task.get("instances_succeeded") or 0))
 
 
 async def _workers_by_id(db: Any) -> dict[str, dict[str, Any]]:
     return {w["worker_id"]: w for w in await db.list_workers()}
 
 
-async def _task_context(db: Any, run_id: str, task_key: str) -> dict[str, Any]:
+async def _task_context(db: Any, run_id: str, task_key: str, ipage: int = 0) -> dict[str, Any]:
+    """What the task panel shows: the task, its attempts and, for a mapped task, page ``ipage`` of its instances."""
     task = await db.get_task(run_id, task_key)
     for attempt in task["attempt_history"]:  # jsonb: timestamps arrive as ISO strings
         for name in ("started_at", "finished_at", "deadline"):
             if isinstance(attempt.get(name), str):
                 attempt[name] = dt.datetime.fromisoformat(attempt[name])
-    return {"task": task, "workers": await _workers_by_id(db), "run_id": run_id, "now": _now()}
+    return {
+        "task": task,
+        "instances": await read_instances(db, run_id, task, ipage),
+        "workers": await _workers_by_id(db),
+        "run_id": run_id,
+        "now": _now(),
+    }
 
 
 @ui_route("GET", "/ui/runs/{run_id}")
@@ -646,8 +764,7 @@ async def run_page(request: web.Request, session: Session | None) -> web.StreamR
     status = _query(request, "status")
     if status is not None and status not in TASK_STATUSES:
         raise ApiError.of(400, f"unknown task status {status!r}")
-    page_arg = request.query.get("page", "1")
-    page = int(page_arg) - 1 if page_arg.isdigit() and 0 < int(page_arg) < 10**6 else 0
+    page = _page_number(request.query.get("page"))
     # Events first, tasks second: the tasks then include every change up to the last event shown, and the page
     # replays the changes after it (replaying one already included is harmless: statuses are set, not shifted).
     run = await db.get_run(run_id)
@@ -655,7 +772,8 @@ async def run_page(request: web.Request, session: Session | None) -> web.StreamR
     rows = await db.run_tasks(run_id)
     view = await off_loop(request, run_view, rows, page, status)  # the layout: up to 10,000 tasks
     selected = _query(request, "task", 1024)
-    task_context = await _task_context(db, run_id, selected) if selected else None
+    ipage = _page_number(request.query.get("ipage"))
+    task_context = await _task_context(db, run_id, selected, ipage) if selected else None
     base = {k: v for k, v in (("status", status),) if v}
 
     def page_url(p: int) -> str:
@@ -672,6 +790,9 @@ async def run_page(request: web.Request, session: Session | None) -> web.StreamR
         "bands": view.overview.members if view.overview else None,
         # per band, one character per task: its status, as an index into "statuses"
         "band_status": view.overview.status_codes(TASK_STATUSES) if view.overview else None,
+        # per mapped task, its instances' statuses (same characters): the script keeps each node's count live
+        "mapped": view.instances,
+        "instances_page": INSTANCES_PAGE,
     }
     html = await off_loop(
         request,
@@ -746,7 +867,7 @@ def _json(value: Any) -> web.Response:
 @ui_route("GET", "/ui/runs/{run_id}/tasks/{task_key}", kind="part")
 async def task_part(request: web.Request, session: Session | None) -> web.StreamResponse:
     run_id, task_key = request.match_info["run_id"], request.match_info["task_key"]
-    context = await _task_context(request.app[DB], run_id, task_key)
+    context = await _task_context(request.app[DB], run_id, task_key, _page_number(request.query.get("ipage")))
     return render(request, "_task.html", **context)
 
 

@@ -4,6 +4,17 @@
   "use strict";
   const $ = (selector, root = document) => root.querySelector(selector);
   const TERMINAL = ["succeeded", "failed", "canceled"];
+  // An instance of a mapped (for_each) task: "<key>[<index>]" (a task's own key cannot end so: docs/dynamic.md).
+  const INSTANCE = /^(.*)\[(\d+)\]$/;
+  // Why a task was skipped, in words (SKIP_REASONS in python/awp/ui/views.py).
+  const SKIP_WORDS = { condition_false: "condition false", dependency_failed: "dependency failed" };
+  const SVG = "http://www.w3.org/2000/svg";
+
+  function statusText(status, skipReason) {
+    const words = status.replace(/_/g, " ");
+    if (status !== "skipped" || !skipReason) return words;
+    return `${words} (${SKIP_WORDS[skipReason] || skipReason.replace(/_/g, " ")})`;
+  }
 
   function signedOut() {
     location.assign("/ui/?next=" + encodeURIComponent(location.pathname + location.search));
@@ -74,7 +85,24 @@
     let revision = st.revision;
     let after = st.after;
     let openKey = new URL(location.href).searchParams.get("task");
+    let openPage = Number(new URL(location.href).searchParams.get("ipage")) || 1; // of the open task's instances
     let opener = null;
+    const waitText = new Map(); // what holds each waiting task, when the last answer said
+
+    // mapped tasks: their instances are no nodes; per mapped task, each instance's last known status by index (from
+    // the page's state, then from the events), which its node's badge counts ("succeeded/instances")
+    const instances = new Map();
+    Object.entries(st.mapped || {}).forEach(([key, codes]) => {
+      instances.set(key, Array.from(codes, (c) => st.statuses[parseInt(c, 36)] || "unknown"));
+    });
+    // a mapped task whose list was empty has no instance: its badge says 0/0
+    nodes.forEach((node, key) => {
+      if (node.classList.contains("mapped") && !instances.has(key)) instances.set(key, []);
+    });
+    const mappedOf = (key) => {
+      const m = key && INSTANCE.exec(key);
+      return m ? m[1] : null;
+    };
 
     // overview of a large run: each task's box and last known status, and the counts of each box
     const bandOf = new Map();
@@ -96,20 +124,74 @@
       document.querySelectorAll("#overview [data-band]").forEach((box) => (bands[Number(box.dataset.band)] = box));
     }
 
-    function setNodeStatus(node, status, wait) {
+    function instanceCount(key) {
+      const list = instances.get(key);
+      if (!list) return null;
+      let ok = 0;
+      for (const s of list) if (s === "succeeded") ok++;
+      return { ok, total: list.length };
+    }
+
+    function setNodeStatus(node, status) {
       node.dataset.status = status;
+      if (status !== "skipped") delete node.dataset.skipReason;
       const key = node.dataset.taskKey;
-      const words = status.replace(/_/g, " ");
-      node.setAttribute("aria-label", `${key}: ${words}`);
+      const words = statusText(status, node.dataset.skipReason);
+      const wait = waitText.get(key);
+      const n = node.classList.contains("mapped") ? instanceCount(key) : null;
+      node.setAttribute("aria-label", `${key}: ${words}` + (n ? `, ${n.ok} of ${n.total} instances succeeded` : ""));
       const glyph = node.querySelector(".glyph");
       if (glyph) glyph.textContent = st.glyph[status] || "?";
       const title = node.querySelector("title");
-      if (title) title.textContent = `${key} · ${words}` + (wait ? ` — ${wait}` : "");
+      if (title) {
+        title.textContent =
+          `${key} · ${words}` + (n ? ` · ${n.ok}/${n.total} instances succeeded` : "") + (wait ? ` — ${wait}` : "");
+      }
+    }
+
+    // a mapped task's count on its node: "succeeded/instances", added when its instances appear while the page is open
+    function setBadge(node) {
+      const key = node.dataset.taskKey;
+      const n = instanceCount(key);
+      if (!n) return;
+      const text = `${n.ok}/${n.total}`;
+      let badge = node.querySelector(".badge");
+      if (!badge) {
+        const rect = node.querySelector("rect");
+        badge = document.createElementNS(SVG, "text");
+        badge.setAttribute("class", "badge");
+        badge.setAttribute("x", String(Number(rect.getAttribute("x")) + Number(rect.getAttribute("width")) - 7));
+        badge.setAttribute("y", String(Number(rect.getAttribute("y")) + 18));
+        badge.setAttribute("text-anchor", "end");
+        badge.setAttribute("aria-hidden", "true");
+        node.appendChild(badge);
+        node.classList.add("mapped");
+      }
+      if (badge.dataset.instances !== text) {
+        badge.dataset.instances = text;
+        badge.textContent = text;
+        // the key beside it: as many characters as label_room in python/awp/ui/dag.py leaves
+        const room = Math.max(4, Math.floor((113 - 7 * (2 * String(n.total).length + 1)) / 7.5));
+        const label = node.querySelector(".label");
+        if (label) label.textContent = key.length > room ? key.slice(0, room - 1) + "…" : key;
+        setNodeStatus(node, node.dataset.status);
+      }
+    }
+
+    // the open task panel's count line of a mapped task's instances
+    function setPanelCount(key) {
+      const n = instanceCount(key);
+      const line = panel.querySelector(`[data-instance-count="${CSS.escape(key)}"]`);
+      if (n && line) line.textContent = `${n.ok} of ${n.total} succeeded`;
     }
 
     // what holds each waiting task ("reason: detail"), when the answer carries it: every node's title
     function setWaits(waits) {
-      nodes.forEach((node, key) => setNodeStatus(node, node.dataset.status, waits[key]));
+      waitText.clear();
+      nodes.forEach((node, key) => {
+        if (waits[key]) waitText.set(key, waits[key]);
+        setNodeStatus(node, node.dataset.status);
+      });
     }
 
     function redrawBand(i) {
@@ -169,11 +251,27 @@
 
     function apply(list) {
       const dirty = new Set();
+      const counted = new Set(); // mapped tasks whose instances changed
       let panelStale = false;
       for (const e of list) {
         if (e.entity_type === "task") {
           const node = nodes.get(e.entity_key);
-          if (node) setNodeStatus(node, e.to_status);
+          if (node) {
+            if (e.to_status === "skipped") {
+              node.dataset.skipReason = e.reason === "condition_false" ? "condition_false" : "dependency_failed";
+            }
+            waitText.delete(e.entity_key);
+            setNodeStatus(node, e.to_status);
+          }
+          const mapped = mappedOf(e.entity_key);
+          if (mapped !== null) {
+            const index = Number(INSTANCE.exec(e.entity_key)[2]);
+            if (!instances.has(mapped)) instances.set(mapped, []);
+            instances.get(mapped)[index] = e.to_status;
+            counted.add(mapped);
+            // the open panel lists this instance: show its new status
+            if (mapped === openKey && Math.floor(index / st.instances_page) + 1 === openPage) panelStale = true;
+          }
           const b = bandOf.get(e.entity_key);
           const was = known.get(e.entity_key);
           if (b !== undefined && was !== e.to_status) {
@@ -189,6 +287,11 @@
         if (openKey && (e.entity_key === openKey || e.entity_key.startsWith(openKey + "#"))) panelStale = true;
       }
       dirty.forEach(redrawBand);
+      counted.forEach((key) => {
+        const node = nodes.get(key);
+        if (node) setBadge(node);
+        setPanelCount(key);
+      });
       const tail = list.slice(-st.timeline);
       const rows = document.createDocumentFragment();
       for (let i = tail.length - 1; i >= 0; i--) rows.appendChild(eventRow(tail[i]));
@@ -234,29 +337,38 @@
     setTimeout(poll, 300);
 
     // ---- the task panel ---------------------------------------------------------------------------------
+    // the node of a task, or of its mapped task for an instance (which has none)
+    const nodeOf = (key) => nodes.get(key) || nodes.get(mappedOf(key));
+
     function selectNode(key) {
-      nodes.forEach((n, k) => n.classList.toggle("selected", k === key));
+      const node = key ? nodeOf(key) : null;
+      nodes.forEach((n) => n.classList.toggle("selected", n === node));
     }
 
-    function setTaskParam(key) {
+    function setTaskParam(key, page) {
       const url = new URL(location.href);
       if (key) url.searchParams.set("task", key);
       else url.searchParams.delete("task");
+      if (key && page > 1) url.searchParams.set("ipage", String(page));
+      else url.searchParams.delete("ipage");
       history.replaceState(null, "", url);
     }
 
+    // focus: "#task-h" (a task opened), "#instances-h" (another page of its instances) or null (a refresh)
     async function loadTask(key, focus) {
+      const page = openPage;
       try {
-        const response = await fetch(`${runPath}/tasks/${encodeURIComponent(key)}`, {
+        const query = page > 1 ? `?ipage=${page}` : "";
+        const response = await fetch(`${runPath}/tasks/${encodeURIComponent(key)}${query}`, {
           cache: "no-store",
           credentials: "same-origin",
         });
         if (response.status === 401) return signedOut();
-        if (!response.ok || key !== openKey) return;
+        if (!response.ok || key !== openKey || page !== openPage) return;
         panel.innerHTML = await response.text();
         panel.hidden = false;
         if (focus) {
-          const heading = $("#task-h", panel);
+          const heading = $(focus, panel) || $("#task-h", panel);
           if (heading) heading.focus();
         }
       } catch (err) {
@@ -264,20 +376,26 @@
       }
     }
 
-    function openTask(key, from) {
+    // page: of a mapped task's instances (1 when not given)
+    function openTask(key, from, page) {
+      const paging = key === openKey && !panel.hidden && page > 0;
       openKey = key;
-      opener = from || nodes.get(key) || null;
+      openPage = page || 1;
+      if (!paging) opener = from || nodes.get(key) || null; // paging keeps what opened the task
       selectNode(key);
-      setTaskParam(key);
-      loadTask(key, true);
+      setTaskParam(key, openPage);
+      loadTask(key, paging ? "#instances-h" : "#task-h");
     }
 
     function closeTask() {
+      const key = openKey;
       openKey = null;
       panel.hidden = true;
       selectNode(null);
       setTaskParam(null);
-      if (opener && document.contains(opener)) opener.focus();
+      // what opened it; a link in the panel is gone: the task's node then (its mapped task's for an instance)
+      const back = opener && document.contains(opener) ? opener : nodeOf(key);
+      if (back) back.focus();
       opener = null;
     }
 
@@ -289,7 +407,10 @@
       if (!target) return;
       event.preventDefault();
       if (target.hasAttribute("data-close")) closeTask();
-      else openTask(target.dataset.taskKey || target.dataset.taskLink, nodes.get(target.dataset.taskKey) || target);
+      else {
+        const key = target.dataset.taskKey || target.dataset.taskLink;
+        openTask(key, nodes.get(target.dataset.taskKey) || target, Number(target.dataset.ipage) || 0);
+      }
     });
 
     document.addEventListener("keydown", (event) => {
