@@ -267,7 +267,23 @@ def wait_lines(tasks: list[dict[str, Any]]) -> list[Text]:
     return lines
 
 
+def dynamic_status(t: dict[str, Any]) -> Text:
+    """A task's status, with what dynamic workflows add (docs/dynamic.md): a for_each task's count of instances
+    ("3/40 instances"), a skip's reason, a child-run task's child."""
+    text = styled(t.get("status"))
+    if t.get("item_count") is not None:
+        text.append(f" {t.get('instances_succeeded') or 0}/{t['item_count']} instances")
+    if t.get("status") == "skipped" and t.get("skip_reason") == "condition_false":
+        text.append(" (condition false)")
+    if t.get("child_run_id"):
+        text.append(f" child {t['child_run_id']}")
+    return text
+
+
 def task_table(tasks: list[dict[str, Any]], workers_by_task: dict[str, str] | None = None) -> Table:
+    """One row per task; the instances of a for_each task are counted on its row, not listed (up to 10,000 of
+    them: ``awp run task RUN KEY[i]`` shows one)."""
+    tasks = [t for t in tasks if t.get("mapped_task") is None]
     table = Table("task", "status", "attempts", "executor", "action", box=None)
     if workers_by_task is not None:
         table.add_column("worker")
@@ -277,7 +293,7 @@ def task_table(tasks: list[dict[str, Any]], workers_by_task: dict[str, str] | No
     for t in tasks:
         row: list[Any] = [
             str(t.get("task_key")),
-            styled(t.get("status")),
+            dynamic_status(t),
             str(t.get("attempts", 0)),
             str(t.get("executor") or t.get("executor_kind") or ""),
             str(t.get("action") or ""),

@@ -82,6 +82,13 @@ def test_for_each_maps_a_list_made_at_run_time(gw: ServeProcess, workers: Worker
         **{f"summarize[{i}]": 1 for i in range(5)},
     }
     assert query(db_dsn, "SELECT * FROM awp.check_invariants(ARRAY[%s])", (run_id,)) == []
+    env = {"AWP_GATEWAY_URL": gw.base_url, "AWP_OPERATOR_TOKEN": gw.tokens.operator, "COLUMNS": "200"}
+    shown = CliRunner().invoke(main, ["run", "show", run_id], env=env, catch_exceptions=False)
+    assert shown.exit_code == 0, shown.output
+    table = shown.output[shown.output.index(" task ") :]  # the output line above shows the instances' outputs
+    assert "succeeded 5/5 instances" in table and "summarize[0]" not in table, shown.output
+    one = CliRunner().invoke(main, ["run", "task", run_id, "summarize[3]"], env=env, catch_exceptions=False)
+    assert one.exit_code == 0 and "task summarize[3]" in one.output, one.output
 
 
 def test_python_handlers_see_ctx_item(gw: ServeProcess, workers: Workers) -> None:

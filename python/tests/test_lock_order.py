@@ -144,3 +144,83 @@ def test_a_grouped_refill_skips_a_run_held_elsewhere_as_a_single_refill_does(db,
     assert [r["item"] for r in rows] == list(range(1, len(items) + 1)), "every item refilled"
     assert first not in {r["run_id"] for r in rows}, "no refill from the run held elsewhere"
     assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
+
+
+# ---- dynamic workflows (docs/dynamic.md; docs/architecture.md, Lock order: a parent run before its children) -----
+
+
+def _child_workflows(c: DictConnection) -> str:
+    """A parent run whose task "sub" has started a child run of "lo-kid" (one mock task); returns the parent."""
+    for definition in (
+        {"id": "lo-kid", "tasks": [{"key": "k", "executor": "mock"}]},
+        {"id": "lo-parent", "tasks": [{"key": "sub", "executor": "workflow", "input": {"workflow_id": "lo-kid"}}]},
+    ):
+        c.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
+    return one(c, "SELECT awp.start_run('lo-parent') AS id")["id"]
+
+
+def test_a_child_run_ends_without_waiting_for_its_parent(db, db_dsn):
+    parent = _child_workflows(db)
+    child = one(db, "SELECT child_run_id FROM awp.run_tasks(%s) WHERE task_key = 'sub'", [parent])["child_run_id"]
+    worker = register(db, "w")
+    db.execute("SELECT awp.coordinator_tick()")
+    [lease] = db.execute("SELECT * FROM awp.claim_tasks(%s, %s, 1)", list(worker)).fetchall()
+    assert lease["run_id"] == child
+    with connect(db_dsn) as holder, connect(db_dsn) as completer:
+        with holder.transaction():
+            holder.execute("SELECT 1 FROM awp.runs WHERE run_id = %s FOR UPDATE", [parent])
+            ok = one(
+                completer,
+                "SELECT awp.complete_task(%s, %s, %s, %s, %s) AS ok",
+                [*worker, lease["dispatch_id"], lease["lease_token"], json.dumps({"kind": "success"})],
+            )["ok"]
+            assert ok is True, "the child's last completion went through while its parent's row was held"
+            status = one(completer, "SELECT status FROM awp.runs WHERE run_id = %s", [child])["status"]
+            assert status == "succeeded"
+    db.execute("SELECT awp.coordinator_tick()")  # the pass settles the parent's task under the parent's lock
+    assert one(db, "SELECT status FROM awp.runs WHERE run_id = %s", [parent])["status"] == "succeeded"
+    assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
+
+
+def test_a_parents_cancel_locks_the_parent_before_its_child(db, db_dsn):
+    parent = _child_workflows(db)
+    child = one(db, "SELECT child_run_id FROM awp.run_tasks(%s) WHERE task_key = 'sub'", [parent])["child_run_id"]
+    with connect(db_dsn) as holder, connect(db_dsn) as canceler, connect(db_dsn) as probe:
+        with holder.transaction():
+            holder.execute("SELECT 1 FROM awp.runs WHERE run_id = %s FOR UPDATE", [child])
+            call = in_thread(lambda: canceler.execute("SELECT * FROM awp.request_cancel(%s)", [parent]).fetchall())
+            assert wait_blocked(db, canceler.info.backend_pid, call) == [holder.info.backend_pid], "waits for the child"
+            with pytest.raises(psycopg.errors.LockNotAvailable):  # holding its parent meanwhile
+                probe.execute("SELECT 1 FROM awp.runs WHERE run_id = %s FOR UPDATE NOWAIT", [parent])
+        call.result()
+    statuses = db.execute("SELECT status FROM awp.runs WHERE run_id = ANY(%s)", [[parent, child]]).fetchall()
+    assert [s["status"] for s in statuses] == ["canceled", "canceled"]
+    assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
+
+
+def test_a_for_each_expands_under_its_own_run_alone(db, db_dsn):
+    definition = {
+        "id": "lo-fan",
+        "tasks": [
+            {"key": "split", "executor": "mock"},
+            {"key": "each", "executor": "mock", "depends_on": ["split"], "for_each": "split"},
+        ],
+    }
+    db.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
+    run_id = one(db, "SELECT awp.start_run('lo-fan') AS id")["id"]
+    other = start(db, "lo-other")
+    worker = register(db, "w", 4)
+    db.execute("SELECT awp.coordinator_tick()")
+    leases = db.execute("SELECT * FROM awp.claim_tasks(%s, %s, 4)", list(worker)).fetchall()
+    split = next(x for x in leases if x["task_key"] == "split")
+    with connect(db_dsn) as holder, connect(db_dsn) as completer:
+        with holder.transaction():  # another run held: the expansion neither needs nor waits for it
+            holder.execute("SELECT 1 FROM awp.runs WHERE run_id = %s FOR UPDATE", [other])
+            result = json.dumps({"kind": "success", "output": list(range(200))})
+            completer.execute(
+                "SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1)",
+                [*worker, split["dispatch_id"], split["lease_token"], result],
+            ).fetchall()
+            n = one(completer, "SELECT item_count FROM awp.tasks WHERE run_id = %s AND task_key = 'each'", [run_id])
+            assert n["item_count"] == 200
+    assert db.execute("SELECT * FROM awp.check_invariants(ARRAY[%s])", [run_id]).fetchall() == []
