@@ -166,17 +166,16 @@ def test_a_child_run_ends_without_waiting_for_its_parent(db, db_dsn):
     db.execute("SELECT awp.coordinator_tick()")
     [lease] = db.execute("SELECT * FROM awp.claim_tasks(%s, %s, 1)", list(worker)).fetchall()
     assert lease["run_id"] == child
-    with connect(db_dsn) as holder, connect(db_dsn) as completer:
-        with holder.transaction():
-            holder.execute("SELECT 1 FROM awp.runs WHERE run_id = %s FOR UPDATE", [parent])
-            ok = one(
-                completer,
-                "SELECT awp.complete_task(%s, %s, %s, %s, %s) AS ok",
-                [*worker, lease["dispatch_id"], lease["lease_token"], json.dumps({"kind": "success"})],
-            )["ok"]
-            assert ok is True, "the child's last completion went through while its parent's row was held"
-            status = one(completer, "SELECT status FROM awp.runs WHERE run_id = %s", [child])["status"]
-            assert status == "succeeded"
+    with connect(db_dsn) as holder, connect(db_dsn) as completer, holder.transaction():
+        holder.execute("SELECT 1 FROM awp.runs WHERE run_id = %s FOR UPDATE", [parent])
+        ok = one(
+            completer,
+            "SELECT awp.complete_task(%s, %s, %s, %s, %s) AS ok",
+            [*worker, lease["dispatch_id"], lease["lease_token"], json.dumps({"kind": "success"})],
+        )["ok"]
+        assert ok is True, "the child's last completion went through while its parent's row was held"
+        status = one(completer, "SELECT status FROM awp.runs WHERE run_id = %s", [child])["status"]
+        assert status == "succeeded"
     db.execute("SELECT awp.coordinator_tick()")  # the pass settles the parent's task under the parent's lock
     assert one(db, "SELECT status FROM awp.runs WHERE run_id = %s", [parent])["status"] == "succeeded"
     assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
