@@ -212,14 +212,14 @@ def test_a_for_each_expands_under_its_own_run_alone(db, db_dsn):
     db.execute("SELECT awp.coordinator_tick()")
     leases = db.execute("SELECT * FROM awp.claim_tasks(%s, %s, 4)", list(worker)).fetchall()
     split = next(x for x in leases if x["task_key"] == "split")
-    with connect(db_dsn) as holder, connect(db_dsn) as completer:
-        with holder.transaction():  # another run held: the expansion neither needs nor waits for it
-            holder.execute("SELECT 1 FROM awp.runs WHERE run_id = %s FOR UPDATE", [other])
-            result = json.dumps({"kind": "success", "output": list(range(200))})
-            completer.execute(
-                "SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1)",
-                [*worker, split["dispatch_id"], split["lease_token"], result],
-            ).fetchall()
-            n = one(completer, "SELECT item_count FROM awp.tasks WHERE run_id = %s AND task_key = 'each'", [run_id])
-            assert n["item_count"] == 200
+    # Another run held: the expansion neither needs nor waits for it.
+    with connect(db_dsn) as holder, connect(db_dsn) as completer, holder.transaction():
+        holder.execute("SELECT 1 FROM awp.runs WHERE run_id = %s FOR UPDATE", [other])
+        result = json.dumps({"kind": "success", "output": list(range(200))})
+        completer.execute(
+            "SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1)",
+            [*worker, split["dispatch_id"], split["lease_token"], result],
+        ).fetchall()
+        n = one(completer, "SELECT item_count FROM awp.tasks WHERE run_id = %s AND task_key = 'each'", [run_id])
+        assert n["item_count"] == 200
     assert db.execute("SELECT * FROM awp.check_invariants(ARRAY[%s])", [run_id]).fetchall() == []
