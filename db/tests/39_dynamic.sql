@@ -5,7 +5,7 @@
 -- validation at definition time; the run's invariants after each.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(128);
+SELECT plan(131);
 
 SELECT tests.freeze('2030-01-01 00:00:00+00');
 SELECT * FROM tests.register_worker('w1', '{mock}', 50) \gset w1_
@@ -480,6 +480,17 @@ SELECT is(tests.drive(:'tk1'), 'succeeded', 'the first child runs');
 SELECT awp.coordinator_tick();
 SELECT is(tests.task_statuses(:'tk'), '{k1=succeeded,k2=running}', 'the pass settles it and starts the second');
 SELECT ok(tests.ok_run(:'tk'), 'invariants hold (children within concurrency)');
+
+-- The mapped task's output is bounded like an upstream (1 MiB): 20 instance outputs of 60,000 characters.
+SELECT tests.make_workflow('fanbig', jsonb_build_array(
+         tests.task('split'), tests.task('each', '{split}', '{"for_each": "split"}')), 10);
+SELECT awp.start_run('fanbig') AS bigrun \gset
+SELECT is(tests.drive(:'bigrun', jsonb_build_object('split', (SELECT jsonb_agg(g) FROM generate_series(1, 20) g))
+                                 || (SELECT jsonb_object_agg('each[' || g || ']', repeat('x', 60000)) FROM generate_series(0, 19) g)),
+          'failed', 'outputs over 1 MiB in all fail the run');
+SELECT results_eq($$SELECT status, error_code FROM awp.get_task('$$ || :'bigrun' || $$', 'each')$$,
+                  $$VALUES ('failed', 'for_each_output_too_large')$$, 'the mapped task fails with for_each_output_too_large');
+SELECT ok(tests.ok_run(:'bigrun'), 'invariants hold (output too large)');
 
 SELECT * FROM finish();
 ROLLBACK;
