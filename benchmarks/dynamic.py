@@ -80,14 +80,3 @@ def measure(b: Any, plan: Any) -> dict[str, Any]:
         "pairs_median": statistics.median(pairs) if pairs else None,
         "ratio": ratio,
     }
-
-
-def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
-    """(target, measured, met): issue 39's for_each target (met None when not measured)."""
-    d = results.get("dynamic")
-    n = (d or {}).get("items") or results.get("plan", {}).get("dynamic_items", 5000)
-    name = f"(issue 39) 1 run with a for_each over {n:,} items >= 0.8 x a static {n:,}-task run (4 workers x 16)"
-    if not d or d.get("ratio") is None:
-        return [(name, "not measured", None)]
-    e, s = d["for_each"]["tasks_per_s"]["median"], d["static"]["tasks_per_s"]["median"]
-    return [(name, f"{d['ratio']:.2f} x ({e:,.0f} vs {s:,.0f} tasks/s)", d["ratio"] >= 0.8)]

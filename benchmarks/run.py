@@ -978,7 +978,7 @@ def run_dynamic_only(
     results["started_at"] = when.isoformat(timespec="seconds")
     results["problems"] = problems(results)
     print(report.dynamic_table(results).text())
-    for name, measured, met in dynamic.targets(results):
+    for name, measured, met in report.dynamic_targets(results):
         print(f"{name}: {measured} {'NOT MEASURED' if met is None else ('PASS' if met else 'MISS')}")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"dynamic-{plan.name}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"

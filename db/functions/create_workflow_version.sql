@@ -30,8 +30,8 @@ BEGIN
       THEN 'when.task must be the key of one of the task''s dependencies'
     WHEN p ? 'path' AND (jsonb_typeof(p->'path') IS DISTINCT FROM 'array' OR jsonb_array_length(p->'path') > 32
                          OR EXISTS (SELECT 1 FROM jsonb_array_elements(p->'path') e
-                                     WHERE jsonb_typeof(e) <> 'string' AND NOT awp._int_ok(e, 0, 1000000)))
-      THEN 'when.path must be an array of at most 32 object keys (strings) or array indexes (integers >= 0)'
+                                     WHERE jsonb_typeof(e) <> 'string' AND NOT awp._int_ok(e, 0, 100000)))
+      THEN 'when.path must be an array of at most 32 object keys (strings) or array indexes (integers from 0 to 100000)'
     WHEN (p ? 'equals') = (p ? 'not_equals')
       THEN 'when needs exactly one of equals and not_equals'
   END;

@@ -113,7 +113,7 @@ SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(json
           'tasks[1] (key b): when needs exactly one of equals and not_equals', 'when with both');
 SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
             tests.task('a'), tests.task('b', '{a}', '{"when": {"task": "a", "path": "x", "equals": 1}}'))))$$),
-          'tasks[1] (key b): when.path must be an array of at most 32 object keys (strings) or array indexes (integers >= 0)',
+          'tasks[1] (key b): when.path must be an array of at most 32 object keys (strings) or array indexes (integers from 0 to 100000)',
           'when.path must be an array');
 SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(
             tests.task('a'), tests.task('b', '{a}', '{"when": {"task": "a", "equals": 1, "eq": 1}}'))))$$),
