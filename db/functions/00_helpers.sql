@@ -364,6 +364,15 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._raise_leadership_lost(text, text) IS 'Raises leadership lost (AWLDR, internal).';
 
+-- awp._raise_signal_not_waiting(detail): AWSIG (409 signal_not_waiting): a signal to a task that does not wait for
+-- one (docs/waits.md).
+CREATE OR REPLACE FUNCTION awp._raise_signal_not_waiting(p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RAISE EXCEPTION 'task not waiting for a signal' USING ERRCODE = 'AWSIG', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_signal_not_waiting(text) IS 'Raises AWSIG (signal_not_waiting).';
+
 -- awp._raise_group_not_applicable(detail): AWGRP, internal (never a client's answer): the group path of
 -- awp.complete_and_claim_many (awp._complete_and_refill_group) does not apply to this group; the caller rolls it
 -- back and settles the items one by one.

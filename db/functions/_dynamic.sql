@@ -107,11 +107,12 @@ BEGIN
   SELECT max(x.ordinal) INTO v_after FROM awp.tasks x WHERE x.run_id = p_run_id;
   WITH i AS (
     INSERT INTO awp.tasks (run_id, task_key, ordinal, executor, action, input, depends_on, dependants, pending_deps,
-                           max_attempts, interval_ms, timeout_ms, status, updated_at, mapped_task, item, item_index)
+                           max_attempts, interval_ms, timeout_ms, status, updated_at, mapped_task, item, item_index,
+                           backoff, max_interval_ms, jitter)
     SELECT p_run_id, p_task_key || '[' || (e.o - 1) || ']', v_after + e.o::integer, x.executor, x.action, x.input,
            array_remove(x.depends_on, x.for_each), ARRAY[p_task_key], 0, x.max_attempts, x.interval_ms, x.timeout_ms,
            'ready', p_now,
-           p_task_key, e.v, (e.o - 1)::integer
+           p_task_key, e.v, (e.o - 1)::integer, x.backoff, x.max_interval_ms, x.jitter
       FROM awp.tasks x, jsonb_array_elements(v_list) WITH ORDINALITY AS e(v, o)
      WHERE x.run_id = p_run_id AND x.task_key = p_task_key
     RETURNING task_key, ordinal
@@ -128,7 +129,7 @@ COMMENT ON FUNCTION awp._expand_for_each(text, text, timestamptz) IS 'Creates a 
 
 -- awp._resolve_run(run): resolves every dynamic task of the run whose dependencies (or instances) are done, until
 -- none is left (a skip or a success may unlock more), then settles the run (awp._settle_run). See the top of this
--- file. Then the child-run tasks made ready start their children (awp._start_children). Locks: as above; the
+-- file. Then the tasks run by the database made ready start (awp._start_database_tasks). Locks: as above; the
 -- caller holds the run.
 CREATE OR REPLACE FUNCTION awp._resolve_run(p_run_id text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -174,8 +175,8 @@ BEGIN
       END IF;
     END LOOP;
   END LOOP;
-  IF EXISTS (SELECT 1 FROM awp.ready_queue q WHERE q.run_id = p_run_id AND q.executor_kind = 'workflow') THEN
-    PERFORM awp._start_children(p_run_id);   -- child-run tasks made ready (see the section on child runs below)
+  IF EXISTS (SELECT 1 FROM awp.ready_queue q WHERE q.run_id = p_run_id AND q.executor_kind = ANY (awp._database_kinds())) THEN
+    PERFORM awp._start_database_tasks(p_run_id);   -- child runs, waits made ready (see awp._start_database_tasks)
   END IF;
   PERFORM awp._settle_run(p_run_id);
 END $$;
@@ -183,7 +184,7 @@ COMMENT ON FUNCTION awp._resolve_run(text) IS 'Resolves the dynamic tasks of a r
 
 -- ================================================================ child runs
 -- A task of executor `workflow` (docs/dynamic.md) is run by the database: no worker, no dispatch. When it is ready
--- and its run has room under its concurrency, awp._start_children starts a run of the workflow named by its input
+-- and its run has room under its concurrency, awp._start_database_tasks starts a run of the workflow named by its input
 -- (the child: parent_run_id, parent_task_key, depth + 1) and the task runs attempt N with child_run_id set (events:
 -- task ready -> running, attempt "<key>#N" created -> running). The child is dispatched by the coordinator's next
 -- pass. When the child ends, its settle wakes the coordinator, whose pass (awp._settle_children) settles the task
@@ -195,9 +196,10 @@ COMMENT ON FUNCTION awp._resolve_run(text) IS 'Resolves the dynamic tasks of a r
 -- child's own last transaction, settles the parent's task); a parent's cancel cancels its running children
 -- (awp._converge_cancel -> awp._request_cancel), taking their locks after its own.
 
--- awp._database_kinds(): the executor kinds the database runs itself (a definition may name them, a worker may not).
+-- awp._database_kinds(): the executor kinds the database runs itself (a definition may name them, a worker may not):
+-- workflow (a child run, above), signal and sleep (docs/waits.md, db/functions/send_signal.sql).
 CREATE OR REPLACE FUNCTION awp._database_kinds() RETURNS text[]
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT ARRAY['workflow'] $$;
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT ARRAY['workflow', 'signal', 'sleep'] $$;
 COMMENT ON FUNCTION awp._database_kinds() IS 'The executor kinds run by the database itself (no worker).';
 
 -- awp._workflow_input_error(input): what is wrong with the input of a task of executor workflow, or NULL:
@@ -221,11 +223,15 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._workflow_input_error(jsonb) IS 'What is wrong with the input of a workflow (child run) task, or NULL.';
 
--- awp._start_children(run): starts a child run for each ready task of executor workflow of the run, in definition
--- order, while the run has room under its concurrency (its queued and running tasks; a running child-run task
--- counts); the others stay ready (the coordinator's pass tries again: awp._start_waiting_children). Returns how
--- many attempts started. Locks: the caller holds the run; the task rows; each child's rows (new).
-CREATE OR REPLACE FUNCTION awp._start_children(p_run_id text) RETURNS integer
+-- awp._start_database_tasks(run): starts the run's ready tasks of the executor kinds the database runs
+-- (awp._database_kinds), in definition order, while the run has room under its concurrency (its queued and running
+-- tasks; such a running task counts): a workflow task starts its child run (above); a signal task waits for its
+-- signal (awp.send_signal; wait_until: its timeout, from input.timeout_ms, or none); a sleep task sleeps until
+-- input.until or for input.sleep_ms (wait_until). Each runs attempt N (events: task ready -> running, attempt
+-- "<key>#N" created -> running). The others stay ready (the coordinator's pass tries again:
+-- awp._settle_children). Returns how many attempts started. Locks: the caller holds the run; the task rows; each
+-- child's rows (new).
+CREATE OR REPLACE FUNCTION awp._start_database_tasks(p_run_id text) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   r       record;
@@ -247,8 +253,8 @@ BEGIN
   END IF;
   v_room := r.concurrency - (SELECT count(*) FROM awp.tasks y WHERE y.run_id = p_run_id AND y.status IN ('queued', 'running'));
   FOR t IN
-    SELECT y.task_key, y.input, y.depends_on, y.attempts FROM awp.tasks y
-     WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = 'workflow'
+    SELECT y.task_key, y.input, y.depends_on, y.attempts, y.executor FROM awp.tasks y
+     WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (awp._database_kinds())
      ORDER BY y.ordinal
        FOR UPDATE
   LOOP
@@ -256,6 +262,13 @@ BEGIN
     v_att := t.attempts + 1;
     v_child := NULL;
     v_code := NULL;
+    IF t.executor <> 'workflow' THEN   -- signal, sleep: a wait (docs/waits.md)
+      PERFORM awp._start_wait(p_run_id, t.task_key, t.executor, t.input, v_att, r.status = 'pending', v_now);
+      r.status := 'running';
+      v_n := v_n + 1;
+      v_room := v_room - 1;
+      CONTINUE;
+    END IF;
     IF r.depth >= 10 THEN
       v_code := 'invalid_request';
       v_err := format('run %s is at depth %s: child runs nest at most 10 deep', p_run_id, r.depth);
@@ -296,7 +309,7 @@ BEGIN
   END LOOP;
   RETURN v_n;
 END $$;
-COMMENT ON FUNCTION awp._start_children(text) IS 'Starts child runs for a run''s ready workflow tasks within its concurrency; returns the attempts started.';
+COMMENT ON FUNCTION awp._start_database_tasks(text) IS 'Starts a run''s ready tasks run by the database (child runs, signal waits, sleeps) within its concurrency; returns the attempts started.';
 
 -- awp._settle_child_task(run, task, child): settles a running child-run task whose child `child` ended (or no
 -- longer exists: pruned), under the parent run's lock: see the top of this section. False when the task is no
@@ -335,8 +348,8 @@ COMMENT ON FUNCTION awp._settle_child_task(text, text, text) IS 'Settles a child
 
 -- awp._settle_children(isolate): the coordinator's step for child runs: every running child-run task whose child
 -- ended is settled (awp._settle_child_task), its run taken without waiting (awp._try_run: a busy one is left to the
--- next pass); then the ready child-run tasks that waited for room under their run's concurrency are started
--- (awp._start_children, runs from awp.ready_queue). With isolate, each run in a subtransaction of its own
+-- next pass); then the ready tasks run by the database that waited for room under their run's concurrency are
+-- started (awp._start_database_tasks, runs from awp.ready_queue). With isolate, each run in a subtransaction of its own
 -- (awp._pass_skip). Returns how many tasks were settled or started. Locks: each run, then as those functions.
 CREATE OR REPLACE FUNCTION awp._settle_children(p_isolate boolean) RETURNS integer
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -363,14 +376,14 @@ BEGIN
     END IF;
   END LOOP;
   FOR x IN
-    SELECT q.run_id FROM awp.ready_queue q WHERE q.executor_kind = 'workflow' ORDER BY q.run_id
+    SELECT DISTINCT q.run_id FROM awp.ready_queue q WHERE q.executor_kind = ANY (awp._database_kinds()) ORDER BY q.run_id
   LOOP
     CONTINUE WHEN NOT awp._try_run(x.run_id);
     IF NOT p_isolate THEN
-      v_n := v_n + awp._start_children(x.run_id);
+      v_n := v_n + awp._start_database_tasks(x.run_id);
     ELSE
       BEGIN
-        v_n := v_n + awp._start_children(x.run_id);
+        v_n := v_n + awp._start_database_tasks(x.run_id);
         PERFORM awp._log_flush();
       EXCEPTION WHEN OTHERS THEN
         PERFORM awp._pass_skip('child run start', x.run_id, SQLSTATE, SQLERRM);

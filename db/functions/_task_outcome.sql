@@ -128,8 +128,8 @@ COMMENT ON FUNCTION awp._skip_descendants(text, text) IS 'Skips every waiting de
 -- of its dependants still waiting has one dependency less, and those with none left become ready. Returns `ready`,
 -- the keys that became ready, in definition order (their events are the caller's: waiting_dependencies -> ready),
 -- or NULL; and `resolve`: a task with a `when` or a `for_each` (or a mapped task whose last instance succeeded)
--- has none left, and stays waiting_dependencies, or a child-run task became ready, for the caller to pass the run
--- to awp._resolve_run
+-- has none left, and stays waiting_dependencies, or a task run by the database (a child run, a signal or sleep)
+-- became ready, for the caller to pass the run to awp._resolve_run
 -- (db/functions/_dynamic.sql) once its own writes are done. Shared by awp._end_attempt, the hot path
 -- (awp._complete_and_refill), the group path and awp._resolve_run. Locks: those task rows; the caller holds the
 -- run.
@@ -147,11 +147,33 @@ BEGIN
     RETURNING x.task_key, x.status, x.ordinal, x.pending_deps, x.executor
   )
   SELECT array_agg(u.task_key ORDER BY u.ordinal) FILTER (WHERE u.status = 'ready'),
-         coalesce(bool_or((u.pending_deps = 0 AND u.status <> 'ready') OR (u.status = 'ready' AND u.executor = 'workflow')),
+         coalesce(bool_or((u.pending_deps = 0 AND u.status <> 'ready')
+                          OR (u.status = 'ready' AND u.executor IN ('workflow', 'signal', 'sleep'))),   -- awp._database_kinds()
                   false)
     INTO ready, resolve FROM u;
 END $$;
 COMMENT ON FUNCTION awp._unlock_dependants(text, text[], timestamptz) IS 'Counts a success against the waiting dependants of a task; returns those that became ready, and whether a dynamic task waits for awp._resolve_run.';
+
+-- awp._retry_wait(task): the wait before a task's next attempt after its counted attempt n failed (docs/protocol.md,
+-- Retries): min(max_interval_ms, interval_ms x backoff^(n-1)), less a random part of up to jitter x that (the
+-- database's random()). backoff 1 and jitter 0 (the defaults): interval_ms, as before migration 0017. Locks: none.
+CREATE OR REPLACE FUNCTION awp._retry_wait(t awp.tasks) RETURNS interval
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_ms numeric := t.interval_ms;
+BEGIN
+  IF t.backoff <> 1 THEN
+    v_ms := t.interval_ms * power(t.backoff, greatest(t.attempts - t.uncounted_attempts - 1, 0));
+  END IF;
+  IF t.max_interval_ms IS NOT NULL THEN
+    v_ms := least(v_ms, t.max_interval_ms);
+  END IF;
+  IF t.jitter > 0 THEN
+    v_ms := v_ms * (1 - random() * t.jitter);
+  END IF;
+  RETURN make_interval(secs => round(v_ms) / 1000.0);
+END $$;
+COMMENT ON FUNCTION awp._retry_wait(awp.tasks) IS 'The wait before a task''s next attempt: interval_ms grown by backoff, capped by max_interval_ms, less jitter.';
 
 -- awp._end_attempt(run, task, attempt, attempt_status, retryable, output, error_code,
 --                  error_message, reason, counted, dispatch_status, result_hash): settles a running attempt
@@ -202,8 +224,9 @@ BEGIN
      SET status = v_to, updated_at = v_now,
          uncounted_attempts = x.uncounted_attempts + CASE WHEN v_free THEN 1 ELSE 0 END,
          ready_at = CASE WHEN v_to = 'waiting_retry'
-                         THEN v_now + CASE WHEN v_free THEN interval '0' ELSE make_interval(secs => t.interval_ms / 1000.0) END
+                         THEN v_now + CASE WHEN v_free THEN interval '0' ELSE awp._retry_wait(t) END
                     END,
+         wait_until = NULL,
          finished_at = CASE WHEN v_to IN ('succeeded', 'failed') THEN v_now END
    WHERE x.run_id = p_run_id AND x.task_key = p_task_key;
   IF v_to IN ('succeeded', 'failed') THEN
@@ -249,11 +272,14 @@ BEGIN
   IF NOT FOUND THEN
     RETURN false;
   END IF;
-  -- Its running child runs are canceled too, with their tasks' attempts (docs/dynamic.md; lock order: the parent,
-  -- then its children).
-  SELECT array_agg(t.child_run_id ORDER BY t.child_run_id), array_agg(t.task_key || '#' || t.attempts ORDER BY t.ordinal)
+  -- Its running child runs are canceled too, and the attempts of its running tasks run by the database (child runs,
+  -- waits: they have no dispatch) with them (docs/dynamic.md, docs/waits.md; lock order: the parent, then its
+  -- children).
+  SELECT array_agg(t.child_run_id ORDER BY t.child_run_id) FILTER (WHERE t.child_run_id IS NOT NULL),
+         array_agg(t.task_key || '#' || t.attempts ORDER BY t.ordinal)
     INTO v_children, v_child_attempts
-    FROM awp.tasks t WHERE t.run_id = p_run_id AND t.status = 'running' AND t.child_run_id IS NOT NULL;
+    FROM awp.tasks t
+   WHERE t.run_id = p_run_id AND t.status = 'running' AND t.executor = ANY (awp._database_kinds());
   FOREACH v_child IN ARRAY coalesce(v_children, '{}') LOOP
     PERFORM awp._request_cancel(v_child);
   END LOOP;
@@ -289,7 +315,8 @@ BEGIN
        AND t.status IN ('waiting_dependencies', 'ready', 'queued', 'running', 'waiting_retry')
      FOR UPDATE
   ), u AS (
-    UPDATE awp.tasks t SET status = 'canceled', finished_at = v_now, updated_at = v_now, ready_at = NULL
+    UPDATE awp.tasks t SET status = 'canceled', finished_at = v_now, updated_at = v_now, ready_at = NULL,
+                           wait_until = NULL
       FROM l WHERE t.run_id = p_run_id AND t.task_key = l.task_key
     RETURNING t.task_key, l.status AS from_status, l.ordinal
   )

@@ -15,6 +15,8 @@
 --                            tasks.uncounted_attempts = attempts not counted (docs/protocol.md, Lease recovery)
 --   started_before_deps      no attempt started before every dependency had succeeded
 --   task_dispatch_match      queued <-> one pending dispatch; running <-> one leased dispatch (tasks run by workers)
+--   database_task            a task of executor signal or sleep has no dispatch; a running sleep has its end
+--                            (wait_until), a task not running none (docs/waits.md)
 --   child_run                a task of executor workflow has no dispatch; running, its child_run_id names a run
 --                            started by it (parent_run_id, parent_task_key), one level deeper (docs/dynamic.md)
 --   events_contiguous        per-run event sequences are 1..n
@@ -133,7 +135,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     FROM tasks t LEFT JOIN attempts a ON a.run_id = t.run_id AND a.task_key = t.task_key
    GROUP BY t.run_id, t.task_key, t.attempts, t.uncounted_attempts, t.max_attempts, t.executor
   HAVING count(a.*) FILTER (WHERE a.counted) > t.max_attempts
-      OR (count(a.*) <> t.attempts AND t.executor <> 'workflow')   -- a child-run task's attempts are its child runs
+      OR (count(a.*) <> t.attempts AND t.executor <> ALL (awp._database_kinds()))   -- run by the database: no attempt rows
       OR count(a.*) FILTER (WHERE NOT a.counted) <> t.uncounted_attempts
   UNION ALL
   SELECT 'started_before_deps', a.run_id, a.task_key || '#' || a.attempt, format('dependency %s', dep)
@@ -144,7 +146,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                         AND x.finished_at <= a.started_at)
      AND NOT EXISTS (SELECT 1 FROM tasks y   -- done without an attempt: a mapped task, a condition skip
                       WHERE y.run_id = a.run_id AND y.task_key = dep AND y.finished_at <= a.started_at
-                        AND ((y.status = 'succeeded' AND (y.attempts = 0 OR y.executor = 'workflow'))
+                        AND ((y.status = 'succeeded' AND (y.attempts = 0 OR y.executor = ANY (awp._database_kinds())))
                              OR y.skip_reason = 'condition_false'))
   UNION ALL
   SELECT 'task_dispatch_match', t.run_id, t.task_key,
@@ -152,7 +154,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                 count(d.*) FILTER (WHERE d.status = 'pending'), count(d.*) FILTER (WHERE d.status = 'leased'))
     FROM tasks t LEFT JOIN dispatches d
       ON d.run_id = t.run_id AND d.task_key = t.task_key AND d.status IN ('pending', 'leased')
-   WHERE t.executor <> 'workflow'   -- run by the database: child_run below
+   WHERE t.executor <> ALL (awp._database_kinds())   -- run by the database: database_task below
    GROUP BY t.run_id, t.task_key, t.status
   HAVING count(d.*) FILTER (WHERE d.status = 'pending') <> (t.status = 'queued')::integer
       OR count(d.*) FILTER (WHERE d.status = 'leased') <> (t.status = 'running')::integer
@@ -184,6 +186,15 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     FROM awp.dispatches d, awp.settings s
    WHERE d.status IN ('pending', 'leased')
    GROUP BY s.dispatch_limit HAVING count(*) > s.dispatch_limit
+  UNION ALL
+  SELECT 'database_task', t.run_id, t.task_key,
+         format('task %s of executor %s: %s live dispatches, wait_until %s', t.status, t.executor, count(d.*),
+                coalesce(t.wait_until::text, 'NULL'))
+    FROM tasks t LEFT JOIN dispatches d ON d.run_id = t.run_id AND d.task_key = t.task_key
+   WHERE t.executor IN ('signal', 'sleep')
+   GROUP BY t.run_id, t.task_key, t.status, t.executor, t.wait_until
+  HAVING count(d.*) > 0 OR (t.status = 'running' AND t.executor = 'sleep' AND t.wait_until IS NULL)
+      OR (t.status <> 'running' AND t.wait_until IS NOT NULL)
   UNION ALL
   SELECT 'child_run', t.run_id, t.task_key,
          format('task %s, child_run_id %s: %s', t.status, coalesce(t.child_run_id, 'NULL'),

@@ -272,8 +272,8 @@ BEGIN
   PERFORM awp._append_events_alike(p_run_id, 'task', v_keys,
                                    array_fill('waiting_retry'::text, ARRAY[coalesce(cardinality(v_keys), 0)]),
                                    'ready', 'retry interval elapsed');
-  IF EXISTS (SELECT 1 FROM awp.ready_queue q WHERE q.run_id = p_run_id AND q.executor_kind = 'workflow') THEN
-    PERFORM awp._start_children(p_run_id);   -- a child-run task's retry starts a new child (docs/dynamic.md)
+  IF EXISTS (SELECT 1 FROM awp.ready_queue q WHERE q.run_id = p_run_id AND q.executor_kind = ANY (awp._database_kinds())) THEN
+    PERFORM awp._start_database_tasks(p_run_id);   -- a retry of a task run by the database: a new child, a new wait (docs/dynamic.md, docs/waits.md)
   END IF;
   RETURN coalesce(cardinality(v_keys), 0);
 END $$;
@@ -413,7 +413,8 @@ COMMENT ON FUNCTION awp.create_dispatches() IS 'Creates pending dispatches for r
 
 -- awp.coordinator_tick(takeover, term, limits): one full coordinator pass: offline marking, schedule firing, cancel
 -- convergence, reaping, retry promotion, orphan withdrawal, child runs (awp._settle_children: the tasks whose child
--- ended, the ones that waited for room; docs/dynamic.md), dispatch creation. A coordinator that has
+-- ended, the ones that waited for room; docs/dynamic.md), waits (awp._settle_waits: sleeps whose time came, signal
+-- waits past their timeout; docs/waits.md), dispatch creation. A coordinator that has
 -- just taken over (p_takeover, or no pass for a full offline window) restarts the offline clock.
 -- An outage (docs/protocol.md, Lease recovery): a pass with p_takeover more than a heartbeat interval after
 -- the previous one resumes, before reaping, the leases live at that previous pass (awp._resume_leases): lease
@@ -424,7 +425,7 @@ COMMENT ON FUNCTION awp.create_dispatches() IS 'Creates pending dispatches for r
 -- no such check and no renewal.
 -- A run whose step fails does not stop the pass: the per-run steps are then run again one run at a time, the
 -- failing run is skipped with a WARNING (awp._pass_skip), and the result has "isolated": true.
--- Returns {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed, children} (counts),
+-- Returns {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed, children, waits} (counts),
 -- and "limited": the limits that still hold ready tasks back after the pass (awp._limits_held(), e.g.
 -- ["workers_full"]; [] when none), which the gateway counts for /metrics (docs/limits.md). p_limits false leaves
 -- "limited" out: it visits every live run with a ready task (80 ms at 10,000 runs on this machine, against 4 ms for
@@ -445,6 +446,7 @@ DECLARE
   v_wd    integer;
   v_disp  integer;
   v_kids  integer;
+  v_waits integer;
   v_fired integer;
   v_resumed integer := 0;
   v_isolated boolean := false;
@@ -474,6 +476,7 @@ BEGIN
     v_prom := awp._promote_retries(false);
     v_wd   := awp._withdraw_orphan_dispatches(false);
     v_kids := awp._settle_children(false);
+    v_waits := awp._settle_waits(false);
     v_disp := awp._create_dispatches(false);
   EXCEPTION WHEN OTHERS THEN
     RAISE WARNING 'coordinator pass failed: % (SQLSTATE %); running it again run by run', SQLERRM, SQLSTATE;
@@ -483,6 +486,7 @@ BEGIN
     v_prom := awp._promote_retries(true);
     v_wd   := awp._withdraw_orphan_dispatches(true);
     v_kids := awp._settle_children(true);
+    v_waits := awp._settle_waits(true);
     v_disp := awp._create_dispatches(true);
   END;
   PERFORM awp._notify_pending();
@@ -491,12 +495,12 @@ BEGIN
   END IF;
   RETURN jsonb_build_object('canceled', v_can, 'reaped', v_reap, 'offline', v_off,
                             'promoted', v_prom, 'withdrawn', v_wd, 'dispatched', v_disp,
-                            'schedules_fired', v_fired, 'resumed', v_resumed, 'children', v_kids,
+                            'schedules_fired', v_fired, 'resumed', v_resumed, 'children', v_kids, 'waits', v_waits,
                             'limited', CASE WHEN p_limits THEN to_jsonb(awp._limits_held()) END)
          - CASE WHEN p_limits THEN '' ELSE 'limited' END
          || CASE WHEN v_isolated THEN '{"isolated": true}'::jsonb ELSE '{}' END;
 END $$;
-COMMENT ON FUNCTION awp.coordinator_tick(boolean, bigint, boolean) IS 'One full coordinator pass (fenced by the active coordinator''s term when given: AWLDR, nothing written, once it no longer leads); returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed, children} and, unless p_limits is false, the limits still holding ready tasks (limited).';
+COMMENT ON FUNCTION awp.coordinator_tick(boolean, bigint, boolean) IS 'One full coordinator pass (fenced by the active coordinator''s term when given: AWLDR, nothing written, once it no longer leads); returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed, children, waits} and, unless p_limits is false, the limits still holding ready tasks (limited).';
 
 -- awp.coordinator_tick(takeover, term): the pass with "limited" (p_limits true): a DBA's pass from psql, tests.
 CREATE OR REPLACE FUNCTION awp.coordinator_tick(p_takeover boolean DEFAULT false, p_term bigint DEFAULT NULL)
@@ -505,4 +509,4 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   RETURN awp.coordinator_tick(p_takeover, p_term, true);
 END $$;
-COMMENT ON FUNCTION awp.coordinator_tick(boolean, bigint) IS 'One full coordinator pass (fenced by the active coordinator''s term when given: AWLDR, nothing written, once it no longer leads); returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed, children} and the limits still holding ready tasks (limited).';
+COMMENT ON FUNCTION awp.coordinator_tick(boolean, bigint) IS 'One full coordinator pass (fenced by the active coordinator''s term when given: AWLDR, nothing written, once it no longer leads); returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed, children, waits} and the limits still holding ready tasks (limited).';

@@ -134,8 +134,17 @@ BEGIN
               WHEN t ? 'retry' AND jsonb_typeof(t->'retry') IS DISTINCT FROM 'object'
                 THEN 'retry must be an object'
               WHEN t ? 'retry' AND EXISTS (SELECT 1 FROM jsonb_object_keys(t->'retry') k
-                                            WHERE k NOT IN ('max_attempts', 'interval_ms'))
-                THEN 'retry has unknown fields (allowed: max_attempts, interval_ms)'
+                                            WHERE k NOT IN ('max_attempts', 'interval_ms', 'backoff', 'max_interval_ms',
+                                                            'jitter'))
+                THEN 'retry has unknown fields (allowed: max_attempts, interval_ms, backoff, max_interval_ms, jitter)'
+              WHEN t->'retry' ? 'backoff' AND (jsonb_typeof(t->'retry'->'backoff') IS DISTINCT FROM 'number'
+                                              OR (t->'retry'->>'backoff')::numeric NOT BETWEEN 1 AND 10)
+                THEN 'retry.backoff must be a number from 1 to 10 (1: the same interval every time)'
+              WHEN t->'retry' ? 'max_interval_ms' AND NOT awp._int_ok(t->'retry'->'max_interval_ms', 0, 86400000)
+                THEN 'retry.max_interval_ms must be an integer from 0 to 86400000'
+              WHEN t->'retry' ? 'jitter' AND (jsonb_typeof(t->'retry'->'jitter') IS DISTINCT FROM 'number'
+                                             OR (t->'retry'->>'jitter')::numeric NOT BETWEEN 0 AND 1)
+                THEN 'retry.jitter must be a number from 0 to 1 (the part of each wait that may be taken off at random)'
               WHEN t->'retry' ? 'max_attempts' AND NOT awp._int_ok(t->'retry'->'max_attempts', 1, 100)
                 THEN 'retry.max_attempts must be an integer from 1 to 100'
               WHEN t->'retry' ? 'interval_ms' AND NOT awp._int_ok(t->'retry'->'interval_ms', 0, 86400000)
@@ -150,6 +159,7 @@ BEGIN
                 THEN 'max_items must be an integer from 1 to 10000'
               WHEN t ? 'when' AND awp._condition_error(t->'when') IS NOT NULL THEN awp._condition_error(t->'when')
               WHEN t->>'executor' = 'workflow' THEN awp._workflow_input_error(t->'input')
+              WHEN t->>'executor' IN ('signal', 'sleep') THEN awp._wait_input_error(t->>'executor', t->'input')
             END AS err
           FROM jsonb_array_elements(p->'tasks') WITH ORDINALITY AS x(t, o)) e
    WHERE e.err IS NOT NULL

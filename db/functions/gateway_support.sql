@@ -35,6 +35,7 @@ BEGIN
          t.skip_reason, t.output, t.error_code, t.error_message, t.child_run_id
     FROM awp.tasks t
     LEFT JOIN awp._task_waits(CASE WHEN t.status IN ('waiting_dependencies', 'waiting_retry', 'ready', 'queued')
+                                        OR (t.status = 'running' AND t.executor IN ('signal', 'sleep'))
                                    THEN p_run_id END) w ON w.task_key = t.task_key
    WHERE t.run_id = p_run_id AND t.task_key = p_task_key;
 END $$;

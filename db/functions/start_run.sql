@@ -8,7 +8,7 @@
 -- or version, AWREQ for a bad key or input.
 -- Locks: inserts (the unique index serialises two starts with one key), then as awp._dispatch_new_run (the
 -- new run only).
--- A child run (docs/dynamic.md) is started by awp._start_children with its parent run and task and its depth: it is
+-- A child run (docs/dynamic.md) is started by awp._start_database_tasks with its parent run and task and its depth: it is
 -- not dispatched here (the coordinator's next pass does it, woken), since its parent's lock is held and the
 -- dispatch budget's advisory lock comes before any run's (docs/architecture.md, Lock order).
 CREATE OR REPLACE FUNCTION awp._start_run(p_workflow_id text, p_version integer, p_idempotency_key text,
@@ -70,7 +70,7 @@ BEGIN
   )
   INSERT INTO awp.tasks (run_id, task_key, ordinal, executor, action, input, depends_on, dependants,
                          pending_deps, max_attempts, interval_ms, timeout_ms, status, updated_at,
-                         condition, for_each, max_items)
+                         condition, for_each, max_items, backoff, max_interval_ms, jitter)
   SELECT v_run_id, d.t->>'key', d.ordinal, d.t->>'executor', coalesce(d.t->>'action', d.t->>'key'),
          coalesce(d.t->'input', '{}'::jsonb),
          coalesce(dp.depends_on, '{}'), coalesce(dn.dependants, '{}'),
@@ -80,7 +80,9 @@ BEGIN
          coalesce((d.t->>'timeout_ms')::integer, 300000),
          CASE WHEN dp.depends_on IS NULL THEN 'ready' ELSE 'waiting_dependencies' END, v_now,
          d.t->'when', d.t->>'for_each',
-         CASE WHEN d.t ? 'for_each' THEN coalesce((d.t->>'max_items')::integer, 1000) END
+         CASE WHEN d.t ? 'for_each' THEN coalesce((d.t->>'max_items')::integer, 1000) END,
+         coalesce((d.t->'retry'->>'backoff')::numeric, 1), (d.t->'retry'->>'max_interval_ms')::integer,
+         coalesce((d.t->'retry'->>'jitter')::numeric, 0)
     FROM defs d
     LEFT JOIN deps dp ON dp.task_key = d.t->>'key'
     LEFT JOIN dependants dn ON dn.task_key = d.t->>'key';
@@ -92,9 +94,9 @@ BEGIN
   PERFORM awp._append_events_alike(v_run_id, 'task', array_agg(t.task_key ORDER BY t.ordinal), NULL,
                                    'waiting_dependencies', 'task created')
      FROM awp.tasks t WHERE t.run_id = v_run_id AND t.status = 'waiting_dependencies';
-  -- Its root child-run tasks start their children (docs/dynamic.md), within the run's concurrency.
-  IF EXISTS (SELECT 1 FROM awp.ready_queue q WHERE q.run_id = v_run_id AND q.executor_kind = 'workflow') THEN
-    PERFORM awp._start_children(v_run_id);
+  -- Its root tasks run by the database start (a child run, a wait; docs/dynamic.md), within the run's concurrency.
+  IF EXISTS (SELECT 1 FROM awp.ready_queue q WHERE q.run_id = v_run_id AND q.executor_kind = ANY (awp._database_kinds())) THEN
+    PERFORM awp._start_database_tasks(v_run_id);
   END IF;
   IF p_parent_run_id IS NOT NULL THEN   -- a child run: dispatched by the coordinator's next pass (see above)
     PERFORM awp._wake('awp_coordinator', 'run_started');

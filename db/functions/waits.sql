@@ -2,12 +2,15 @@
 -- lock or changes state, and every one reads live rows only (ready / queued / waiting tasks of
 -- pending and running runs, pending and leased dispatches, active workers), never finished history.
 --
--- A waiting task (waiting_dependencies, waiting_retry, ready, queued) gets exactly one reason code,
+-- A waiting task (waiting_dependencies, waiting_retry, ready, queued; and a running task of executor signal or
+-- sleep, which waits without a worker) gets exactly one reason code,
 -- from the same rules awp._create_dispatches, awp._dispatch_one and awp.withdraw_orphan_dispatches
 -- apply, with the budget of awp._dispatch_budget():
 --   cancel_requested        the run's cancellation was requested: it will be canceled, not dispatched
 --   waiting_dependencies    a dependency has not succeeded yet (waiting_on: which); a for_each task: its instances
 --                           (docs/dynamic.md)
+--   waiting_signal          a running task of executor signal waits for its signal (awp.send_signal; docs/waits.md)
+--   sleeping                a running task of executor sleep waits for its time
 --   waiting_retry           an attempt failed; the retry becomes ready at ready_at
 --   no_worker_for_executor  no active worker offers the task's executor kind (a queued task's dispatch
 --                           is withdrawn by the next coordinator pass)
@@ -140,7 +143,9 @@ BEGIN
            (b.kinds ? t.executor) AS offered,
            coalesce(t.status = 'ready' AND b.kinds ? t.executor AND t.ordinal <= v_cut, false) AS cand
       FROM awp.tasks t
-     WHERE t.run_id = p_run_id AND t.status IN ('waiting_dependencies', 'waiting_retry', 'ready', 'queued')
+     WHERE t.run_id = p_run_id
+       AND (t.status IN ('waiting_dependencies', 'waiting_retry', 'ready', 'queued')
+            OR (t.status = 'running' AND t.executor IN ('signal', 'sleep')))   -- a wait without a worker
   ), others AS (                -- the other runs the coordinator could dispatch for, with their room
     SELECT x.run_id, x.last_dispatch_seq, x.created_at,
            x.concurrency - (SELECT count(*)::integer FROM awp.tasks y
@@ -189,6 +194,7 @@ BEGIN
     SELECT p.*, coalesce((b.kinds->>p.executor)::integer, 0) AS kind_free,
            CASE
              WHEN r.cancel_requested_at IS NOT NULL THEN 'cancel_requested'
+             WHEN p.status = 'running' THEN CASE p.executor WHEN 'signal' THEN 'waiting_signal' ELSE 'sleeping' END
              WHEN p.status = 'waiting_dependencies' THEN 'waiting_dependencies'
              WHEN p.status = 'waiting_retry' THEN 'waiting_retry'
              WHEN p.executor = ANY (awp._database_kinds()) THEN 'run_concurrency'   -- a ready child-run task
@@ -216,6 +222,15 @@ BEGIN
                ELSE format('waiting for %s of its %s dependencies: %s%s', dp.n, cardinality(j.depends_on), dp.listed,
                            CASE WHEN dp.n > 5 THEN format(' and %s more', dp.n - 5) ELSE '' END)
              END
+           WHEN 'waiting_signal' THEN
+             (SELECT format('waiting for a signal (awp.send_signal, POST /api/v1/runs/%s/tasks/%s/signal)%s', p_run_id,
+                            j.task_key, coalesce(format('; without one it times out at %s (in %s)', awp._wait_ts(x.wait_until),
+                                                        awp._wait_secs(greatest(x.wait_until - v_now, interval '0'))), ''))
+                FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = j.task_key)
+           WHEN 'sleeping' THEN
+             (SELECT format('sleeping until %s (in %s)', awp._wait_ts(x.wait_until),
+                            awp._wait_secs(greatest(x.wait_until - v_now, interval '0')))
+                FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = j.task_key)
            WHEN 'waiting_retry' THEN
              CASE WHEN j.ready_at > v_now
                THEN format('attempt %s of %s failed; the retry is ready at %s (in %s)', j.attempts, j.max_attempts,

@@ -96,7 +96,7 @@ SELECT is(tests.reasons(:'narrow'), ARRAY['n1=waiting_for_dispatch', 'n2=waiting
           'concurrency 2: the two places go to the first tasks in definition order');
 SELECT is(tests.detail(:'narrow', 'n3'), 'the run''s concurrency is 2 with 0 of its tasks queued or running: the 2 place(s) left go to its tasks before this one',
           'run_concurrency detail before the pass');
-SELECT is(awp.coordinator_tick() - 'reaped' - 'offline' - 'canceled' - 'promoted' - 'withdrawn' - 'schedules_fired' - 'resumed' - 'children',
+SELECT is(awp.coordinator_tick() - 'reaped' - 'offline' - 'canceled' - 'promoted' - 'withdrawn' - 'schedules_fired' - 'resumed' - 'children' - 'waits',
           '{"dispatched": 2, "limited": ["run_concurrency"]}'::jsonb, 'the pass dispatches those two and reports run_concurrency');
 SELECT is(tests.detail(:'narrow', 'n5'), 'the run''s concurrency is 2 and 2 of its tasks are queued or running',
           'run_concurrency detail at the limit');
@@ -111,7 +111,7 @@ SELECT is(tests.reasons(:'capped'), ARRAY['c1=waiting_for_dispatch', 'c2=waiting
           'dispatch_limit 3 with 10 free slots: the limit holds the 4th and 5th');
 SELECT is(tests.detail(:'capped', 'c4'), 'the global dispatch_limit 3 allows 3 more dispatch(es), which go to tasks before this one',
           'dispatch_limit detail before the pass');
-SELECT is(awp.coordinator_tick() - 'reaped' - 'offline' - 'canceled' - 'promoted' - 'withdrawn' - 'schedules_fired' - 'resumed' - 'children',
+SELECT is(awp.coordinator_tick() - 'reaped' - 'offline' - 'canceled' - 'promoted' - 'withdrawn' - 'schedules_fired' - 'resumed' - 'children' - 'waits',
           '{"dispatched": 3, "limited": ["dispatch_limit"]}'::jsonb, 'the pass dispatches 3 and reports dispatch_limit');
 SELECT is(tests.detail(:'capped', 'c5'), 'the global dispatch_limit 3 is reached: 3 dispatches are pending or leased',
           'dispatch_limit detail at the limit');

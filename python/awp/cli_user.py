@@ -340,8 +340,9 @@ def run_start(
         sys.exit(1)
 
 
-def _run_input(text: str | None, path: Path | None) -> dict[str, Any] | None:
-    """The run input of --input or --input-file: a JSON object (a usage error otherwise), or None."""
+def _run_input(text: str | None, path: Path | None, option: str = "--input") -> dict[str, Any] | None:
+    """The run input of --input or --input-file (or another option's JSON object): a JSON object (a usage error
+    otherwise), or None."""
     if text is not None and path is not None:
         raise click.UsageError("--input and --input-file are mutually exclusive")
     if path is not None:
@@ -350,9 +351,7 @@ def _run_input(text: str | None, path: Path | None) -> dict[str, Any] | None:
             text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise click.BadParameter(f"cannot read {path}: {e}", param_hint=option) from e
-    elif text is not None:
-        option = "--input"
-    else:
+    elif text is None:
         return None
     try:
         value = json.loads(text)
@@ -460,6 +459,27 @@ def run_events(client: Client, as_json: bool, run_id: str, after_sequence: int) 
         if e.get("reason"):
             line.append(f"  ({e.get('reason')})", style="dim")
         console.print(line, crop=False, soft_wrap=True)
+
+
+@run.command("signal")
+@click.argument("run_id")
+@click.argument("task_key")
+@click.option("--payload", "payload_text", default="{}", show_default=True, help="The signal's payload: a JSON object.")
+@click.option("--idempotency-key", default=None, help="A repeat with this key and the same payload answers the same.")
+@gateway_options
+def run_signal(
+    client: Client, as_json: bool, run_id: str, task_key: str, payload_text: str, idempotency_key: str | None
+) -> None:
+    """Send the signal TASK_KEY of RUN_ID waits for (a task of executor signal, e.g. an approval; docs/waits.md)."""
+    payload = _run_input(payload_text, None, option="--payload")
+    answer = _run(_with(client, lambda c: c.send_signal(run_id, task_key, payload or {}, idempotency_key)))
+    if as_json:
+        _echo_json(answer)
+    else:
+        click.echo(
+            f"signal to {task_key} of run {run_id} received (attempt {answer.get('attempt')}); "
+            f"the task is {answer.get('status')}"
+        )
 
 
 @run.command("cancel")

@@ -343,6 +343,15 @@ class Client:
         params = {"after": after_sequence} if after_sequence else None
         return [item async for item in self._pages(f"/runs/{_q(run_id)}/events", params)]
 
+    async def send_signal(
+        self, run_id: str, task_key: str, payload: dict[str, Any], idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """The signal a task of executor signal waits for (docs/waits.md)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return await self.request(
+            "POST", f"/runs/{_q(run_id)}/tasks/{_q(task_key)}/signal", {"payload": payload}, headers=headers
+        )
+
     async def cancel_run(self, run_id: str) -> dict[str, Any]:
         return await self.request("POST", f"/runs/{_q(run_id)}/cancel", {})
 

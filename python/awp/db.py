@@ -316,6 +316,11 @@ class Database:
     async def run_events(self, run_id: str, after_sequence: int, limit: int) -> list[Row]:
         return await self._rows("SELECT * FROM awp.run_events(%s, %s, %s)", (run_id, after_sequence, limit))
 
+    async def send_signal(self, run_id: str, task_key: str, payload: dict[str, Any], key: str | None) -> Row:
+        return await self._row(
+            "SELECT * FROM awp.send_signal(%s, %s, %s, %s)", (run_id, task_key, _jsonb(payload), key)
+        )
+
     async def request_cancel(self, run_id: str) -> Row:
         return await self._row("SELECT * FROM awp.request_cancel(%s)", (run_id,))
 

@@ -23,6 +23,7 @@ SQLSTATE_ERRORS: dict[str, tuple[int, str]] = {
     "AWLST": (409, "lease_lost"),
     "AWCNF": (409, "result_conflict"),
     "AWIDM": (409, "idempotency_conflict"),
+    "AWSIG": (409, "signal_not_waiting"),
 }
 
 # Codes the gateway itself answers with (python/awp/openapi.yaml), by HTTP status.

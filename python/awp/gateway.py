@@ -281,6 +281,19 @@ async def run_events(request: web.Request) -> web.Response:
     return json_response(page(rows[:limit], next_cursor))
 
 
+@route("POST", API + "/runs/{run_id}/tasks/{task_key}/signal", Access.WRITE)
+async def send_signal(request: web.Request) -> web.Response:
+    """The signal a task of executor signal waits for (docs/waits.md): ``{"payload": {...}}``; the Idempotency-Key
+    header (optional) makes a repeat with the same payload answer as the first time."""
+    run_id, task_key = path_param(request, "run_id"), path_param(request, "task_key")
+    key = idempotency_key(request) if "Idempotency-Key" in request.headers else None
+    body = await json_body(request)
+    only_fields(body, required=("payload",))
+    if not isinstance(body["payload"], dict):
+        raise bad_request("payload must be a JSON object")
+    return json_response(await request.app[DB].send_signal(run_id, task_key, body["payload"], key))
+
+
 @route("POST", API + "/runs/{run_id}/cancel", Access.WRITE)
 async def cancel_run(request: web.Request) -> web.Response:
     run_id = path_param(request, "run_id")

@@ -31,7 +31,8 @@ COORDINATOR_COUNTS = (
     "dispatched",
     "schedules_fired",
     "resumed",  # leases resumed after an outage (docs/protocol.md, Lease recovery)
-    "children",  # child-run tasks settled or started (docs/dynamic.md)
+    "children",  # child-run tasks settled, tasks run by the database started (docs/dynamic.md)
+    "waits",  # sleeps ended, signal waits timed out (docs/waits.md)
 )
 # The limits a coordinator pass can find holding ready tasks back ("limited" in its answer; docs/limits.md).
 LIMITS = ("run_concurrency", "workers_full", "dispatch_limit", "no_worker_for_executor")

@@ -26,6 +26,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "start_runs",
         "start_runs_idempotent",
         "request_cancel",
+        "send_signal",
         "cancel_waiting_runs",
     ),
     "Schedules": ("create_schedule", "delete_schedule", "list_schedules", "fire_schedules"),

@@ -98,6 +98,8 @@ PLANTED = {
     " WHERE run_id = %(run)s AND task_key = 'b'",
     # A child-run task (run by the database) with a worker's dispatch.
     "child_run": "UPDATE awp.tasks SET executor = 'workflow' WHERE run_id = %(run)s AND task_key = 'b'",
+    # A signal task (run by the database, docs/waits.md) with a worker's dispatch.
+    "database_task": "UPDATE awp.tasks SET executor = 'signal' WHERE run_id = %(run)s AND task_key = 'b'",
 }
 
 
