@@ -180,6 +180,13 @@ def check(run_ids: tuple[str, ...], database_url: str | None) -> None:
     dsn = database_url or default_database_url(find_project_dir())
     try:
         with psycopg.connect(dsn) as conn:
+            unknown = conn.execute(
+                "SELECT coalesce(array_agg(u ORDER BY u), '{}') FROM unnest(%s::text[]) u"
+                " WHERE NOT EXISTS (SELECT 1 FROM awp.runs r WHERE r.run_id = u)",
+                [list(run_ids)],
+            ).fetchone()
+            if unknown and unknown[0]:
+                _fail(f"no such run: {', '.join(unknown[0])} (`awp run list` shows the runs)")
             rows = conn.execute("SELECT * FROM awp.check_invariants(%s)", [list(run_ids) or None]).fetchall()
     except psycopg.Error as e:
         _fail(str(e))

@@ -105,10 +105,12 @@ async def _with(client: Client, call: Callable[[Client], Awaitable[T]]) -> T:
 # ---- awp worker ----------------------------------------------------------------------------------------------
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--gateway", envvar="AWP_GATEWAY_URL", default=DEFAULT_GATEWAY, show_default=True, help="Gateway URL.")
 @ca_file_option
-@click.option("--bootstrap-token", envvar="AWP_WORKER_BOOTSTRAP_TOKEN", required=True, help="Registration token.")
+@click.option(
+    "--bootstrap-token", envvar="AWP_WORKER_BOOTSTRAP_TOKEN", default=None, help="Registration token (required)."
+)
 @click.option(
     "--executor",
     "executor_kinds",
@@ -182,10 +184,12 @@ async def _with(client: Client, call: Callable[[Client], Awaitable[T]]) -> T:
     show_default=True,
     help="Worker log level (info logs every claim and completion).",
 )
+@click.pass_context
 def worker(
+    ctx: click.Context,
     gateway: str,
     ca_file: str | None,
-    bootstrap_token: str,
+    bootstrap_token: str | None,
     executor_kinds: str,
     concurrency: int,
     handler_modules: tuple[str, ...],
@@ -198,7 +202,8 @@ def worker(
     batch: bool,
     log_level: str,
 ) -> None:
-    """Run a worker: register, claim tasks, heartbeat, execute, complete; SIGTERM drains.
+    """Run a worker: register, claim tasks, heartbeat, execute, complete; SIGTERM drains. (`awp worker list`: the
+    registered workers.)
 
     \b
     Exit codes: 0 drained; 2 bad options or a rejected bootstrap token; 3 the session became invalid (restart:
@@ -206,6 +211,14 @@ def worker(
     when cancelled; restart it); 130 a second signal.
     """
     from awp.worker import WorkerConfig, run_worker
+
+    if ctx.invoked_subcommand is not None:  # awp worker list: the options above are a worker's, not used
+        return
+    if not bootstrap_token:
+        raise click.UsageError(
+            "the worker needs the registration token that `awp serve` was given: set AWP_WORKER_BOOTSTRAP_TOKEN "
+            "(or pass --bootstrap-token)"
+        )
 
     logging.getLogger("awp").setLevel(log_level.upper())
 
@@ -261,12 +274,75 @@ def workflow_apply(client: Client, as_json: bool, file: Path) -> None:
         click.echo(f"workflow {answer['workflow_id']} version {answer['version']}")
 
 
+def echo_columns(rows: list[tuple[str, ...]]) -> None:
+    """Plain aligned columns, never wrapped or cut (a rich table squeezes its columns to a pipe's 80)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+@workflow.command("list")
+@gateway_options
+def workflow_list(client: Client, as_json: bool) -> None:
+    """Every workflow with its latest version."""
+    items = _run(_with(client, lambda c: c.list_workflows()))
+    if as_json:
+        _echo_json(items)
+        return
+    rows = [("workflow", "latest version", "created", "updated")]
+    rows += [
+        (str(w.get("workflow_id")), str(w.get("latest_version")), str(w.get("created_at")), str(w.get("updated_at")))
+        for w in items
+    ]
+    echo_columns(rows)
+
+
+@workflow.command("versions")
+@click.argument("workflow_id")
+@gateway_options
+def workflow_versions(client: Client, as_json: bool, workflow_id: str) -> None:
+    """The versions of WORKFLOW_ID, oldest first."""
+    items = _run(_with(client, lambda c: c.workflow_versions(workflow_id)))
+    if as_json:
+        _echo_json(items)
+        return
+    rows = [("version", "tasks", "created", "definition hash")]
+    rows += [
+        (str(v.get("version")), str(v.get("task_count")), str(v.get("created_at")), str(v.get("definition_hash"))[:16])
+        for v in items
+    ]
+    echo_columns(rows)
+
+
+@workflow.command("show")
+@click.argument("workflow_id")
+@click.option("--version", type=click.IntRange(1), default=None, help="A version [default: the latest].")
+@gateway_options
+def workflow_show(client: Client, as_json: bool, workflow_id: str, version: int | None) -> None:
+    """The definition of WORKFLOW_ID (its latest version, or --version N), as YAML (--json: the API's answer)."""
+
+    async def go(c: Client) -> dict[str, Any]:
+        v = version
+        if v is None:
+            v = int((await c.get_workflow(workflow_id))["latest_version"])
+        return await c.get_workflow_version(workflow_id, v)
+
+    answer = _run(_with(client, go))
+    if as_json:
+        _echo_json(answer)
+        return
+    click.echo(
+        f"# workflow {answer.get('workflow_id')} version {answer.get('version')} ({answer.get('task_count')} tasks)"
+    )
+    click.echo(yaml.safe_dump(answer.get("definition"), sort_keys=False, allow_unicode=True).rstrip())
+
+
 # ---- awp run ---------------------------------------------------------------------------------------------------
 
 
 @click.group()
 def run() -> None:
-    """Runs: start, show, task, watch, events, cancel."""
+    """Runs: start, list, show, task, watch, events, signal, cancel."""
 
 
 @run.command("start")
@@ -361,6 +437,38 @@ def _run_input(text: str | None, path: Path | None, option: str = "--input") -> 
         kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
         raise click.BadParameter(f"must be a JSON object, not {kind}", param_hint=option)
     return value
+
+
+@run.command("list")
+@click.option("--workflow", "workflow_id", default=None, help="Only runs of this workflow.")
+@click.option("--status", type=click.Choice(["pending", "running", "succeeded", "failed", "canceled"]), default=None)
+@click.option("--limit", type=click.IntRange(1, 10000), default=50, show_default=True, help="At most this many.")
+@gateway_options
+def run_list(client: Client, as_json: bool, workflow_id: str | None, status: str | None, limit: int) -> None:
+    """Runs, newest first."""
+    items = _run(_with(client, lambda c: c.list_runs(workflow_id, status, limit)))
+    if as_json:
+        _echo_json(items)
+        return
+    if not items:
+        click.echo(
+            "no runs" + (f" of workflow {workflow_id}" if workflow_id else "") + (f" {status}" if status else "")
+        )
+        return
+    rows = [("run", "workflow", "status", "created", "finished", "tasks")]
+    for r in items:
+        counts = r.get("task_counts") or {}
+        rows.append(
+            (
+                str(r.get("run_id")),
+                f"{r.get('workflow_id')} v{r.get('workflow_version')}",
+                str(r.get("status")),
+                str(r.get("created_at")),
+                str(r.get("finished_at") or "-"),
+                ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "-",
+            )
+        )
+    echo_columns(rows)
 
 
 @run.command("show")
@@ -525,6 +633,17 @@ def workers_cmd(client: Client, as_json: bool) -> None:
     Console().print(workers_table(items))
 
 
+@worker.command("list")
+@gateway_options
+def worker_list(client: Client, as_json: bool) -> None:
+    """The registered workers (as `awp workers`)."""
+    items = _run(_with(client, lambda c: c.list_workers()))
+    if as_json:
+        _echo_json(items)
+        return
+    Console().print(workers_table(items))
+
+
 # ---- awp schedule --------------------------------------------------------------------------------------------
 
 
@@ -613,9 +732,7 @@ def schedule_list(client: Client, as_json: bool) -> None:
                 str(s.get("last_run_id") or "-"),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    echo_columns(rows)
 
 
 @schedule.command("delete")

@@ -330,8 +330,22 @@ class Client:
     async def get_run(self, run_id: str) -> dict[str, Any]:
         return await self.request("GET", f"/runs/{_q(run_id)}")
 
-    async def list_runs(self, workflow_id: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
-        return [item async for item in self._pages("/runs", {"workflow_id": workflow_id, "status": status})]
+    async def list_runs(
+        self, workflow_id: str | None = None, status: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Runs, newest first (at most ``limit``: the pages after it are not read)."""
+        items: list[dict[str, Any]] = []
+        async for item in self._pages("/runs", {"workflow_id": workflow_id, "status": status}):
+            items.append(item)
+            if limit is not None and len(items) >= limit:
+                break
+        return items
+
+    async def workflow_versions(self, workflow_id: str) -> list[dict[str, Any]]:
+        return [item async for item in self._pages(f"/workflows/{_q(workflow_id)}/versions")]
+
+    async def get_workflow_version(self, workflow_id: str, version: int) -> dict[str, Any]:
+        return await self.request("GET", f"/workflows/{_q(workflow_id)}/versions/{int(version)}")
 
     async def run_tasks(self, run_id: str) -> list[dict[str, Any]]:
         return [item async for item in self._pages(f"/runs/{_q(run_id)}/tasks")]

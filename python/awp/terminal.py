@@ -388,7 +388,7 @@ async def watch_run(
         counts = status_counts(tasks)
         duration = run_duration_s(info)
         took = f"{duration:.1f}s" if duration is not None else f"{time.monotonic() - start:.1f}s watched"
-        console.print(f"{len(tasks)} tasks: {counts_text(counts)}; {took}")
+        console.print(f"{len(tasks)} task{'' if len(tasks) == 1 else 's'}: {counts_text(counts)}; {took}")
     return str(info.get("status"))
 
 

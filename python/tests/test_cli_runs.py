@@ -279,7 +279,7 @@ def test_watch_of_a_finished_run_prints_its_real_duration(
     expected = (datetime.fromisoformat(run["finished_at"]) - datetime.fromisoformat(run["started_at"])).total_seconds()
     assert expected >= 0.7
     watched = awp("run", "watch", run_id).output
-    duration = re.search(r"1 tasks: succeeded 1; (\d+\.\d)s\s*$", watched)
+    duration = re.search(r"1 task: succeeded 1; (\d+\.\d)s\s*$", watched)
     assert duration is not None, watched
     shown = float(duration.group(1))
     assert shown == pytest.approx(expected, abs=0.051)

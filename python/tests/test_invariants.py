@@ -143,6 +143,8 @@ def test_awp_check_exits_non_zero_on_a_violation(db, db_dsn, finished_run):
     ok = subprocess.run([AWP, "check", finished_run["run_id"]], capture_output=True, text=True, env=env, check=False)
     assert ok.returncode == 0, ok.stderr
     assert "0 violation(s)" in ok.stdout
+    nope = subprocess.run([AWP, "check", "run_nope"], capture_output=True, text=True, env=env, check=False)
+    assert nope.returncode == 1 and "no such run: run_nope" in nope.stderr, nope  # not "0 violation(s)"
     db.execute("UPDATE awp.runs SET status = 'failed', output = NULL WHERE run_id = %s", [finished_run["run_id"]])
     try:
         bad = subprocess.run([AWP, "check"], capture_output=True, text=True, env=env, check=False)

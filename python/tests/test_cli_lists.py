@@ -1,0 +1,72 @@
+"""The CLI lists of issue 41: ``awp run list``, ``awp workflow list / versions / show``, ``awp worker list``, against a
+live gateway; their columns are never cut when stdout is not a terminal (no COLUMNS here: a pipe)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from awp.cli import main
+from awp_testing.gateway import ServeProcess, serve
+
+
+@pytest.fixture(scope="module")
+def gw(db_dsn: str) -> Iterator[ServeProcess]:
+    with serve(db_dsn) as gateway:
+        yield gateway
+
+
+def awp(gw: ServeProcess, *args: str) -> Result:
+    env = {"AWP_GATEWAY_URL": gw.base_url, "AWP_OPERATOR_TOKEN": gw.tokens.operator}
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+def test_workflow_and_run_lists(gw: ServeProcess, db_dsn: str) -> None:
+    first = {"id": "lists-a-workflow-with-a-rather-long-name", "tasks": [{"key": "a", "executor": "mock"}]}
+    second = {
+        **first,
+        "tasks": [{"key": "a", "executor": "mock"}, {"key": "b", "executor": "mock", "depends_on": ["a"]}],
+    }
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        for definition in (first, second):
+            c.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
+        runs = [c.execute("SELECT awp.start_run(%s)", [first["id"]]).fetchone()[0] for _ in range(3)]  # type: ignore[index]
+        c.execute("SELECT * FROM awp.register_worker('lists-worker', ARRAY['mock'], 2)")
+
+    listed = awp(gw, "workflow", "list")
+    assert listed.exit_code == 0, listed.output
+    line = next(x for x in listed.output.splitlines() if x.startswith(first["id"]))
+    assert line.split()[1] == "2", "its latest version, the whole id shown"
+
+    versions = awp(gw, "workflow", "versions", first["id"])
+    assert [x.split()[:2] for x in versions.output.splitlines()[1:]] == [["1", "1"], ["2", "2"]], versions.output
+
+    shown = awp(gw, "workflow", "show", first["id"])
+    assert shown.output.startswith(f"# workflow {first['id']} version 2 (2 tasks)"), shown.output
+    assert yaml.safe_load(shown.output) == second
+    assert yaml.safe_load(awp(gw, "workflow", "show", first["id"], "--version", "1").output) == first
+    missing = awp(gw, "workflow", "show", "lists-nope")
+    assert missing.exit_code != 0 and "not_found" in missing.output
+
+    run_list = awp(gw, "run", "list", "--workflow", first["id"], "--limit", "2")
+    assert run_list.exit_code == 0, run_list.output
+    rows = run_list.output.splitlines()
+    assert rows[0].split() == ["run", "workflow", "status", "created", "finished", "tasks"]
+    assert [r.split()[0] for r in rows[1:]] == runs[::-1][:2], "newest first, --limit 2, whole run ids"
+    assert all(f"{first['id']} v2" in r and r.split()[3] in ("pending", "running") for r in rows[1:]), rows
+    none = awp(gw, "run", "list", "--workflow", first["id"], "--status", "failed")
+    assert none.output.strip() == f"no runs of workflow {first['id']} failed"
+
+    workers = awp(gw, "worker", "list")
+    assert workers.exit_code == 0 and "lists-worker" in workers.output, workers.output
+    assert awp(gw, "worker", "list", "--json").output.count('"display_name": "lists-worker"') == 1
+
+
+def test_a_worker_without_its_token_says_which_variable_to_set(gw: ServeProcess) -> None:
+    bare = CliRunner().invoke(main, ["worker", "--executor", "mock"], env={"AWP_WORKER_BOOTSTRAP_TOKEN": ""})
+    assert bare.exit_code == 2 and "set AWP_WORKER_BOOTSTRAP_TOKEN" in bare.output, bare.output
