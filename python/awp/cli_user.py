@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import suppress
 from functools import wraps
 from pathlib import Path
@@ -274,7 +274,7 @@ def workflow_apply(client: Client, as_json: bool, file: Path) -> None:
         click.echo(f"workflow {answer['workflow_id']} version {answer['version']}")
 
 
-def echo_columns(rows: list[tuple[str, ...]]) -> None:
+def echo_columns(rows: Sequence[Sequence[str]]) -> None:
     """Plain aligned columns, never wrapped or cut (a rich table squeezes its columns to a pipe's 80)."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

@@ -27,7 +27,8 @@ def awp(gw: ServeProcess, *args: str) -> Result:
 
 
 def test_workflow_and_run_lists(gw: ServeProcess, db_dsn: str) -> None:
-    first = {"id": "lists-a-workflow-with-a-rather-long-name", "tasks": [{"key": "a", "executor": "mock"}]}
+    wid = "lists-a-workflow-with-a-rather-long-name"
+    first: dict[str, object] = {"id": wid, "tasks": [{"key": "a", "executor": "mock"}]}
     second = {
         **first,
         "tasks": [{"key": "a", "executor": "mock"}, {"key": "b", "executor": "mock", "depends_on": ["a"]}],
@@ -35,32 +36,32 @@ def test_workflow_and_run_lists(gw: ServeProcess, db_dsn: str) -> None:
     with psycopg.connect(db_dsn, autocommit=True) as c:
         for definition in (first, second):
             c.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
-        runs = [c.execute("SELECT awp.start_run(%s)", [first["id"]]).fetchone()[0] for _ in range(3)]  # type: ignore[index]
+        runs = [c.execute("SELECT awp.start_run(%s)", [wid]).fetchone()[0] for _ in range(3)]  # type: ignore[index]
         c.execute("SELECT * FROM awp.register_worker('lists-worker', ARRAY['mock'], 2)")
 
     listed = awp(gw, "workflow", "list")
     assert listed.exit_code == 0, listed.output
-    line = next(x for x in listed.output.splitlines() if x.startswith(first["id"]))
+    line = next(x for x in listed.output.splitlines() if x.startswith(wid))
     assert line.split()[1] == "2", "its latest version, the whole id shown"
 
-    versions = awp(gw, "workflow", "versions", first["id"])
+    versions = awp(gw, "workflow", "versions", wid)
     assert [x.split()[:2] for x in versions.output.splitlines()[1:]] == [["1", "1"], ["2", "2"]], versions.output
 
-    shown = awp(gw, "workflow", "show", first["id"])
-    assert shown.output.startswith(f"# workflow {first['id']} version 2 (2 tasks)"), shown.output
+    shown = awp(gw, "workflow", "show", wid)
+    assert shown.output.startswith(f"# workflow {wid} version 2 (2 tasks)"), shown.output
     assert yaml.safe_load(shown.output) == second
-    assert yaml.safe_load(awp(gw, "workflow", "show", first["id"], "--version", "1").output) == first
+    assert yaml.safe_load(awp(gw, "workflow", "show", wid, "--version", "1").output) == first
     missing = awp(gw, "workflow", "show", "lists-nope")
     assert missing.exit_code != 0 and "not_found" in missing.output
 
-    run_list = awp(gw, "run", "list", "--workflow", first["id"], "--limit", "2")
+    run_list = awp(gw, "run", "list", "--workflow", wid, "--limit", "2")
     assert run_list.exit_code == 0, run_list.output
     rows = run_list.output.splitlines()
     assert rows[0].split() == ["run", "workflow", "status", "created", "finished", "tasks"]
     assert [r.split()[0] for r in rows[1:]] == runs[::-1][:2], "newest first, --limit 2, whole run ids"
-    assert all(f"{first['id']} v2" in r and r.split()[3] in ("pending", "running") for r in rows[1:]), rows
-    none = awp(gw, "run", "list", "--workflow", first["id"], "--status", "failed")
-    assert none.output.strip() == f"no runs of workflow {first['id']} failed"
+    assert all(f"{wid} v2" in r and r.split()[3] in ("pending", "running") for r in rows[1:]), rows
+    none = awp(gw, "run", "list", "--workflow", wid, "--status", "failed")
+    assert none.output.strip() == f"no runs of workflow {wid} failed"
 
     workers = awp(gw, "worker", "list")
     assert workers.exit_code == 0 and "lists-worker" in workers.output, workers.output
