@@ -224,8 +224,9 @@ BEGIN
              END
            WHEN 'waiting_signal' THEN
              (SELECT format('waiting for a signal (awp.send_signal, POST /api/v1/runs/%s/tasks/%s/signal)%s', p_run_id,
-                            j.task_key, coalesce(format('; without one it times out at %s (in %s)', awp._wait_ts(x.wait_until),
-                                                        awp._wait_secs(greatest(x.wait_until - v_now, interval '0'))), ''))
+                            j.task_key, CASE WHEN x.wait_until IS NULL THEN ''   -- no timeout
+                                             ELSE format('; without one it times out at %s (in %s)', awp._wait_ts(x.wait_until),
+                                                         awp._wait_secs(greatest(x.wait_until - v_now, interval '0'))) END)
                 FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = j.task_key)
            WHEN 'sleeping' THEN
              (SELECT format('sleeping until %s (in %s)', awp._wait_ts(x.wait_until),

@@ -3,7 +3,7 @@
 -- between retries (db/functions/_task_outcome.sql, awp._retry_wait); with the frozen clock, edges pinned exactly.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(58);
+SELECT plan(59);
 
 SELECT tests.freeze('2030-01-01 00:00:00+00');
 SELECT * FROM tests.register_worker('w1', '{mock}', 10) \gset w1_
@@ -168,6 +168,11 @@ SELECT tests.make_workflow('until', jsonb_build_array(
 SELECT awp.start_run('until') AS urun \gset
 SELECT awp.coordinator_tick();
 SELECT is(tests.run_status(:'urun'), 'succeeded', 'until in the past: done at the next pass');
+SELECT tests.make_workflow('forever', jsonb_build_array(tests.signal_task('ok', '{}')));
+SELECT awp.start_run('forever') AS frun \gset
+SELECT is((SELECT wait_detail FROM awp.get_task(:'frun', 'ok')),
+          'waiting for a signal (awp.send_signal, POST /api/v1/runs/' || :'frun' || '/tasks/ok/signal)',
+          'without a timeout the detail names none');
 
 -- ================================================================ backoff
 SELECT tests.make_workflow('backoff', jsonb_build_array(

@@ -4,9 +4,9 @@ Sign-in: ``POST /ui/login`` with the viewer or the operator token (never a worke
 ``awp_ui`` = ``role.started.expires.session_id.signature``: an HMAC-SHA256 under a key derived from that role's
 token, so every gateway replica accepts it without asking anyone, and changing a token signs its sessions out.
 The cookie is HttpOnly, SameSite=Strict, Secure when the request came over TLS (directly or
-``X-Forwarded-Proto: https``), and limited to ``/ui``. Every form that changes something (cancel, sign-out)
-carries a CSRF token derived from the session (HMAC of its id); a POST without it, or from another origin
-(``Origin``, ``Sec-Fetch-Site``), is 403, and a viewer's cancel is 403 whatever it carries.
+``X-Forwarded-Proto: https``), and limited to ``/ui``. Every form that changes something (cancel, a signal,
+sign-out) carries a CSRF token derived from the session (HMAC of its id); a POST without it, or from another origin
+(``Origin``, ``Sec-Fetch-Site``), is 403, and a viewer's cancel or signal is 403 whatever it carries.
 
 Lifetime (docs/operations.md, "Dashboard sessions"): a cookie lasts :data:`SESSION_TTL_S` (30 minutes); a
 request with a cookie older than :data:`SESSION_RENEW_S` gets a new one of the same session (same id, same CSRF
@@ -29,6 +29,9 @@ first shown, as instances are contiguous in definition order). The page's state 
 statuses (one character each), so the count follows the events live without asking the database again. A task that
 started a child run links to it from its panel (graph nodes are links already, and a link cannot hold another); a
 child run's page names its parent run and task.
+
+Signals (docs/waits.md): the panel of a task waiting for a signal shows an operator Approve and Reject (the payloads
+:data:`SIGNALS`), each confirmed by a second step before anything is sent (:func:`signal_task`).
 """
 
 from __future__ import annotations
@@ -97,6 +100,11 @@ WORKER_ORDER = {"active": 0, "draining": 1, "offline": 2, "stopped": 3}
 # Why a task was skipped (awp.run_tasks skip_reason), as shown after its status; python/awp/ui/static/app.js has
 # the same words for a task skipped while the page is open.
 SKIP_REASONS = {"condition_false": "condition false", "dependency_failed": "dependency failed"}
+# The task panel's signal buttons (docs/waits.md: "the dashboard's Reject button sends {"approved": false}"): the
+# name a form posts -> the payload awp.send_signal receives, and the words of the panel's notice afterwards.
+SIGNALS: dict[str, dict[str, bool]] = {"approve": {"approved": True}, "reject": {"approved": False}}
+SIGNAL_DONE = {"approve": "Approved", "reject": "Rejected"}
+SIGNAL_NOT_DONE = {"approve": "Not approved", "reject": "Not rejected"}
 
 # Scripts and styles from the gateway only, no inline script. 'unsafe-eval' is allowed because browser automation
 # (Playwright's wait_for_function, used by tests and by people scripting the dashboard) evaluates strings in the
@@ -343,6 +351,7 @@ def _environment() -> jinja2.Environment:
         json_island=json_island,
         live_run=LIVE_RUN,
         max_edges=dag.MAX_EDGES,
+        signals={name: json.dumps(payload) for name, payload in SIGNALS.items()},
     )
     return env
 
@@ -741,8 +750,46 @@ async def _workers_by_id(db: Any) -> dict[str, dict[str, Any]]:
     return {w["worker_id"]: w for w in await db.list_workers()}
 
 
-async def _task_context(db: Any, run_id: str, task_key: str, ipage: int = 0) -> dict[str, Any]:
-    """What the task panel shows: the task, its attempts and, for a mapped task, page ``ipage`` of its instances."""
+def _signal_name(value: Any) -> str | None:
+    """``approve`` or ``reject`` (a key of :data:`SIGNALS`), else None."""
+    return value if isinstance(value, str) and value in SIGNALS else None
+
+
+def signal_view(task: dict[str, Any], query: Any) -> dict[str, Any]:
+    """What the task panel's signal part shows, from the query of the page (or of the script's request):
+    ``confirm=approve|reject`` opens the confirmation step (python/awp/ui/templates/_task.html), ``sent=…`` and
+    ``refused=…`` (where :func:`signal_task` redirects) a notice of the outcome. A notice is shown only when the task
+    bears it out (a ``sent`` task's output is that payload, a ``refused`` task does not wait for a signal), so a
+    link with such a query cannot make the panel claim what did not happen."""
+    confirm = _signal_name(query.get("confirm"))
+    notice: dict[str, str] | None = None
+    sent, refused = _signal_name(query.get("sent")), _signal_name(query.get("refused"))
+    if sent is not None and task.get("output") == SIGNALS[sent]:
+        notice = {
+            "outcome": "sent",
+            "signal": sent,
+            "text": f"{SIGNAL_DONE[sent]}: the task received {json.dumps(SIGNALS[sent])} and succeeded with it as "
+            "its output.",
+        }
+    elif refused is not None and task.get("wait_reason") != "waiting_signal":
+        if task["executor"] != "signal":
+            why = f"its executor is {task['executor']}"
+        elif task["status"] != "running":
+            why = f"its status is {status_text(task['status'], task.get('skip_reason'))}"
+        else:
+            why = "its run is being canceled or has ended"
+        notice = {
+            "outcome": "refused",
+            "signal": refused,
+            "text": f"{SIGNAL_NOT_DONE[refused]}: the task is not waiting for a signal ({why}), so nothing was "
+            "sent. Someone may have signalled it first, or its wait timed out or its run was canceled.",
+        }
+    return {"confirm": confirm, "notice": notice}
+
+
+async def _task_context(db: Any, run_id: str, task_key: str, ipage: int = 0, query: Any = None) -> dict[str, Any]:
+    """What the task panel shows: the task, its attempts, for a mapped task page ``ipage`` of its instances, and
+    the state of its signal buttons (:func:`signal_view`, from ``query``)."""
     task = await db.get_task(run_id, task_key)
     for attempt in task["attempt_history"]:  # jsonb: timestamps arrive as ISO strings
         for name in ("started_at", "finished_at", "deadline"):
@@ -754,6 +801,7 @@ async def _task_context(db: Any, run_id: str, task_key: str, ipage: int = 0) -> 
         "workers": await _workers_by_id(db),
         "run_id": run_id,
         "now": _now(),
+        "signal": signal_view(task, query or {}),
     }
 
 
@@ -773,7 +821,7 @@ async def run_page(request: web.Request, session: Session | None) -> web.StreamR
     view = await off_loop(request, run_view, rows, page, status)  # the layout: up to 10,000 tasks
     selected = _query(request, "task", 1024)
     ipage = _page_number(request.query.get("ipage"))
-    task_context = await _task_context(db, run_id, selected, ipage) if selected else None
+    task_context = await _task_context(db, run_id, selected, ipage, request.query) if selected else None
     base = {k: v for k, v in (("status", status),) if v}
 
     def page_url(p: int) -> str:
@@ -867,8 +915,9 @@ def _json(value: Any) -> web.Response:
 @ui_route("GET", "/ui/runs/{run_id}/tasks/{task_key}", kind="part")
 async def task_part(request: web.Request, session: Session | None) -> web.StreamResponse:
     run_id, task_key = request.match_info["run_id"], request.match_info["task_key"]
-    context = await _task_context(request.app[DB], run_id, task_key, _page_number(request.query.get("ipage")))
-    return render(request, "_task.html", **context)
+    ipage = _page_number(request.query.get("ipage"))
+    context = await _task_context(request.app[DB], run_id, task_key, ipage, request.query)
+    return render(request, "_task.html", session=session, **context)
 
 
 @ui_route("POST", "/ui/runs/{run_id}/cancel")
@@ -880,6 +929,39 @@ async def cancel_run(request: web.Request, session: Session | None) -> web.Strea
     run_id = request.match_info["run_id"]
     await request.app[DB].request_cancel(run_id)
     return redirect(f"/ui/runs/{quote(run_id, safe='')}")
+
+
+@ui_route("POST", "/ui/runs/{run_id}/tasks/{task_key}/signal")
+async def signal_task(request: web.Request, session: Session | None) -> web.StreamResponse:
+    """Approve or Reject from a task panel (python/awp/ui/templates/_task.html): the form posts ``signal`` =
+    ``approve`` or ``reject``, refused as a cancel is (:func:`cancel_run`: CSRF token, same origin, operator only).
+    Two steps: without ``confirmed=yes`` nothing is sent, the answer is the panel's confirmation step
+    (``?confirm=…``); with it, ``awp.send_signal`` with the payload of :data:`SIGNALS` (no idempotency key), then
+    the run page with the panel open and the outcome (``?sent=…``, or ``?refused=…`` when the task no longer waits:
+    AWSIG, e.g. a second click or another operator first). The page's script posts the second step with
+    ``fragment=1`` and gets the refreshed panel itself (200 either way: the notice in it says what happened)."""
+    assert session is not None
+    form = await _check_csrf(request, session)
+    if not session.operator:
+        raise ApiError.of(403, "only the operator may approve or reject a task; you signed in with the viewer token")
+    run_id, task_key = request.match_info["run_id"], request.match_info["task_key"]
+    name = _signal_name(form.get("signal"))
+    if name is None:
+        raise ApiError.of(400, "signal must be approve or reject")
+    if form.get("confirmed") != "yes":
+        return redirect(run_task_url(run_id, task_key) + "&" + urlencode({"confirm": name}))
+    db = request.app[DB]
+    outcome = "sent"
+    try:
+        await db.send_signal(run_id, task_key, SIGNALS[name], None)
+    except psycopg.Error as e:
+        if e.sqlstate != "AWSIG":  # signal_not_waiting (python/awp/errors.py); anything else is answered as usual
+            raise
+        outcome = "refused"
+    if form.get("fragment") == "1":
+        context = await _task_context(db, run_id, task_key, 0, {outcome: name})
+        return render(request, "_task.html", session=session, **context)
+    return redirect(run_task_url(run_id, task_key) + "&" + urlencode({outcome: name}))
 
 
 # -- workers -------------------------------------------------------------------------------------------

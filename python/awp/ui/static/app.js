@@ -351,6 +351,8 @@
       else url.searchParams.delete("task");
       if (key && page > 1) url.searchParams.set("ipage", String(page));
       else url.searchParams.delete("ipage");
+      // a signal's confirmation step or outcome (views.signal_view) belongs to the panel it was shown in
+      ["confirm", "sent", "refused"].forEach((name) => url.searchParams.delete(name));
       history.replaceState(null, "", url);
     }
 
@@ -365,7 +367,12 @@
         });
         if (response.status === 401) return signedOut();
         if (!response.ok || key !== openKey || page !== openPage) return;
-        panel.innerHTML = await response.text();
+        const html = await response.text();
+        // a refresh keeps the notice of a signal just sent from this panel (the refreshed panel has none)
+        const notice = focus ? null : panel.querySelector(`[data-signal-for="${CSS.escape(key)}"]`);
+        panel.innerHTML = html;
+        const head = $(".drawer-head", panel);
+        if (notice && head && !$("[data-signal-notice]", panel)) head.after(notice);
         panel.hidden = false;
         if (focus) {
           const heading = $(focus, panel) || $("#task-h", panel);
@@ -400,6 +407,90 @@
     }
 
     if (openKey) selectNode(openKey);
+
+    // ---- Approve / Reject of a task waiting for a signal (templates/_task.html, views.signal_task) -----------
+    // The first step only asks: it is shown in place, nothing is posted. The second posts its form with
+    // fragment=1 and shows the panel the gateway answers with (its notice says whether the signal was sent).
+    function signalStep(box, name, from) {
+      box.querySelectorAll("[data-signal-form]").forEach((form) => {
+        form.hidden = name ? form.dataset.signalStep !== name : form.dataset.signalForm !== "choose";
+        const error = $("[data-signal-error]", form);
+        if (error) error.remove();
+      });
+      const target = name
+        ? $(`[data-signal-step="${CSS.escape(name)}"] .signal-question`, box)
+        : $(`[data-signal="${CSS.escape(from || "approve")}"]`, box);
+      if (target) target.focus();
+    }
+
+    function signalError(form, text) {
+      let error = $("[data-signal-error]", form);
+      if (!error) {
+        error = document.createElement("p");
+        error.className = "alert";
+        error.setAttribute("role", "alert");
+        error.dataset.signalError = "";
+        form.insertBefore(error, form.firstChild);
+      }
+      error.textContent = text;
+      form.querySelectorAll("button").forEach((b) => (b.disabled = false));
+      delete form.dataset.busy;
+    }
+
+    panel.addEventListener("submit", async (event) => {
+      const form = event.target;
+      const box = form.closest("[data-signal-box]");
+      if (!box) return;
+      event.preventDefault();
+      if (form.dataset.signalForm === "choose") {
+        const name = event.submitter ? event.submitter.value : "";
+        if (name) signalStep(box, name);
+        return;
+      }
+      if (form.dataset.busy) return; // sent already: a second click waits for the answer
+      form.dataset.busy = "1";
+      form.querySelectorAll("button").forEach((b) => (b.disabled = true));
+      const key = openKey;
+      const body = new URLSearchParams(new FormData(form));
+      body.set("fragment", "1");
+      try {
+        const response = await fetch(form.action, {
+          method: "POST",
+          body,
+          cache: "no-store",
+          credentials: "same-origin",
+        });
+        if (response.status === 401) return signedOut();
+        const html = await response.text();
+        if (response.ok) {
+          if (key !== openKey) return; // another task was opened meanwhile
+          panel.innerHTML = html;
+          const notice = $("[data-signal-notice]", panel) || $("#task-h", panel);
+          if (notice) notice.focus();
+          return;
+        }
+        // refused before anything was sent (views.signal_task): the error page's message
+        const alert = new DOMParser().parseFromString(html, "text/html").querySelector("[role=alert]");
+        signalError(form, `Not sent (HTTP ${response.status}): ${alert ? alert.textContent : response.statusText}`);
+      } catch (err) {
+        signalError(form, "No answer from the gateway: reload the page to see whether the signal arrived.");
+      }
+    });
+
+    panel.addEventListener("click", (event) => {
+      // the second click of a double click on Approve or Reject lands on the confirmation's button, shown under
+      // the pointer by the first: it confirms nothing
+      const confirm = event.target.closest ? event.target.closest("[data-signal-confirm]") : null;
+      if (confirm && event.detail > 1) {
+        event.preventDefault();
+        return;
+      }
+      if (event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) return;
+      const back = event.target.closest ? event.target.closest("[data-signal-back]") : null;
+      if (!back) return;
+      event.preventDefault(); // the document's handler below then leaves it alone
+      signalStep(back.closest("[data-signal-box]"), null, back.closest("[data-signal-form]").dataset.signalStep);
+    });
 
     document.addEventListener("click", (event) => {
       if (event.defaultPrevented || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) return;
