@@ -15,6 +15,41 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._int_ok(jsonb, bigint, bigint) IS 'True when a JSON value is an integer in a range.';
 
+-- awp._did_you_mean(word, known): " (did you mean X?)" for the known word nearest to a misspelt one (an edit distance
+-- of at most a third of its length, at least 1; the first of equals), else ''. Only on the way to an error. Locks:
+-- none.
+CREATE OR REPLACE FUNCTION awp._did_you_mean(p_word text, p_known text[]) RETURNS text
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_best text;
+  v_best_d integer;
+  v_k    text;
+  v_d    integer;
+  v_prev integer[];
+  v_cur  integer[];
+  i integer;
+  j integer;
+BEGIN
+  FOREACH v_k IN ARRAY p_known LOOP   -- Levenshtein distance, two rows at a time
+    v_prev := ARRAY(SELECT generate_series(0, length(v_k)));
+    FOR i IN 1 .. length(p_word) LOOP
+      v_cur := ARRAY[i];
+      FOR j IN 1 .. length(v_k) LOOP
+        v_cur := v_cur || least(v_prev[j + 1] + 1, v_cur[j] + 1,
+                                v_prev[j] + CASE WHEN substr(p_word, i, 1) = substr(v_k, j, 1) THEN 0 ELSE 1 END);
+      END LOOP;
+      v_prev := v_cur;
+    END LOOP;
+    v_d := v_prev[length(v_k) + 1];
+    IF v_best_d IS NULL OR v_d < v_best_d THEN
+      v_best := v_k;
+      v_best_d := v_d;
+    END IF;
+  END LOOP;
+  RETURN CASE WHEN v_best_d <= greatest(1, length(p_word) / 3) THEN format(' (did you mean %s?)', v_best) ELSE '' END;
+END $$;
+COMMENT ON FUNCTION awp._did_you_mean(text, text[]) IS 'A hint naming the known word nearest to a misspelt one, or empty.';
+
 -- awp._condition_error(when): what is wrong with a task's `when` (docs/dynamic.md), or NULL when it is valid:
 -- an object {"task": "<dependency key>", "path": [keys or indexes] (optional), and exactly one of "equals" and
 -- "not_equals" (any JSON)}. Whether task names a dependency is checked by the caller. Locks: none.
@@ -68,10 +103,10 @@ BEGIN
   IF p IS NULL OR jsonb_typeof(p) <> 'object' THEN
     PERFORM awp._raise_invalid_request('definition must be a JSON object');
   END IF;
-  SELECT string_agg(k, ', ' ORDER BY k) INTO v_err
+  SELECT string_agg(k || awp._did_you_mean(k, '{id,concurrency,tasks}'), ', ' ORDER BY k) INTO v_err
     FROM jsonb_object_keys(p) k WHERE k NOT IN ('id', 'concurrency', 'tasks');
   IF v_err IS NOT NULL THEN
-    PERFORM awp._raise_invalid_request('definition has unknown fields', 'unknown fields: ' || v_err);
+    PERFORM awp._raise_invalid_request('unknown fields', 'unknown fields: ' || v_err);
   END IF;
   IF jsonb_typeof(p->'id') IS DISTINCT FROM 'string' OR (p->>'id') !~ '^[A-Za-z0-9._-]{1,128}$' THEN
     PERFORM awp._raise_invalid_request('invalid workflow id',
@@ -108,7 +143,8 @@ BEGIN
               WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(t) k
                             WHERE k NOT IN ('key', 'executor', 'action', 'input', 'depends_on', 'retry', 'timeout_ms',
                                             'for_each', 'max_items', 'when'))
-                THEN 'unknown fields: ' || (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(t) k
+                THEN 'unknown fields: ' || (SELECT string_agg(k || awp._did_you_mean(k, '{key,executor,action,input,depends_on,retry,timeout_ms,for_each,max_items,when}'), ', ' ORDER BY k)
+                                            FROM jsonb_object_keys(t) k
                             WHERE k NOT IN ('key', 'executor', 'action', 'input', 'depends_on', 'retry', 'timeout_ms',
                                             'for_each', 'max_items', 'when'))
               WHEN jsonb_typeof(t->'key') IS DISTINCT FROM 'string'

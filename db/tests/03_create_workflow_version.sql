@@ -2,7 +2,7 @@
 -- rule of docs/protocol.md, Objects (each violation is AWREQ with a DETAIL saying what is wrong).
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(62);
+SELECT plan(65);
 
 CREATE FUNCTION tests.cwv(p jsonb) RETURNS text LANGUAGE sql AS $$
   SELECT format('SELECT * FROM awp.create_workflow_version(%L::jsonb)', p)
@@ -45,6 +45,11 @@ SELECT throws_ok(tests.cwv(tests.def(jsonb_build_array(tests.task('a')), '{"owne
                  'an unknown top-level field is AWREQ');
 SELECT is(tests.error_detail(tests.cwv(tests.def(jsonb_build_array(tests.task('a')), '{"owner": "me"}'))),
           'unknown fields: owner', 'the detail names the unknown field');
+SELECT is(tests.error_detail(tests.cwv(tests.def(jsonb_build_array(tests.task('a')), '{"concurency": 2}'))),
+          'unknown fields: concurency (did you mean concurrency?)', 'a misspelt field: the detail suggests the right one');
+SELECT is(tests.error_detail(tests.cwv(tests.def(jsonb_build_array(tests.task('a', '{}', '{"dependson": ["b"]}'))))),
+          'tasks[0] (key a): unknown fields: dependson (did you mean depends_on?)', 'a misspelt task field too');
+SELECT is((SELECT m FROM (SELECT awp._did_you_mean('zzz', '{id,concurrency,tasks}') m) x), '', 'nothing near: no hint');
 SELECT throws_ok(tests.cwv('{"tasks": [{"key": "a", "executor": "mock"}]}'), 'AWREQ', NULL, 'a missing id is AWREQ');
 SELECT throws_ok(tests.cwv(tests.def(jsonb_build_array(tests.task('a')), '{"id": "has space"}')), 'AWREQ', NULL,
                  'an id with a space is AWREQ');

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import suppress
@@ -21,7 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from awp import eventloop
-from awp.client import Client, ClientError, GatewayError
+from awp.client import Client, ClientError, GatewayError, TlsVerifyError, TransportError
 from awp.terminal import (
     WatchTimeout,
     cancel_message,
@@ -44,12 +45,28 @@ EXIT_WAIT_TIMEOUT = 124  # `awp run start --wait --timeout`: still running when 
 T = TypeVar("T")
 
 
+# What to do about an error, by the gateway's error code: each CLI error names its fix (AWP issue 41).
+FIXES = {
+    "unauthorized": "set AWP_OPERATOR_TOKEN (or --token) to the operator token `awp serve` was given",
+    "forbidden": "this needs the operator token: set AWP_OPERATOR_TOKEN (or --token), not the viewer's",
+    "unavailable": "the gateway cannot reach its database: start it with `awp db up` (or check awp serve's "
+    "AWP_DATABASE_URL), then try again",
+}
+
+
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine; gateway errors become a one-line click error."""
+    """Run a coroutine; gateway errors become a one-line click error that says what to do when it can."""
     try:
         return eventloop.run(coro)
     except GatewayError as e:
-        raise click.ClickException(f"{e.code}: {e.message}") from e
+        fix = FIXES.get(e.code)
+        raise click.ClickException(f"{e.code}: {e.message}" + (f" ({fix})" if fix else "")) from e
+    except TlsVerifyError as e:
+        raise click.ClickException(str(e)) from e
+    except TransportError as e:
+        raise click.ClickException(
+            f"{e} (is the gateway running? start it with `awp serve`, or point AWP_GATEWAY_URL / --gateway at it)"
+        ) from e
     except ClientError as e:
         raise click.ClickException(str(e)) from e
 
@@ -91,6 +108,14 @@ def gateway_options(func: Callable[..., Any]) -> Callable[..., Any]:
         return func(client=make_client(gateway, token, ca_file), as_json=as_json, **kwargs)
 
     return wrapper
+
+
+def _console() -> Console:
+    """A console for a command's report: when stdout is not a terminal (a pipe, a file) and COLUMNS does not say a
+    width, tables are as wide as their content instead of cut to rich's default 80 columns (AWP issue 41)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console(highlight=False)
+    return Console(highlight=False, width=1000)
 
 
 def _echo_json(data: Any) -> None:
@@ -250,10 +275,37 @@ def workflow() -> None:
     """Workflow definitions."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (safe_load keeps the last one silently, where the HTTP
+    API refuses duplicate JSON keys)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"the key {twice[0]!r} is given twice in one object")
+    return dict(pairs)
+
+
 def load_definition(path: Path) -> dict[str, Any]:
     text = path.read_text(encoding="utf-8")
     try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        if path.suffix.lower() == ".json":
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
+        else:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)
     except (ValueError, yaml.YAMLError) as e:
         raise click.ClickException(f"{path}: not valid JSON/YAML: {e}") from e
     if not isinstance(data, dict):
@@ -486,7 +538,7 @@ def run_show(client: Client, as_json: bool, run_id: str) -> None:
     if as_json:
         _echo_json({"run": info, "tasks": tasks})
         return
-    console = Console(highlight=False)
+    console = _console()
     console.print(run_header(info))
     width = max(20, console.width - 8)
     if info.get("parent_run_id"):  # a child run (docs/dynamic.md)
@@ -530,7 +582,7 @@ def run_task(client: Client, as_json: bool, run_id: str, task_key: str) -> None:
     if as_json:
         _echo_json(task)
         return
-    console = Console(highlight=False)
+    console = _console()
     for line in task_lines(run_id, task, names, console.width):
         console.print(line, crop=False, soft_wrap=True)
 
@@ -557,7 +609,7 @@ def run_events(client: Client, as_json: bool, run_id: str, after_sequence: int) 
     if as_json:
         _echo_json(events)
         return
-    console = Console(highlight=False)
+    console = _console()
     for e in events:
         line = Text(f"{e.get('sequence'):>5}  {short_time(e.get('occurred_at'))}  r{e.get('revision')}  ")
         line.append(f"{e.get('entity_type')} {e.get('entity_key')}  ", style="bold")
@@ -614,7 +666,7 @@ def status_cmd(client: Client, as_json: bool) -> None:
     if as_json:
         _echo_json(answer)
         return
-    console = Console(highlight=False)
+    console = _console()
     for line in status_lines(answer):
         console.print(line, crop=False, soft_wrap=True)
 
@@ -630,7 +682,7 @@ def workers_cmd(client: Client, as_json: bool) -> None:
     if as_json:
         _echo_json(items)
         return
-    Console().print(workers_table(items))
+    _console().print(workers_table(items))
 
 
 @worker.command("list")
@@ -641,7 +693,7 @@ def worker_list(client: Client, as_json: bool) -> None:
     if as_json:
         _echo_json(items)
         return
-    Console().print(workers_table(items))
+    _console().print(workers_table(items))
 
 
 # ---- awp schedule --------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import ssl
@@ -294,4 +295,14 @@ def serve(
             "(or --viewer-token, --operator-token, --bootstrap-token) to three different secrets "
             f"of at least {MIN_TOKEN_LENGTH} characters"
         ) from None
-    eventloop.run(run_server(config, host, port, shutdown_timeout, ssl_context))
+    try:
+        eventloop.run(run_server(config, host, port, shutdown_timeout, ssl_context))
+    except OSError as e:  # binding the port: in use (EADDRINUSE), not allowed, no such address
+        if e.errno not in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+            raise
+        hint = {
+            errno.EADDRINUSE: f"another process listens on port {port}: stop it, or choose --port (AWP_PORT)",
+            errno.EACCES: f"port {port} needs privileges: choose a port above 1023 with --port (AWP_PORT)",
+            errno.EADDRNOTAVAIL: f"{host} is not an address of this machine: choose --host (AWP_HOST)",
+        }[e.errno]
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror} ({hint})") from None

@@ -4,7 +4,10 @@ live gateway; their columns are never cut when stdout is not a terminal (no COLU
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -12,6 +15,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from awp.cli import main
+from awp.procs import awp_command
 from awp_testing.gateway import ServeProcess, serve
 
 
@@ -71,3 +75,37 @@ def test_workflow_and_run_lists(gw: ServeProcess, db_dsn: str) -> None:
 def test_a_worker_without_its_token_says_which_variable_to_set(gw: ServeProcess) -> None:
     bare = CliRunner().invoke(main, ["worker", "--executor", "mock"], env={"AWP_WORKER_BOOTSTRAP_TOKEN": ""})
     assert bare.exit_code == 2 and "set AWP_WORKER_BOOTSTRAP_TOKEN" in bare.output, bare.output
+
+
+def test_cli_errors_name_the_fix(gw: ServeProcess, db_dsn: str, tmp_path: Path) -> None:
+    """Issue 41: a gateway that is not there, a missing token, a port in use, a YAML key given twice."""
+    down = CliRunner().invoke(main, ["run", "list"], env={"AWP_GATEWAY_URL": "http://127.0.0.1:9"})
+    assert down.exit_code == 1 and "start it with `awp serve`" in down.output and "AWP_GATEWAY_URL" in down.output
+    anonymous = CliRunner().invoke(
+        main, ["run", "list"], env={"AWP_GATEWAY_URL": gw.base_url, "AWP_OPERATOR_TOKEN": ""}
+    )
+    assert anonymous.exit_code == 1 and "set AWP_OPERATOR_TOKEN" in anonymous.output, anonymous.output
+
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("id: twice\nconcurrency: 2\nconcurrency: 3\ntasks: [{key: a, executor: mock}]\n")
+    refused = awp(gw, "workflow", "apply", str(twice))
+    assert refused.exit_code == 1 and "the key 'concurrency' is given twice" in refused.output, refused.output
+    twice_json = tmp_path / "twice.json"
+    twice_json.write_text('{"id": "twice", "id": "again", "tasks": [{"key": "a", "executor": "mock"}]}')
+    assert "the key 'id' is given twice" in awp(gw, "workflow", "apply", str(twice_json)).output
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("id: typo\nconcurency: 2\ntasks: [{key: a, executor: mock}]\n")
+    hint = awp(gw, "workflow", "apply", str(typo))
+    assert "invalid_request: unknown fields: concurency (did you mean concurrency?)" in hint.output, hint.output
+
+    tokens = ["--viewer-token", "v" * 32, "--operator-token", "o" * 32, "--bootstrap-token", "b" * 32]
+    busy = subprocess.run(
+        awp_command("serve", "--port", str(gw.port), "--database-url", db_dsn, *tokens),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("AWP_")}
+        | {"AWP_SQL_DIR": os.environ.get("AWP_SQL_DIR", "")},
+    )
+    assert busy.returncode == 1, busy.stderr
+    assert f"another process listens on port {gw.port}" in busy.stderr and "Traceback" not in busy.stderr, busy.stderr
