@@ -176,7 +176,7 @@ END $$;
 COMMENT ON FUNCTION awp._retry_wait(awp.tasks) IS 'The wait before a task''s next attempt: interval_ms grown by backoff, capped by max_interval_ms, less jitter.';
 
 -- awp._end_attempt(run, task, attempt, attempt_status, retryable, output, error_code,
---                  error_message, reason, counted, dispatch_status, result_hash): settles a running attempt
+--                  error_message, reason, counted, dispatch_status, result_hash, error_detail): settles a running attempt
 -- (with its dispatch, whose row it is: the dispatch becomes dispatch_status -- completed with result_hash,
 -- or expired with none -- in the same UPDATE) and then its task:
 --   succeeded                 -> task succeeded, dependants whose dependencies all succeeded become ready;
@@ -191,7 +191,7 @@ CREATE OR REPLACE FUNCTION awp._end_attempt(p_run_id text, p_task_key text, p_at
                                             p_attempt_status text, p_retryable boolean,
                                             p_output jsonb, p_error_code text, p_error_message text,
                                             p_reason text, p_counted boolean, p_dispatch_status text,
-                                            p_result_hash bytea)
+                                            p_result_hash bytea, p_error_detail text DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -210,7 +210,8 @@ BEGIN
   UPDATE awp.dispatches x
      SET status = p_dispatch_status, finished_at = v_now, result_hash = p_result_hash,
          attempt_status = p_attempt_status, attempt_finished_at = v_now, output = p_output,
-         error_code = p_error_code, error_message = p_error_message, counted = NOT v_free
+         error_code = p_error_code, error_message = p_error_message, counted = NOT v_free,
+         error_detail = p_error_detail
    WHERE x.run_id = p_run_id AND x.task_key = p_task_key AND x.attempt = p_attempt AND x.attempt_status = 'running';
 
   IF p_attempt_status = 'succeeded' THEN
@@ -249,7 +250,7 @@ BEGIN
   PERFORM awp._settle_run(p_run_id);
   RETURN v_to;
 END $$;
-COMMENT ON FUNCTION awp._end_attempt(text, text, integer, text, boolean, jsonb, text, text, text, boolean, text, bytea) IS 'Settles a running attempt (counted against max_attempts or not), its task (retry/fail/succeed, unlock or skip dependants) and the run.';
+COMMENT ON FUNCTION awp._end_attempt(text, text, integer, text, boolean, jsonb, text, text, text, boolean, text, bytea, text) IS 'Settles a running attempt (counted against max_attempts or not), its task (retry/fail/succeed, unlock or skip dependants) and the run.';
 
 -- awp._converge_cancel(run): converges a run whose cancellation was requested: pending and
 -- leased dispatches canceled, running attempts canceled, unfinished tasks canceled, run canceled (its task

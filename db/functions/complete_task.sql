@@ -80,7 +80,7 @@ BEGIN
                            CASE v_kind WHEN 'success' THEN 'succeeded' ELSE 'failed' END,
                            v_kind = 'temporary_failure',
                            p_result->'output', p_result->>'error_code', p_result->>'error_message',
-                           v_kind, true, 'completed', v_hash);
+                           v_kind, true, 'completed', v_hash, p_result->>'error_detail');
   -- Refill: the slot this completion frees gets a dispatch at once, for the next run in fairness order
   -- (awp._refill_slot). The coordinator is woken when that was not possible, or
   -- when a success unlocked dependants while some worker still has room (a fan-out: more new work
@@ -194,9 +194,9 @@ BEGIN
   IF p IS NULL OR jsonb_typeof(p) <> 'object' THEN
     PERFORM awp._raise_invalid_request('invalid result', 'result must be a JSON object');
   END IF;
-  IF p - '{kind,output,error_code,error_message}'::text[] <> '{}'::jsonb THEN   -- an expression, no query per call
+  IF p - '{kind,output,error_code,error_message,error_detail}'::text[] <> '{}'::jsonb THEN   -- an expression, no query per call
     SELECT string_agg(k, ', ' ORDER BY k) INTO v_bad FROM jsonb_object_keys(p) k
-     WHERE k NOT IN ('kind', 'output', 'error_code', 'error_message');
+     WHERE k NOT IN ('kind', 'output', 'error_code', 'error_message', 'error_detail');
     PERFORM awp._raise_invalid_request('invalid result', 'result has unknown fields: ' || v_bad);
   END IF;
   IF jsonb_typeof(p->'kind') IS DISTINCT FROM 'string'
@@ -217,6 +217,11 @@ BEGIN
      AND (jsonb_typeof(p->'error_message') <> 'string' OR octet_length(p->>'error_message') > awp._limit_error_message_bytes()) THEN
     PERFORM awp._raise_invalid_request('invalid result',
       format('error_message must be a string of at most %s bytes', awp._limit_error_message_bytes()));
+  END IF;
+  IF p ? 'error_detail' AND jsonb_typeof(p->'error_detail') <> 'null'   -- a traceback (migration 0018): as a message
+     AND (jsonb_typeof(p->'error_detail') <> 'string' OR octet_length(p->>'error_detail') > awp._limit_error_message_bytes()) THEN
+    PERFORM awp._raise_invalid_request('invalid result',
+      format('error_detail must be a string of at most %s bytes', awp._limit_error_message_bytes()));
   END IF;
 END $$;
 COMMENT ON FUNCTION awp._check_result(jsonb) IS 'Validates a result object (AWREQ).';

@@ -236,7 +236,7 @@ COMMENT ON FUNCTION awp.run_tasks(text, text, integer) IS 'The tasks of a run in
 CREATE OR REPLACE FUNCTION awp.task_attempts(p_run_id text, p_task_key text)
 RETURNS TABLE (attempt integer, status text, worker_id text, dispatch_id text, started_at timestamptz,
                finished_at timestamptz, output jsonb, error_code text, error_message text,
-               fencing_token bigint, deadline timestamptz, counted boolean)
+               fencing_token bigint, deadline timestamptz, counted boolean, error_detail text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = p_run_id AND t.task_key = p_task_key) THEN
@@ -245,10 +245,10 @@ BEGIN
   END IF;
   RETURN QUERY
   SELECT a.attempt, a.status, a.worker_id, a.dispatch_id, a.started_at, a.finished_at, a.output,
-         a.error_code, a.error_message, a.fencing_token, a.deadline, a.counted
+         a.error_code, a.error_message, a.fencing_token, a.deadline, a.counted, a.error_detail
     FROM awp.attempts a WHERE a.run_id = p_run_id AND a.task_key = p_task_key ORDER BY a.attempt;
 END $$;
-COMMENT ON FUNCTION awp.task_attempts(text, text) IS 'The attempts of one task, oldest first (counted: whether it counts against max_attempts); AWNTF when unknown.';
+COMMENT ON FUNCTION awp.task_attempts(text, text) IS 'The attempts of one task, oldest first (counted: whether it counts against max_attempts; error_detail: a failed handler''s traceback); AWNTF when unknown.';
 
 CREATE OR REPLACE FUNCTION awp.run_events(p_run_id text, p_after_sequence bigint DEFAULT 0,
                                           p_limit integer DEFAULT NULL)

@@ -24,6 +24,7 @@ import importlib.util
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -120,12 +121,15 @@ class PythonExecutor:
             else:
                 output = await self._in_thread(func, input, ctx)
         except PermanentError as e:
-            return failure("permanent_failure", e.error_code or "permanent_error", str(e) or repr(e))
+            trace = traceback.format_exc()
+            log.warning("handler %r failed for good on %s attempt %d:\n%s", action, ctx.task_key, ctx.attempt, trace)
+            return failure("permanent_failure", e.error_code or "permanent_error", str(e) or repr(e), trace)
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            log.warning("handler %r failed on %s attempt %d: %r", action, ctx.task_key, ctx.attempt, e)
-            return failure("temporary_failure", "handler_error", repr(e))
+            trace = traceback.format_exc()  # stored with the attempt (error_detail), shown by awp run task
+            log.warning("handler %r failed on %s attempt %d:\n%s", action, ctx.task_key, ctx.attempt, trace)
+            return failure("temporary_failure", "handler_error", repr(e), trace)
         return success(output)
 
     async def _in_thread(self, func: HandlerFunc, input: Any, ctx: Context) -> Any:

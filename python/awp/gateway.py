@@ -503,10 +503,10 @@ def _check_result_shape(result: Any) -> None:
     """The result object's shape (its sizes are checked by the database: awp.results has the limits)."""
     if not isinstance(result, dict):
         raise bad_request("result must be an object")
-    only_fields(result, required=("kind",), optional=("output", "error_code", "error_message"))
+    only_fields(result, required=("kind",), optional=("output", "error_code", "error_message", "error_detail"))
     if result["kind"] not in RESULT_KINDS:
         raise bad_request(f"result.kind must be one of {', '.join(RESULT_KINDS)}")
-    for name in ("error_code", "error_message"):
+    for name in ("error_code", "error_message", "error_detail"):
         if result.get(name) is not None and not isinstance(result[name], str):
             raise bad_request(f"result.{name} must be a string")
 

@@ -62,14 +62,27 @@ def success(output: Any) -> Result:
     return {"kind": "success", "output": output}
 
 
-def failure(kind: str, error_code: str, message: str) -> Result:
+def failure(kind: str, error_code: str, message: str, detail: str | None = None) -> Result:
     """A failure result within the limits: NUL and lone surrogates replaced (U+FFFD), the code cut to
-    :data:`MAX_ERROR_CODE_CHARS` characters, the message to :data:`MAX_ERROR_MESSAGE_BYTES` bytes."""
-    return {
+    :data:`MAX_ERROR_CODE_CHARS` characters, the message to :data:`MAX_ERROR_MESSAGE_BYTES` bytes; ``detail`` (a
+    traceback) kept as ``error_detail``, its last :data:`MAX_ERROR_MESSAGE_BYTES` bytes (a traceback ends with
+    what matters)."""
+    result: Result = {
         "kind": kind,
         "error_code": storable(error_code)[:MAX_ERROR_CODE_CHARS],
         "error_message": trim(storable(message)),
     }
+    if detail:
+        result["error_detail"] = tail(storable(detail))
+    return result
+
+
+def tail(text: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
+    """The end of ``text`` within ``limit`` UTF-8 bytes (whole characters), marked with "…" when cut."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    return "…" + data[-(limit - len("…".encode())) :].decode("utf-8", errors="ignore")
 
 
 def storable(text: str) -> str:
@@ -142,7 +155,13 @@ def check_result(result: Result) -> Result:
         return success(output)
     if kind not in FAILURE_KINDS:
         return failure("permanent_failure", INVALID_RESULT, f"unknown result kind {kind!r}")
-    return failure(kind, str(result.get("error_code") or "error"), str(result.get("error_message") or ""))
+    detail = result.get("error_detail")
+    return failure(
+        kind,
+        str(result.get("error_code") or "error"),
+        str(result.get("error_message") or ""),
+        detail if isinstance(detail, str) else None,
+    )
 
 
 def refuses_result(status: int, code: str) -> bool:

@@ -89,6 +89,10 @@ def task_lines(run_id: str, task: dict[str, Any], worker_names: dict[str, str], 
             if a.get("error_message"):
                 error.append(f": {a.get('error_message')}")
             lines.append(error)
+            if a.get("error_detail"):  # a handler's traceback (migration 0018), as the worker sent it
+                lines.extend(
+                    Text("      " + line, style="dim") for line in str(a["error_detail"]).rstrip().splitlines()
+                )
         if a.get("output") is not None or a.get("status") == "succeeded":
             prefix = "    output "
             lines.append(Text(prefix + preview(a.get("output"), max(20, width - len(prefix)))))

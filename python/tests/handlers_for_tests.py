@@ -58,3 +58,13 @@ def item(input: Any, ctx: Context) -> dict[str, Any]:
     """An instance of a for_each task (docs/dynamic.md): what it was given."""
     doubled = ctx.item * 2 if isinstance(ctx.item, int) else None
     return {"item": ctx.item, "item_index": ctx.item_index, "doubled": doubled}
+
+
+@handler("test-raise")
+def raises(input: Any, ctx: Context) -> None:
+    """Fails with a traceback (AWP issue 41: it is stored with the attempt)."""
+    _deep_helper(int(input.get("n", 0)))
+
+
+def _deep_helper(n: int) -> None:
+    raise ValueError(f"boom {n}")

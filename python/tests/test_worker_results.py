@@ -200,3 +200,30 @@ def test_a_slot_is_free_only_once_its_handler_has_returned(gw: ServeProcess) -> 
         assert seconds_between(slow[0]["started_at"], taken["started_at"]) >= 2.9
         assert "the hung handler returned" in w.log()
         stop(w, 0)  # nothing hangs any more: a clean drain
+
+
+def test_a_handler_traceback_is_kept_with_its_attempt_and_shown(gw: ServeProcess) -> None:
+    """AWP issue 41: a handler's exception -> the attempt's error_detail (its traceback), the worker's WARNING log
+    line, and ``awp run task``."""
+    from click.testing import CliRunner
+
+    from awp.cli import main
+
+    with Workers(gw) as ws:
+        w = ws.start("tracer", executors="python", extra=["--handlers", TEST_HANDLERS])
+        definition = {
+            "id": "traceback",
+            "tasks": [{"key": "t", "executor": "python", "action": "test-raise", "input": {"n": 7}}],
+        }
+        run_id = start_run(gw, apply(gw, definition))
+        assert wait_run(gw, run_id)["status"] == "failed"
+        [attempt] = task(gw, run_id, "t")["attempt_history"]
+        assert attempt["error_code"] == "handler_error" and attempt["error_message"] == "ValueError('boom 7')"
+        detail = attempt["error_detail"]
+        assert detail.startswith("Traceback (most recent call last):") and "in _deep_helper" in detail
+        assert detail.rstrip().endswith("ValueError: boom 7")
+        w.wait_log("ValueError: boom 7")  # the traceback, on the WARNING line (control characters escaped: awp.logsafe)
+        assert "WARNING awp.executors: handler 'test-raise' failed on t attempt 1:" in w.log()
+        env = {"AWP_GATEWAY_URL": gw.base_url, "AWP_OPERATOR_TOKEN": gw.tokens.operator, "COLUMNS": "200"}
+        shown = CliRunner().invoke(main, ["run", "task", run_id, "t"], env=env, catch_exceptions=False)
+        assert "in _deep_helper" in shown.output and "ValueError: boom 7" in shown.output, shown.output

@@ -91,6 +91,7 @@ async def test_python_handlers_sync_async_errors() -> None:
         assert boom["kind"] == "temporary_failure" and boom["error_code"] == "handler_error"
         assert boom["error_message"].startswith("RuntimeError(") and len(boom["error_message"].encode()) <= 8192
         perm = await ex.execute("unit-perm", {}, make_ctx())
+        assert perm.pop("error_detail").rstrip().endswith("bad input")  # the traceback (AWP issue 41)
         assert perm == {"kind": "permanent_failure", "error_code": "bad_input", "error_message": "bad input"}
     finally:
         for name in ("unit-async", "unit-sync", "unit-boom", "unit-perm"):
