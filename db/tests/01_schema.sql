@@ -12,8 +12,8 @@ SELECT has_table('awp', t, 'table awp.' || t || ' exists')
 SELECT has_view('awp', 'attempts', 'awp.attempts is a view of the leased dispatches');
 SELECT is(ARRAY(SELECT attname::text FROM pg_attribute WHERE attrelid = 'awp.attempts'::regclass AND attnum > 0
                  ORDER BY attnum),
-          '{run_id,task_key,attempt,dispatch_id,worker_id,fencing_token,status,started_at,deadline,finished_at,output,error_code,error_message,counted}',
-          'awp.attempts has the attempt columns, in the old table''s order');
+          '{run_id,task_key,attempt,dispatch_id,worker_id,fencing_token,status,started_at,deadline,finished_at,output,error_code,error_message,counted,error_detail}',
+          'awp.attempts has the attempt columns, in the old table''s order (error_detail appended: migration 0018)');
 SELECT has_sequence('awp', 'fencing_token_seq', 'the fencing token sequence exists');
 
 -- ---------------------------------------------------------------- named checks

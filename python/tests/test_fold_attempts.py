@@ -14,7 +14,11 @@ from awp.migrate import MigrationError, migrate
 from awp_testing.cluster import database_before
 
 DB = Path(__file__).resolve().parents[2] / "db"
-ATTEMPTS = "SELECT * FROM awp.attempts ORDER BY dispatch_id"
+# The old table's columns (migration 0018 appended error_detail to the view).
+ATTEMPTS = (
+    "SELECT run_id, task_key, attempt, dispatch_id, worker_id, fencing_token, status, started_at, deadline,"
+    " finished_at, output, error_code, error_message, counted FROM awp.attempts ORDER BY dispatch_id"
+)
 
 # One run of three tasks as version 0009 stored it: `a` was interrupted once (an attempt not counted) and then
 # succeeded, `b` is running, `c` is queued with a pending dispatch (no attempt).
