@@ -48,6 +48,12 @@ LANGUAGE sql IMMUTABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
          ('task', 'waiting_dependencies', 'succeeded'), ('task', 'waiting_dependencies', 'failed'),
          ('task', 'ready', 'queued'), ('task', 'ready', 'canceled'), ('task', 'ready', 'skipped'),
          ('task', 'ready', 'running'),
+         -- a re-run (awp.retry_run): a task settled waits again, its run runs again
+         ('task', 'failed', 'ready'), ('task', 'failed', 'waiting_dependencies'),
+         ('task', 'canceled', 'ready'), ('task', 'canceled', 'waiting_dependencies'),
+         ('task', 'skipped', 'ready'), ('task', 'skipped', 'waiting_dependencies'),
+         ('task', 'succeeded', 'ready'), ('task', 'succeeded', 'waiting_dependencies'),
+         ('run', 'failed', 'running'), ('run', 'canceled', 'running'),
          ('task', 'queued', 'running'), ('task', 'queued', 'ready'), ('task', 'queued', 'canceled'),
          ('task', 'running', 'succeeded'), ('task', 'running', 'waiting_retry'),
          ('task', 'running', 'failed'), ('task', 'running', 'canceled'),

@@ -46,7 +46,7 @@ SELECT is(tests.task_status(:'l2_run_id', :'l2_task_key'), 'succeeded', 'its com
 
 -- The invariant checker is clean after all of it, and awp.transitions() lists docs/protocol.md, State machines.
 SELECT is_empty('SELECT * FROM awp.check_invariants()', 'no invariant is violated');
-SELECT is((SELECT count(*) FROM awp.transitions()), 42::bigint, 'awp.transitions lists 42 allowed transitions');
+SELECT is((SELECT count(*) FROM awp.transitions()), 52::bigint, 'awp.transitions lists 52 allowed transitions');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -394,7 +394,7 @@ def workflow_show(client: Client, as_json: bool, workflow_id: str, version: int 
 
 @click.group()
 def run() -> None:
-    """Runs: start, list, show, task, watch, events, signal, cancel."""
+    """Runs: start, list, show, task, watch, events, signal, retry, cancel."""
 
 
 @run.command("start")
@@ -640,6 +640,21 @@ def run_signal(
             f"signal to {task_key} of run {run_id} received (attempt {answer.get('attempt')}); "
             f"the task is {answer.get('status')}"
         )
+
+
+@run.command("retry")
+@click.argument("run_id")
+@click.option("--task", "task_keys", multiple=True, help="Re-run this task and what depends on it (repeatable).")
+@gateway_options
+def run_retry(client: Client, as_json: bool, run_id: str, task_keys: tuple[str, ...]) -> None:
+    """Re-run a failed or canceled RUN_ID: its failed, canceled and skipped tasks (or --task KEY and what depends on
+    it) run again with fresh attempts; the tasks that succeeded keep their outputs."""
+    answer = _run(_with(client, lambda c: c.retry_run(run_id, list(task_keys) or None)))
+    if as_json:
+        _echo_json(answer)
+    else:
+        keys = answer.get("task_keys") or []
+        click.echo(f"run {run_id} is {answer.get('status')} again: {len(keys)} task(s) to run ({', '.join(keys)})")
 
 
 @run.command("cancel")

@@ -366,6 +366,14 @@ class Client:
             "POST", f"/runs/{_q(run_id)}/tasks/{_q(task_key)}/signal", {"payload": payload}, headers=headers
         )
 
+    async def retry_run(
+        self, run_id: str, task_keys: list[str] | None = None, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Re-run a failed or canceled run (its failed tasks, or ``task_keys`` and what depends on them)."""
+        body = {"task_keys": task_keys} if task_keys else {}
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return await self.request("POST", f"/runs/{_q(run_id)}/retry", body, headers=headers)
+
     async def cancel_run(self, run_id: str) -> dict[str, Any]:
         return await self.request("POST", f"/runs/{_q(run_id)}/cancel", {})
 

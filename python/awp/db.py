@@ -321,6 +321,14 @@ class Database:
             "SELECT * FROM awp.send_signal(%s, %s, %s, %s)", (run_id, task_key, _jsonb(payload), key)
         )
 
+    async def retry_run(self, run_id: str, task_keys: list[str] | None) -> Row:
+        return await self._row("SELECT * FROM awp.retry_run(%s, %s::text[])", (run_id, task_keys))
+
+    async def retry_run_idempotent(self, key: str, request_hash: str, run_id: str, task_keys: list[str] | None) -> Row:
+        return await self._row(
+            "SELECT * FROM awp.retry_run_idempotent(%s, %s, %s, %s::text[])", (key, request_hash, run_id, task_keys)
+        )
+
     async def request_cancel(self, run_id: str) -> Row:
         return await self._row("SELECT * FROM awp.request_cancel(%s)", (run_id,))
 

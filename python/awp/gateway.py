@@ -294,6 +294,25 @@ async def send_signal(request: web.Request) -> web.Response:
     return json_response(await request.app[DB].send_signal(run_id, task_key, body["payload"], key))
 
 
+@route("POST", API + "/runs/{run_id}/retry", Access.WRITE)
+async def retry_run(request: web.Request) -> web.Response:
+    """Re-run a failed or canceled run (awp.retry_run; docs/protocol.md, Re-run): ``{"task_keys"?: [...]}``; with
+    an Idempotency-Key header a repeat answers as the first time."""
+    run_id = path_param(request, "run_id")
+    body = await json_body(request, allow_empty=True)
+    only_fields(body, optional=("task_keys",))
+    keys = body.get("task_keys")
+    if keys is not None and (not isinstance(keys, list) or not all(isinstance(k, str) for k in keys)):
+        raise bad_request("task_keys must be an array of task keys")
+    db = request.app[DB]
+    if "Idempotency-Key" in request.headers:
+        key = idempotency_key(request)
+        row = await db.retry_run_idempotent(key, canonical_hash({"run_id": run_id, "body": body}), run_id, keys)
+    else:
+        row = await db.retry_run(run_id, keys)
+    return json_response({"run_id": row["run_id"], "status": row["status"], "task_keys": row["task_keys"]})
+
+
 @route("POST", API + "/runs/{run_id}/cancel", Access.WRITE)
 async def cancel_run(request: web.Request) -> web.Response:
     run_id = path_param(request, "run_id")

@@ -27,6 +27,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "start_runs_idempotent",
         "request_cancel",
         "send_signal",
+        "retry_run",
+        "retry_run_idempotent",
         "cancel_waiting_runs",
     ),
     "Schedules": ("create_schedule", "delete_schedule", "list_schedules", "fire_schedules"),

@@ -109,3 +109,47 @@ def test_cli_errors_name_the_fix(gw: ServeProcess, db_dsn: str, tmp_path: Path) 
     )
     assert busy.returncode == 1, busy.stderr
     assert f"another process listens on port {gw.port}" in busy.stderr and "Traceback" not in busy.stderr, busy.stderr
+
+
+def test_a_failed_run_is_re_run_to_success(gw: ServeProcess, db_dsn: str) -> None:
+    """Issue 41: ``awp run retry`` and ``POST /runs/{id}/retry`` (with an Idempotency-Key) on a failed run; a real
+    worker runs the re-run to success, the succeeded task is not run again."""
+    import httpx
+    from worker_support import Workers, apply, start_run, task, tasks, wait_run
+
+    definition = {
+        "id": "lists-rerun",
+        "tasks": [
+            {"key": "first", "executor": "mock", "input": {"output": "kept"}},
+            {"key": "flaky", "executor": "mock", "depends_on": ["first"], "input": {"fail_attempts": 1}},
+            {"key": "last", "executor": "mock", "depends_on": ["flaky"], "input": {"echo": True}},
+        ],
+    }
+    with Workers(gw) as ws:
+        ws.start("rerun-w", concurrency=2)
+        run_id = start_run(gw, apply(gw, definition))
+        assert wait_run(gw, run_id)["status"] == "failed"
+        assert {k: t["status"] for k, t in tasks(gw, run_id).items()} == {
+            "first": "succeeded",
+            "flaky": "failed",
+            "last": "skipped",
+        }
+        again = awp(gw, "run", "retry", run_id)
+        assert again.exit_code == 0 and "2 task(s) to run (flaky, last)" in again.output, again.output
+        run = wait_run(gw, run_id)
+        assert run["status"] == "succeeded"
+        assert len(task(gw, run_id, "first")["attempt_history"]) == 1, "the succeeded task ran once"
+        assert [a["status"] for a in task(gw, run_id, "flaky")["attempt_history"]] == ["failed", "succeeded"]
+        assert run["output"]["last"]["upstream"] == {"flaky": {"task": "flaky", "action": "flaky", "attempt": 2}}
+        refused = awp(gw, "run", "retry", run_id)
+        assert refused.exit_code == 1 and "only a failed or canceled run can be re-run" in refused.output
+
+        run2 = start_run(gw, apply(gw, definition))
+        assert wait_run(gw, run2)["status"] == "failed"
+        headers = {**gw.auth("operator"), "Idempotency-Key": f"rerun-{run2}"}
+        body = {"task_keys": ["flaky"]}
+        first = httpx.post(gw.api(f"/runs/{run2}/retry"), json=body, headers=headers, timeout=10)
+        assert first.status_code == 200 and first.json()["task_keys"] == ["flaky", "last"], first.text
+        replay = httpx.post(gw.api(f"/runs/{run2}/retry"), json=body, headers=headers, timeout=10)
+        assert replay.status_code == 200 and replay.json() == first.json()
+        assert wait_run(gw, run2)["status"] == "succeeded"
