@@ -4,9 +4,9 @@ Sign-in: ``POST /ui/login`` with the viewer or the operator token (never a worke
 ``awp_ui`` = ``role.started.expires.session_id.signature``: an HMAC-SHA256 under a key derived from that role's
 token, so every gateway replica accepts it without asking anyone, and changing a token signs its sessions out.
 The cookie is HttpOnly, SameSite=Strict, Secure when the request came over TLS (directly or
-``X-Forwarded-Proto: https``), and limited to ``/ui``. Every form that changes something (cancel, a signal,
-sign-out) carries a CSRF token derived from the session (HMAC of its id); a POST without it, or from another origin
-(``Origin``, ``Sec-Fetch-Site``), is 403, and a viewer's cancel or signal is 403 whatever it carries.
+``X-Forwarded-Proto: https``), and limited to ``/ui``. Every form that changes something (cancel, re-run, a
+signal, sign-out) carries a CSRF token derived from the session (HMAC of its id); a POST without it, or from another
+origin (``Origin``, ``Sec-Fetch-Site``), is 403, and a viewer's cancel, re-run or signal is 403 whatever it carries.
 
 Lifetime (docs/operations.md, "Dashboard sessions"): a cookie lasts :data:`SESSION_TTL_S` (30 minutes); a
 request with a cookie older than :data:`SESSION_RENEW_S` gets a new one of the same session (same id, same CSRF
@@ -32,6 +32,9 @@ child run's page names its parent run and task.
 
 Signals (docs/waits.md): the panel of a task waiting for a signal shows an operator Approve and Reject (the payloads
 :data:`SIGNALS`), each confirmed by a second step before anything is sent (:func:`signal_task`).
+
+Re-run (docs/protocol.md, "Re-run"): the summary of a failed or canceled run shows an operator Re-run, confirmed by a
+second step as a signal is, then ``awp.retry_run`` of the whole run (:func:`retry_run`).
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ SKIP_REASONS = {"condition_false": "condition false", "dependency_failed": "depe
 SIGNALS: dict[str, dict[str, bool]] = {"approve": {"approved": True}, "reject": {"approved": False}}
 SIGNAL_DONE = {"approve": "Approved", "reject": "Rejected"}
 SIGNAL_NOT_DONE = {"approve": "Not approved", "reject": "Not rejected"}
+# The statuses of a run awp.retry_run takes back to running (docs/protocol.md, "Re-run"): its summary's Re-run button.
+RERUN_STATUSES = ("failed", "canceled")
 
 # Scripts and styles from the gateway only, no inline script. 'unsafe-eval' is allowed because browser automation
 # (Playwright's wait_for_function, used by tests and by people scripting the dashboard) evaluates strings in the
@@ -352,6 +357,7 @@ def _environment() -> jinja2.Environment:
         live_run=LIVE_RUN,
         max_edges=dag.MAX_EDGES,
         signals={name: json.dumps(payload) for name, payload in SIGNALS.items()},
+        rerun_statuses=RERUN_STATUSES,
     )
     return env
 
@@ -787,6 +793,21 @@ def signal_view(task: dict[str, Any], query: Any) -> dict[str, Any]:
     return {"confirm": confirm, "notice": notice}
 
 
+def rerun_view(run: dict[str, Any], query: Any) -> dict[str, Any]:
+    """What the run summary's Re-run part shows, from the query of the page: ``rerun=confirm`` opens the
+    confirmation step (python/awp/ui/templates/_run_summary.html) while the run can be re-run, ``rerun=refused``
+    (where :func:`retry_run` redirects after AWREQ) a notice, only while the run bears it out (it is not failed or
+    canceled), so a link with such a query cannot make the page claim what did not happen."""
+    step = query.get("rerun")
+    notice = None
+    if step == "refused" and run["status"] not in RERUN_STATUSES:
+        notice = (
+            f"Not re-run: the run is {run['status']}, not failed or canceled, so nothing was changed. Someone may "
+            "have re-run it first."
+        )
+    return {"confirm": step == "confirm" and run["status"] in RERUN_STATUSES, "notice": notice}
+
+
 async def _task_context(db: Any, run_id: str, task_key: str, ipage: int = 0, query: Any = None) -> dict[str, Any]:
     """What the task panel shows: the task, its attempts, for a mapped task page ``ipage`` of its instances, and
     the state of its signal buttons (:func:`signal_view`, from ``query``)."""
@@ -855,6 +876,7 @@ async def run_page(request: web.Request, session: Session | None) -> web.StreamR
         task_status=status,
         state=state,
         task_ctx=task_context,
+        rerun=rerun_view(run, request.query),
         now=_now(),
         nav="runs",
     )
@@ -902,7 +924,9 @@ async def run_changes(request: web.Request, session: Session | None) -> web.Stre
     rows = rows[:CHANGES_LIMIT]
     answer["events"] = [_event(e) for e in rows]
     answer["after"] = rows[-1]["sequence"] if rows else int(after_arg)
-    answer["summary"] = render_html(request.app, "_run_summary.html", session=session, run=run, now=_now()).decode()
+    answer["summary"] = render_html(
+        request.app, "_run_summary.html", session=session, run=run, rerun=rerun_view(run, {}), now=_now()
+    ).decode()
     if waits is not None:
         answer["waits"] = waits
     return _json(answer)
@@ -929,6 +953,35 @@ async def cancel_run(request: web.Request, session: Session | None) -> web.Strea
     run_id = request.match_info["run_id"]
     await request.app[DB].request_cancel(run_id)
     return redirect(f"/ui/runs/{quote(run_id, safe='')}")
+
+
+@ui_route("POST", "/ui/runs/{run_id}/retry")
+async def retry_run(request: web.Request, session: Session | None) -> web.StreamResponse:
+    """Re-run from a failed or canceled run's summary (python/awp/ui/templates/_run_summary.html), refused as a
+    cancel is (:func:`cancel_run`: CSRF token, same origin, operator only). Two steps, as a signal's
+    (:func:`signal_task`): without ``confirmed=yes`` nothing changes, the answer is the run page with the
+    confirmation step (``?rerun=confirm``; the page's script shows that step in place); with it,
+    ``awp.retry_run`` of the whole run, then the run page (the run is running again). AWREQ because the run is no
+    longer failed or canceled (re-run already, e.g. a second click or another operator first): the run page with
+    a notice saying so (``?rerun=refused``); an AWREQ for another reason (a for_each task among those to re-run)
+    is the error page with the database's message."""
+    assert session is not None
+    form = await _check_csrf(request, session)
+    if not session.operator:
+        raise ApiError.of(403, "only the operator may re-run a run; you signed in with the viewer token")
+    run_id = request.match_info["run_id"]
+    if form.get("confirmed") != "yes":
+        return redirect(run_url(run_id) + "?" + urlencode({"rerun": "confirm"}))
+    db = request.app[DB]
+    try:
+        await db.retry_run(run_id, None)
+    except psycopg.Error as e:
+        if e.sqlstate != "AWREQ":  # invalid_request (python/awp/errors.py); anything else is answered as usual
+            raise
+        if (await db.get_run(run_id))["status"] in RERUN_STATUSES:
+            raise  # refused for what the run holds, not for its status: the error page gives the reason
+        return redirect(run_url(run_id) + "?" + urlencode({"rerun": "refused"}))
+    return redirect(run_url(run_id))
 
 
 @ui_route("POST", "/ui/runs/{run_id}/tasks/{task_key}/signal")

@@ -492,6 +492,51 @@
       signalStep(back.closest("[data-signal-box]"), null, back.closest("[data-signal-form]").dataset.signalStep);
     });
 
+    // ---- Re-run of a failed or canceled run (templates/_run_summary.html, views.retry_run) ---------------------
+    // As Approve / Reject: the first step only asks, shown in place. The second posts its form as is (the gateway
+    // answers with the run page, running again, or with a notice when the run can no longer be re-run).
+    const summary = $("#summary");
+    function rerunStep(box, confirm) {
+      box.querySelectorAll("[data-rerun-form]").forEach((form) => {
+        form.hidden = (form.dataset.rerunForm === "confirm") !== confirm;
+      });
+      const target = confirm ? $(".rerun-question", box) : $("[data-rerun]", box);
+      if (target) target.focus();
+      const url = new URL(location.href);
+      if (url.searchParams.has("rerun")) {
+        url.searchParams.delete("rerun");
+        history.replaceState(null, "", url);
+      }
+    }
+
+    summary.addEventListener("submit", (event) => {
+      const form = event.target;
+      const box = form.closest("[data-rerun-box]");
+      if (!box) return;
+      if (form.dataset.rerunForm === "choose") {
+        event.preventDefault();
+        rerunStep(box, true);
+      } else if (form.dataset.busy) {
+        event.preventDefault(); // posted already: the page is on its way
+      } else {
+        form.dataset.busy = "1";
+      }
+    });
+
+    summary.addEventListener("click", (event) => {
+      // the second click of a double click on Re-run lands on the confirmation's button: it confirms nothing
+      const confirm = event.target.closest ? event.target.closest("[data-rerun-confirm]") : null;
+      if (confirm && event.detail > 1) {
+        event.preventDefault();
+        return;
+      }
+      if (event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) return;
+      const back = event.target.closest ? event.target.closest("[data-rerun-back]") : null;
+      if (!back) return;
+      event.preventDefault();
+      rerunStep(back.closest("[data-rerun-box]"), false);
+    });
+
     document.addEventListener("click", (event) => {
       if (event.defaultPrevented || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) return;
       const target = event.target.closest ? event.target.closest("[data-task-key], [data-task-link], [data-close]") : null;
