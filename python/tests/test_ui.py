@@ -319,7 +319,8 @@ def test_a_run_waiting_for_an_executor_says_so_and_the_operator_cancels_it(
     page.goto(f"/ui/runs/{run_id}")
     assert "Waiting for a worker with executor python" in " ".join(page.locator(".notice").inner_text().split())
     page.evaluate("window.__sameDocument = true")
-    page.get_by_role("button", name="Cancel").click()
+    page.get_by_role("button", name="Cancel", exact=True).click()  # asks first (python/tests/test_ui_layout.py)
+    page.get_by_role("button", name="Yes, cancel the run").click()
     page.wait_for_url(gw.url(f"/ui/runs/{run_id}"))
     assert get_run(gw, run_id)["status"] == "canceled"
     assert page.locator("#run-status").inner_text() == "canceled"

@@ -89,7 +89,10 @@ def test_a_cookie_replayed_after_sign_out_is_refused_by_every_replica(
             with client(gw, cookie) as http:
                 assert http.get(f"/ui/runs/{run_id}").status_code == 200
                 other = waiting_run(gw, f"ui-signout-{gw.port}")
-                assert http.post(f"/ui/runs/{other}/cancel", data={"csrf_token": csrf}).status_code == 303
+                assert (
+                    http.post(f"/ui/runs/{other}/cancel", data={"csrf_token": csrf, "confirmed": "yes"}).status_code
+                    == 303
+                )
                 assert get_run(gw, other)["status"] == "canceled"
         page.click("text=Sign out")
         page.wait_for_url(a.url("/ui/"))

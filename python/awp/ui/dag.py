@@ -13,8 +13,10 @@ The steps, each linear (or near) in tasks + edges:
    position of its neighbours in the other layers, which removes most edge crossings of real DAGs
    (fan-out / fan-in, chains). Definition order breaks ties, so the layout is stable from render to render.
 3. **Coordinates**: layers are columns, left to right. A layer taller than ``rows`` tasks wraps into several
-   sub-columns, and when there are more than ``columns`` columns they wrap into bands below each other, so
-   the drawing stays about a screen wide whatever the shape (a 300-task chain or a 300-task fan-out).
+   sub-columns. Up to ``wrap_after`` columns stay in one row (the drawing scrolls sideways in its box), so a
+   graph of a few layers (the demo's seven, examples/demo-etl.yaml) has every edge going left to right; past
+   that they wrap into bands of ``columns`` below each other, so the drawing stays about a screen wide whatever
+   the shape (a 300-task chain or a 300-task fan-out), an edge into a later band coming back from the right.
 
 Dynamic workflows (docs/dynamic.md): the instances of a ``for_each`` task (``each[0]``, ``each[1]``, ... up to
 10,000 of them, rows with ``mapped_task`` set) are not nodes: :func:`tasks_from_rows` leaves them out, and the mapped
@@ -43,7 +45,8 @@ ROW_GAP = 8
 BAND_GAP = 36
 PAD = 10
 ROWS = 16  # tasks per sub-column before a layer wraps
-COLUMNS = 6  # columns per band before the drawing wraps
+COLUMNS = 6  # columns per band once the drawing wraps
+WRAP_AFTER = 12  # columns drawn in one row, scrolling sideways, before the drawing wraps into bands of COLUMNS
 PAGE_SIZE = 300  # tasks drawn at most on one page
 MAX_EDGES = 2000  # dependencies drawn at most on one page; past that the page draws its tasks alone
 
@@ -220,6 +223,7 @@ def draw(
     rows: int = ROWS,
     columns: int = COLUMNS,
     max_edges: int = MAX_EDGES,
+    wrap_after: int = WRAP_AFTER,
 ) -> Drawing:
     """Coordinates and edge paths for ``keys`` (default: every task; must be in layered order); no edge at all
     when more than ``max_edges`` join them (a dense page would weigh megabytes and take the browser seconds to
@@ -235,6 +239,8 @@ def draw(
             sub_columns.append([])
             current_layer = lay
         sub_columns[-1].append(key)
+    if len(sub_columns) <= max(wrap_after, columns):
+        columns = max(len(sub_columns), 1)  # one row: no edge runs backwards
     pitch_x, pitch_y = NODE_W + COL_GAP, NODE_H + ROW_GAP
     nodes: dict[str, Node] = {}
     y0 = PAD

@@ -808,6 +808,14 @@ def rerun_view(run: dict[str, Any], query: Any) -> dict[str, Any]:
     return {"confirm": step == "confirm" and run["status"] in RERUN_STATUSES, "notice": notice}
 
 
+def cancel_view(run: dict[str, Any], query: Any) -> dict[str, Any]:
+    """What the run summary's Cancel part shows: ``cancel=confirm`` (where :func:`cancel_run` redirects a first,
+    unconfirmed post) opens the confirmation step (python/awp/ui/templates/_run_summary.html) while the run can
+    still be canceled (live, no cancel requested yet)."""
+    live = run["status"] in LIVE_RUN and not run.get("cancel_requested_at")
+    return {"confirm": query.get("cancel") == "confirm" and live}
+
+
 async def _task_context(db: Any, run_id: str, task_key: str, ipage: int = 0, query: Any = None) -> dict[str, Any]:
     """What the task panel shows: the task, its attempts, for a mapped task page ``ipage`` of its instances, and
     the state of its signal buttons (:func:`signal_view`, from ``query``)."""
@@ -877,6 +885,7 @@ async def run_page(request: web.Request, session: Session | None) -> web.StreamR
         state=state,
         task_ctx=task_context,
         rerun=rerun_view(run, request.query),
+        cancel_step=cancel_view(run, request.query),
         now=_now(),
         nav="runs",
     )
@@ -925,7 +934,13 @@ async def run_changes(request: web.Request, session: Session | None) -> web.Stre
     answer["events"] = [_event(e) for e in rows]
     answer["after"] = rows[-1]["sequence"] if rows else int(after_arg)
     answer["summary"] = render_html(
-        request.app, "_run_summary.html", session=session, run=run, rerun=rerun_view(run, {}), now=_now()
+        request.app,
+        "_run_summary.html",
+        session=session,
+        run=run,
+        rerun=rerun_view(run, {}),
+        cancel_step=cancel_view(run, {}),
+        now=_now(),
     ).decode()
     if waits is not None:
         answer["waits"] = waits
@@ -946,11 +961,17 @@ async def task_part(request: web.Request, session: Session | None) -> web.Stream
 
 @ui_route("POST", "/ui/runs/{run_id}/cancel")
 async def cancel_run(request: web.Request, session: Session | None) -> web.StreamResponse:
+    """Cancel from a live run's summary (python/awp/ui/templates/_run_summary.html). Two steps, as Re-run's
+    (:func:`retry_run`): without ``confirmed=yes`` nothing changes, the answer is the run page with the
+    confirmation step (``?cancel=confirm``; the page's script shows that step in place); with it,
+    ``awp.request_cancel``, then the run page."""
     assert session is not None
-    await _check_csrf(request, session)
+    form = await _check_csrf(request, session)
     if not session.operator:
         raise ApiError.of(403, "only the operator may cancel a run; you signed in with the viewer token")
     run_id = request.match_info["run_id"]
+    if form.get("confirmed") != "yes":
+        return redirect(run_url(run_id) + "?" + urlencode({"cancel": "confirm"}))
     await request.app[DB].request_cancel(run_id)
     return redirect(f"/ui/runs/{quote(run_id, safe='')}")
 

@@ -318,7 +318,7 @@
               apply(c.events);
               after = c.after;
               if (c.waits) setWaits(c.waits);
-              if (c.summary !== undefined) swap($("#summary"), c.summary);
+              if (c.summary !== undefined) swapSummary(c.summary);
               if (c.more) delay = 0;
               else revision = c.revision;
             }
@@ -492,30 +492,50 @@
       signalStep(back.closest("[data-signal-box]"), null, back.closest("[data-signal-form]").dataset.signalStep);
     });
 
-    // ---- Re-run of a failed or canceled run (templates/_run_summary.html, views.retry_run) ---------------------
+    // ---- Re-run of a failed or canceled run, Cancel of a live one (templates/_run_summary.html, views.retry_run,
+    // views.cancel_run) -------------------------------------------------------------------------------------
     // As Approve / Reject: the first step only asks, shown in place. The second posts its form as is (the gateway
-    // answers with the run page, running again, or with a notice when the run can no longer be re-run).
+    // answers with the run page: running again, being canceled, or with a notice when the run can no longer be
+    // re-run). Each box is [data-<kind>-box] with its forms [data-<kind>-form="choose"|"confirm"].
     const summary = $("#summary");
-    function rerunStep(box, confirm) {
-      box.querySelectorAll("[data-rerun-form]").forEach((form) => {
-        form.hidden = (form.dataset.rerunForm === "confirm") !== confirm;
+    const STEPS = ["rerun", "cancel"];
+    const kindOf = (box) => STEPS.find((kind) => box.hasAttribute(`data-${kind}-box`));
+    function step(box, kind, confirm, focus = true) {
+      box.querySelectorAll(`[data-${kind}-form]`).forEach((form) => {
+        form.hidden = (form.getAttribute(`data-${kind}-form`) === "confirm") !== confirm;
       });
-      const target = confirm ? $(".rerun-question", box) : $("[data-rerun]", box);
-      if (target) target.focus();
+      const target = confirm ? $(`.${kind}-question`, box) : $(`[data-${kind}]`, box);
+      if (target && focus) target.focus();
       const url = new URL(location.href);
-      if (url.searchParams.has("rerun")) {
-        url.searchParams.delete("rerun");
+      if (url.searchParams.has(kind)) {
+        url.searchParams.delete(kind);
         history.replaceState(null, "", url);
       }
     }
 
+    // the summary is redrawn at every change of a live run: a confirmation step open in it stays open
+    function swapSummary(html) {
+      const open = STEPS.filter((kind) => $(`[data-${kind}-form="confirm"]:not([hidden])`, summary));
+      const active = document.activeElement;
+      const focused = STEPS.flatMap((kind) => [`.${kind}-question`, `[data-${kind}-confirm]`, `[data-${kind}-back]`])
+        .find((selector) => active && summary.contains(active) && active.matches(selector));
+      swap(summary, html);
+      open.forEach((kind) => {
+        const box = $(`[data-${kind}-box]`, summary);
+        if (box) step(box, kind, true, false);
+      });
+      const again = focused ? $(focused, summary) : null;
+      if (again && again.offsetParent !== null) again.focus({ preventScroll: true });
+    }
+
     summary.addEventListener("submit", (event) => {
       const form = event.target;
-      const box = form.closest("[data-rerun-box]");
+      const box = form.closest("[data-rerun-box], [data-cancel-box]");
       if (!box) return;
-      if (form.dataset.rerunForm === "choose") {
+      const kind = kindOf(box);
+      if (form.getAttribute(`data-${kind}-form`) === "choose") {
         event.preventDefault();
-        rerunStep(box, true);
+        step(box, kind, true);
       } else if (form.dataset.busy) {
         event.preventDefault(); // posted already: the page is on its way
       } else {
@@ -524,17 +544,19 @@
     });
 
     summary.addEventListener("click", (event) => {
-      // the second click of a double click on Re-run lands on the confirmation's button: it confirms nothing
-      const confirm = event.target.closest ? event.target.closest("[data-rerun-confirm]") : null;
+      if (!event.target.closest) return;
+      // the second click of a double click on Re-run or Cancel lands on the confirmation's button: it confirms nothing
+      const confirm = event.target.closest("[data-rerun-confirm], [data-cancel-confirm]");
       if (confirm && event.detail > 1) {
         event.preventDefault();
         return;
       }
       if (event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey) return;
-      const back = event.target.closest ? event.target.closest("[data-rerun-back]") : null;
+      const back = event.target.closest("[data-rerun-back], [data-cancel-back]");
       if (!back) return;
       event.preventDefault();
-      rerunStep(back.closest("[data-rerun-box]"), false);
+      const box = back.closest("[data-rerun-box], [data-cancel-box]");
+      step(box, kindOf(box), false);
     });
 
     document.addEventListener("click", (event) => {
