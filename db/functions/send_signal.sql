@@ -106,7 +106,7 @@ BEGIN
   IF p_idempotency_key IS NOT NULL AND length(p_idempotency_key) NOT BETWEEN 1 AND 255 THEN
     PERFORM awp._raise_invalid_request('invalid idempotency key', 'idempotency key must have 1-255 characters');
   END IF;
-  v_hash := sha256(convert_to(p_payload::text, 'UTF8'));   -- jsonb text: the same for the same JSON, in any key order
+  v_hash := awp._hash(p_payload::text);   -- jsonb text: the same for the same JSON, in any key order
   PERFORM pg_advisory_xact_lock(hashtextextended(p_run_id, 0));
   SELECT x.status, x.cancel_requested_at INTO r FROM awp.runs x WHERE x.run_id = p_run_id FOR UPDATE;
   IF NOT FOUND THEN

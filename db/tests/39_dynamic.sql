@@ -83,18 +83,7 @@ BEGIN
   RETURN (SELECT status FROM awp.runs WHERE run_id = p_run);
 END $$;
 
--- tests.ok_run(run): no invariant violated for the run, its events numbered 1..n.
-CREATE FUNCTION tests.ok_run(p_run text) RETURNS boolean
-LANGUAGE sql AS $$
-  SELECT NOT EXISTS (SELECT 1 FROM awp.check_invariants(ARRAY[p_run])) AND tests.sequences_contiguous(p_run)
-$$;
 
--- tests.events_of(run, key): "from->to (reason)" of a task's events, oldest first.
-CREATE FUNCTION tests.events_of(p_run text, p_key text) RETURNS text[]
-LANGUAGE sql AS $$
-  SELECT array_agg(coalesce(from_status, 'created') || '->' || to_status || ' (' || reason || ')' ORDER BY sequence)
-    FROM awp.events WHERE run_id = p_run AND entity_type = 'task' AND entity_key = p_key
-$$;
 
 -- ================================================================ validation
 SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(

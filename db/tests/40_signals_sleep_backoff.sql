@@ -32,15 +32,6 @@ RETURNS jsonb LANGUAGE sql AS $$
   SELECT jsonb_build_object('key', p_key, 'executor', 'signal', 'depends_on', to_jsonb(p_deps), 'input', p_input)
          || CASE WHEN p_retry = '{}' THEN '{}'::jsonb ELSE jsonb_build_object('retry', p_retry) END
 $$;
-CREATE FUNCTION tests.events_of(p_run text, p_key text) RETURNS text[]
-LANGUAGE sql AS $$
-  SELECT array_agg(coalesce(from_status, 'created') || '->' || to_status || ' (' || reason || ')' ORDER BY sequence)
-    FROM awp.events WHERE run_id = p_run AND entity_type = 'task' AND entity_key = p_key
-$$;
-CREATE FUNCTION tests.ok_run(p_run text) RETURNS boolean
-LANGUAGE sql AS $$
-  SELECT NOT EXISTS (SELECT 1 FROM awp.check_invariants(ARRAY[p_run])) AND tests.sequences_contiguous(p_run)
-$$;
 
 -- ================================================================ validation
 SELECT is(tests.error_detail($$SELECT awp.create_workflow_version(tests.def(jsonb_build_array(

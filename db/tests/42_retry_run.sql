@@ -27,10 +27,6 @@ BEGIN
   RETURN awp.complete_task(current_setting('tests.w'), current_setting('tests.t'), x.dispatch_id, x.lease_token,
                            tests.result(p_kind, '{"ok": true}', CASE WHEN p_kind <> 'success' THEN 'boom' END));
 END $$;
-CREATE FUNCTION tests.ok_run(p_run text) RETURNS boolean
-LANGUAGE sql AS $$
-  SELECT NOT EXISTS (SELECT 1 FROM awp.check_invariants(ARRAY[p_run])) AND tests.sequences_contiguous(p_run)
-$$;
 
 SELECT tests.make_workflow('rerun', jsonb_build_array(
          tests.task('a'), tests.task('b', '{a}'), tests.task('c', '{b}'), tests.task('side')));

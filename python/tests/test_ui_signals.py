@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.rows import dict_row
-from test_ui import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, Watch, playwright_api, sign_in, ui_post
+from test_ui import (
+    VIEWPORT,
+    Watch,
+    browser,  # noqa: F401 (the module's Chromium, a fixture)
+    sign_in,
+    ui_post,
+)
 
 from awp_testing.gateway import ServeProcess, serve, wait_until
 
@@ -61,18 +66,8 @@ def no_live_runs(db_dsn: str) -> Iterator[None]:
         )
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium (apt-get install chromium)")
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
 @pytest.fixture
-def open_ui(gw: ServeProcess, browser: Any) -> Iterator[Callable[..., Any]]:
+def open_ui(gw: ServeProcess, browser: Any) -> Iterator[Callable[..., Any]]:  # noqa: F811 (browser: the fixture)
     """``open_ui(role, script=True)``: a new 1280x800 browser context signed in with that role's token (with the
     page's script or without it), and its page; each is checked at the end (python/tests/test_ui.py, Watch)."""
     opened: list[tuple[Any, Watch]] = []
