@@ -4,9 +4,10 @@
 -- awp._notify_pending (the wake-up hint for waiting claims).
 
 -- awp._fairness_order(kinds): the runs that may get a dispatch now, in the fairness order of docs/protocol.md
--- (rule 9): runs never dispatched first, then the run whose latest dispatch is oldest (last_dispatch_seq),
--- then the oldest run. A run is listed while it is pending or running, its cancellation was not requested and
--- it has a ready task of one of `kinds` (none: no run). The one definition of that order, for
+-- (rule 9) within each priority, higher priority first (docs/limits.md, Priority): runs never dispatched first, then
+-- the run whose latest dispatch is oldest (last_dispatch_seq), then the oldest run. A run is listed while it is
+-- pending or running, its cancellation was not requested and it has a ready task without limits of one of `kinds`
+-- (none: no run); once per priority of those tasks, so a caller may meet a run again further on. The one definition of that order, for
 -- awp._create_dispatches, awp._refill_slot, awp._refill_slots and the claim on complete: a cursor over the runs
 -- in that order (FETCH it row by row, CLOSE it when done). A cursor, so that a caller that stops at the first run
 -- it can serve reads only that far: a set-returning function with a SET clause is neither inlined nor read
@@ -29,17 +30,17 @@ BEGIN
      WHERE q.executor_kind = p_kinds[1]
        AND (SELECT x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL
               FROM awp.runs x WHERE x.run_id = q.run_id)
-     ORDER BY q.executor_kind, q.last_dispatch_seq NULLS FIRST, q.created_at, q.run_id;
+     ORDER BY q.executor_kind, q.priority DESC, q.last_dispatch_seq NULLS FIRST, q.created_at, q.run_id;
   ELSE
     OPEN c NO SCROLL FOR EXECUTE format(
-      'SELECT DISTINCT ON (m.s, m.c, m.run_id) m.run_id FROM (%s) m'
+      'SELECT DISTINCT ON (m.p, m.s, m.c, m.run_id) m.run_id FROM (%s) m'
       ' WHERE (SELECT x.status IN (''pending'', ''running'') AND x.cancel_requested_at IS NULL'
       '          FROM awp.runs x WHERE x.run_id = m.run_id)'
-      ' ORDER BY m.s NULLS FIRST, m.c, m.run_id',
-      coalesce((SELECT string_agg(format('SELECT q.run_id, q.last_dispatch_seq AS s, q.created_at AS c'
+      ' ORDER BY m.p DESC, m.s NULLS FIRST, m.c, m.run_id',
+      coalesce((SELECT string_agg(format('SELECT q.run_id, q.priority AS p, q.last_dispatch_seq AS s, q.created_at AS c'
                                          ' FROM awp.ready_queue q WHERE q.executor_kind = %L', k), ' UNION ALL ')
                   FROM (SELECT DISTINCT u.k FROM unnest(p_kinds) u(k) WHERE u.k IS NOT NULL) d(k)),
-               'SELECT NULL::text AS run_id, NULL::bigint AS s, NULL::timestamptz AS c WHERE false'));
+               'SELECT NULL::text AS run_id, NULL::smallint AS p, NULL::bigint AS s, NULL::timestamptz AS c WHERE false'));
   END IF;
   RETURN c;
 END $$;
@@ -87,12 +88,10 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._dispatch_budget() IS 'The dispatch budget now: global, worker and per-kind free capacity.';
 
--- awp._dispatch_one(run, kinds): creates one pending dispatch for the run's first ready task (in
--- definition order) whose executor kind has budget in `kinds`, unless the run's queued + running
--- tasks already reach its concurrency. The caller holds the run's row lock. Moves the task to
--- queued and a pending run to running, records the run's place in the fairness order and writes the
--- events (the NOTIFY comes from awp._notify_pending at the end of the public call). Returns the
--- executor kind dispatched, or NULL.
+-- awp._dispatch_one(run, kinds): creates one pending dispatch (awp._dispatch_task) for the run's first ready task
+-- without limits (higher priority first, then definition order) whose executor kind has budget in `kinds`, unless
+-- the run's queued + running tasks already reach its concurrency. The caller holds the run's row lock. Returns the
+-- executor kind dispatched, or NULL. (Tasks with limits: awp._pick_limited, db/functions/_rate_limits.sql.)
 -- enable_sort = off: the first ready task must come from an index in ordinal order (tasks_ready_idx or
 -- tasks_unfinished_idx). On a young table (no statistics yet) the planner otherwise takes the primary
 -- key and sorts every task of the run, finished ones included: measured 0.37 ms per call at 1,000
@@ -102,8 +101,6 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off AS 
 DECLARE
   r     record;
   t     record;
-  v_id  text;
-  v_now timestamptz := awp._now();
 BEGIN
   SELECT x.status, x.concurrency INTO r FROM awp.runs x
    WHERE x.run_id = p_run_id AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
@@ -111,13 +108,32 @@ BEGIN
                     WHERE y.run_id = p_run_id AND y.status IN ('queued', 'running')) >= r.concurrency THEN
     RETURN NULL;
   END IF;
-  SELECT y.task_key, y.executor INTO t FROM awp.tasks y
+  SELECT y.task_key INTO t FROM awp.tasks y
    WHERE y.run_id = p_run_id AND y.status = 'ready' AND coalesce((p_kinds->>y.executor)::integer, 0) > 0
-   ORDER BY y.ordinal LIMIT 1
+     AND y.limit_buckets IS NULL
+   ORDER BY y.priority DESC, y.ordinal LIMIT 1
      FOR UPDATE;
   IF NOT FOUND THEN
     RETURN NULL;
   END IF;
+  RETURN awp._dispatch_task(p_run_id, t.task_key);
+END $$;
+COMMENT ON FUNCTION awp._dispatch_one(text, jsonb) IS 'Creates one pending dispatch for a run (caller holds the run lock) within its concurrency; returns the executor kind or NULL.';
+
+-- awp._dispatch_task(run, task): creates the pending dispatch of a ready task the caller chose (holding the run's
+-- row lock and the task's): moves the task to queued and a pending run to running, records the run's place in
+-- the fairness order and writes the events (the NOTIFY comes from awp._notify_pending at the end of the public
+-- call). Returns the task's executor kind.
+CREATE OR REPLACE FUNCTION awp._dispatch_task(p_run_id text, p_task_key text) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  r     record;
+  t     record;
+  v_id  text;
+  v_now timestamptz := awp._now();
+BEGIN
+  SELECT x.status INTO r FROM awp.runs x WHERE x.run_id = p_run_id;
+  SELECT y.task_key, y.executor INTO t FROM awp.tasks y WHERE y.run_id = p_run_id AND y.task_key = p_task_key;
   v_id := awp._new_id('dsp');
   INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)
   VALUES (v_id, p_run_id, t.task_key, t.executor, v_now);
@@ -137,10 +153,11 @@ BEGIN
   END IF;
   RETURN t.executor;
 END $$;
-COMMENT ON FUNCTION awp._dispatch_one(text, jsonb) IS 'Creates one pending dispatch for a run (caller holds the run lock) within its concurrency; returns the executor kind or NULL.';
+COMMENT ON FUNCTION awp._dispatch_task(text, text) IS 'Creates the pending dispatch of a chosen ready task (caller holds its run and row); returns its executor kind.';
 
 -- awp._dispatch_new_run(run): dispatch on start (docs/protocol.md, Refill and claim on complete): the new run's own
--- ready tasks, within the three limits (as awp._create_dispatches: under its advisory lock, one budget). Other
+-- ready tasks, within the three limits (as awp._create_dispatches: under its advisory lock, one budget; those with
+-- rate limits first, awp._dispatch_limited). Other
 -- runs are left to the coordinator's passes and to refills, so a start costs the same however many runs wait
 -- (a backlog of a kind without a free slot included). Returns the number created. Locks: the advisory lock of
 -- awp._create_dispatches, then the run's row (the caller created it), then its tasks.
@@ -157,6 +174,8 @@ BEGIN
   b := awp._dispatch_budget();
   v_kinds := b.kinds;
   v_left := least(b.global_free, b.worker_free);
+  SELECT l.kinds, l.created INTO v_kinds, v_n FROM awp._dispatch_limited(v_kinds, v_left, p_run_id) l;
+  v_left := v_left - v_n;
   WHILE v_left > 0 LOOP
     v_kind := awp._dispatch_one(p_run_id, v_kinds);
     EXIT WHEN v_kind IS NULL;
@@ -212,7 +231,8 @@ END $$;
 COMMENT ON FUNCTION awp._try_run(text) IS 'Takes a run (advisory lock, then row) for a refill without waiting; false when it is busy elsewhere.';
 
 -- awp._refill_slot(worker): the refill (docs/protocol.md, Refill and claim on complete). A completion frees
--- one slot of an active worker; it is refilled at once with one dispatch for the first run in fairness
+-- one slot of an active worker; it is refilled at once with one dispatch: a ready task with rate limits that have
+-- room (awp._dispatch_limited: limits already bound what those take), else for the first run in fairness
 -- order (awp._fairness_order) that has a ready task of a kind that worker runs and room under its
 -- concurrency. Pending + leased and the worker's capacity are thus
 -- unchanged, so no global budget (nor the advisory lock of awp._create_dispatches) is needed, and
@@ -229,6 +249,9 @@ BEGIN
     RETURN false;
   END IF;
   SELECT jsonb_object_agg(k, 1) INTO v_kinds FROM unnest(p_worker.executor_kinds) k;
+  IF (awp._dispatch_limited(v_kinds, 1)).created > 0 THEN
+    RETURN true;
+  END IF;
   c := awp._fairness_order(p_worker.executor_kinds);
   LOOP
     FETCH c INTO v_run;
@@ -245,7 +268,8 @@ END $$;
 COMMENT ON FUNCTION awp._refill_slot(awp.workers) IS 'Refills the slot a completion freed with one dispatch (fairness order, that worker''s kinds).';
 
 -- awp._dispatch_many(run, kinds, n): awp._dispatch_one for up to n tasks at once (the run's first ready
--- tasks in definition order whose executor is in `kinds`), within the run's concurrency: one INSERT,
+-- tasks without limits, higher priority first, then in definition order, whose executor is in `kinds`), within the
+-- run's concurrency: one INSERT,
 -- one UPDATE of the tasks, one of the run row (its place in the fairness order) and one _append_events,
 -- instead of n of each. The caller holds the run's row lock. Returns the number created.
 CREATE OR REPLACE FUNCTION awp._dispatch_many(p_run_id text, p_kinds text[], p_n integer) RETURNS integer
@@ -269,9 +293,9 @@ BEGIN
     RETURN 0;
   END IF;
   WITH pick AS MATERIALIZED (
-    SELECT y.task_key, y.executor, y.ordinal, awp._new_id('dsp') AS dispatch_id FROM awp.tasks y
-     WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds)
-     ORDER BY y.ordinal LIMIT v_room
+    SELECT y.task_key, y.executor, y.ordinal, y.priority, awp._new_id('dsp') AS dispatch_id FROM awp.tasks y
+     WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds) AND y.limit_buckets IS NULL
+     ORDER BY y.priority DESC, y.ordinal LIMIT v_room
        FOR UPDATE
   ), ins AS (
     INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)
@@ -280,7 +304,8 @@ BEGIN
     UPDATE awp.tasks y SET status = 'queued', updated_at = v_now
       FROM pick k WHERE y.run_id = p_run_id AND y.task_key = k.task_key
   )
-  SELECT array_agg(k.task_key ORDER BY k.ordinal), array_agg(k.dispatch_id ORDER BY k.ordinal) INTO v_keys, v_ids
+  SELECT array_agg(k.task_key ORDER BY k.priority DESC, k.ordinal), array_agg(k.dispatch_id ORDER BY k.priority DESC, k.ordinal)
+    INTO v_keys, v_ids
     FROM pick k;
   v_n := coalesce(cardinality(v_keys), 0);
   IF v_n = 0 THEN
@@ -306,7 +331,7 @@ END $$;
 COMMENT ON FUNCTION awp._dispatch_many(text, text[], integer) IS 'Creates up to n pending dispatches for a run at once (caller holds the run lock) within its concurrency; returns the count.';
 
 -- awp._refill_slots(worker, n): awp._refill_slot for the n slots a batch of completions
--- freed: the n slots go round-robin to the runs in fairness order that have a ready task of a kind
+-- freed: ready tasks with rate limits that have room first (awp._dispatch_limited), then the slots left go round-robin to the runs in fairness order that have a ready task of a kind
 -- that worker runs (as n single refills would), and each run gets its share in one
 -- awp._dispatch_many call. Runs busy elsewhere are skipped (SKIP LOCKED). Returns the number created.
 CREATE OR REPLACE FUNCTION awp._refill_slots(p_worker awp.workers, p_n integer) RETURNS integer
@@ -322,6 +347,11 @@ BEGIN
   IF p_worker.status <> 'active' OR p_n < 1 THEN
     RETURN 0;
   END IF;
+  v_done := (awp._dispatch_limited((SELECT jsonb_object_agg(k, p_n) FROM unnest(p_worker.executor_kinds) k), p_n)).created;
+  IF v_done >= p_n THEN
+    RETURN v_done;
+  END IF;
+  p_n := p_n - v_done;
   c := awp._fairness_order(p_worker.executor_kinds);
   WHILE cardinality(v_runs) < p_n LOOP
     FETCH c INTO v_run;

@@ -108,11 +108,11 @@ BEGIN
   WITH i AS (
     INSERT INTO awp.tasks (run_id, task_key, ordinal, executor, action, input, depends_on, dependants, pending_deps,
                            max_attempts, interval_ms, timeout_ms, status, updated_at, mapped_task, item, item_index,
-                           backoff, max_interval_ms, jitter)
+                           backoff, max_interval_ms, jitter, limit_buckets, priority)
     SELECT p_run_id, p_task_key || '[' || (e.o - 1) || ']', v_after + e.o::integer, x.executor, x.action, x.input,
            array_remove(x.depends_on, x.for_each), ARRAY[p_task_key], 0, x.max_attempts, x.interval_ms, x.timeout_ms,
            'ready', p_now,
-           p_task_key, e.v, (e.o - 1)::integer, x.backoff, x.max_interval_ms, x.jitter
+           p_task_key, e.v, (e.o - 1)::integer, x.backoff, x.max_interval_ms, x.jitter, x.limit_buckets, x.priority
       FROM awp.tasks x, jsonb_array_elements(v_list) WITH ORDINALITY AS e(v, o)
      WHERE x.run_id = p_run_id AND x.task_key = p_task_key
     RETURNING task_key, ordinal

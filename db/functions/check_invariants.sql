@@ -28,9 +28,13 @@
 --   for_each_instances       a mapped task (docs/dynamic.md) has item_count instances "<key>[0..n-1]" (none before it
 --                            is expanded); while it waits its pending_deps counts those not succeeded; succeeded,
 --                            all of them succeeded
---   ready_queue              awp.ready_queue has one row per (run, executor kind) with ready tasks, holding their
---                            count and the run's last_dispatch_seq and created_at, and no other row
---                            (migration 0015_ready_queue)
+--   ready_queue              awp.ready_queue has one row per (run, executor kind, priority) with ready tasks without
+--                            limits, holding their count and the run's last_dispatch_seq and created_at, and no
+--                            other row (migrations 0015_ready_queue, 0020_limits_and_priority)
+--   rate_limit               a limit's bucket has at most max_in_flight queued + running tasks, counting only when
+--                            all of them were dispatched after the limit was last set (lowering a limit withdraws
+--                            nothing); a task with limits that is running has its start in awp.limit_starts while
+--                            its limit's window counts it (docs/limits.md)
 -- Takes no locks; raises nothing.
 
 -- awp.transitions(): every allowed (entity_type, from_status, to_status); from NULL = creation.
@@ -232,16 +236,38 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
       OR (m.status = 'succeeded' AND count(*) FILTER (WHERE i.status <> 'succeeded') > 0)
   UNION ALL
   SELECT 'ready_queue', coalesce(e.run_id, q.run_id), coalesce(e.executor_kind, q.executor_kind),
-         format('%s ready tasks (run seq %s, created %s); ready_queue row: %s', coalesce(e.n, 0),
+         format('priority %s: %s ready tasks (run seq %s, created %s); ready_queue row: %s', coalesce(e.priority, q.priority),
+                coalesce(e.n, 0),
                 coalesce(e.last_dispatch_seq::text, 'NULL'), e.created_at,
                 coalesce(format('%s ready, seq %s, created %s', q.ready_tasks, coalesce(q.last_dispatch_seq::text, 'NULL'),
                                 q.created_at), 'none'))
-    FROM (SELECT t.run_id, t.executor AS executor_kind, count(*) AS n, r.last_dispatch_seq, r.created_at
-            FROM tasks t JOIN runs r USING (run_id) WHERE t.status = 'ready'
-           GROUP BY t.run_id, t.executor, r.last_dispatch_seq, r.created_at) e
+    FROM (SELECT t.run_id, t.executor AS executor_kind, t.priority, count(*) AS n, r.last_dispatch_seq, r.created_at
+            FROM tasks t JOIN runs r USING (run_id) WHERE t.status = 'ready' AND t.limit_buckets IS NULL
+           GROUP BY t.run_id, t.executor, t.priority, r.last_dispatch_seq, r.created_at) e
     FULL JOIN (SELECT q.* FROM awp.ready_queue q WHERE p_run_ids IS NULL OR q.run_id = ANY (p_run_ids)) q
-      ON q.run_id = e.run_id AND q.executor_kind = e.executor_kind
+      ON q.run_id = e.run_id AND q.executor_kind = e.executor_kind AND q.priority = e.priority
    WHERE e.n IS DISTINCT FROM q.ready_tasks::bigint OR e.last_dispatch_seq IS DISTINCT FROM q.last_dispatch_seq
       OR e.created_at IS DISTINCT FROM q.created_at
+  UNION ALL
+  SELECT 'rate_limit', NULL, f.bucket,
+         format('%s queued or running tasks hold bucket %s, over max_in_flight %s (set at %s)', f.n, f.bucket,
+                l.max_in_flight, l.updated_at)
+    FROM (SELECT b.bucket, count(*) AS n, min(d.created_at) AS first_dispatched
+            FROM awp.tasks t CROSS JOIN LATERAL unnest(t.limit_buckets) AS b(bucket)
+            JOIN awp.dispatches d ON d.run_id = t.run_id AND d.task_key = t.task_key AND d.status IN ('pending', 'leased')
+           WHERE t.status IN ('queued', 'running') AND t.limit_buckets IS NOT NULL
+           GROUP BY b.bucket) f
+    JOIN awp.limits l ON l.name = awp._bucket_limit(f.bucket)
+   WHERE p_run_ids IS NULL AND f.n > l.max_in_flight AND f.first_dispatched >= l.updated_at
+  UNION ALL
+  SELECT 'rate_limit', t.run_id, t.task_key,
+         format('running since %s with bucket %s of a limit with a %s ms window, but no start recorded', d.leased_at,
+                b.bucket, l.window_ms)
+    FROM tasks t CROSS JOIN LATERAL unnest(t.limit_buckets) AS b(bucket)
+    JOIN awp.dispatches d ON d.run_id = t.run_id AND d.task_key = t.task_key AND d.status = 'leased'
+    JOIN awp.limits l ON l.name = awp._bucket_limit(b.bucket) AND l.window_ms IS NOT NULL
+   WHERE t.status = 'running' AND t.limit_buckets IS NOT NULL
+     AND d.leased_at > awp._now() - make_interval(secs => l.window_ms / 1000.0)
+     AND NOT EXISTS (SELECT 1 FROM awp.limit_starts s WHERE s.bucket = b.bucket AND s.started_at = d.leased_at)
 $$;
 COMMENT ON FUNCTION awp.check_invariants(text[]) IS 'Every violated invariant (one row each, with ids); empty when all hold. Optional run filter.';

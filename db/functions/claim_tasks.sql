@@ -229,7 +229,8 @@ END $$;
 COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases up to slots pending dispatches to a checked worker (the body of claim_tasks).';
 
 -- awp._first_ready(run, kinds, except): the task a refill of the run takes for a worker of these executor kinds:
--- its first ready task in definition order, other than those in `except` (refilled earlier in the same group),
+-- its first ready task without limits (higher priority first, then definition order; tasks with rate limits are
+-- awp._pick_limited's), other than those in `except` (refilled earlier in the same group),
 -- locked FOR UPDATE; all fields NULL when there is none. The one definition of a refill's choice, for
 -- awp._lease_refill and the group path (awp._complete_and_refill_group).
 -- enable_sort = off: see awp._dispatch_one (only here: a plan that sorts under it costs more than jit_above_cost
@@ -244,7 +245,8 @@ BEGIN
     INTO task_key, executor, action, input, attempts, timeout_ms, depends_on, item, item_index
     FROM awp.tasks y
    WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds) AND y.task_key <> ALL (p_except)
-   ORDER BY y.ordinal LIMIT 1
+     AND y.limit_buckets IS NULL
+   ORDER BY y.priority DESC, y.ordinal LIMIT 1
      FOR UPDATE;
 END $$;
 COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready task of a run for these executor kinds, not in except (locked).';
@@ -312,8 +314,20 @@ BEGIN
   END IF;
   IF w.status = 'active'
      AND NOT EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (w.executor_kinds)) THEN
+    -- A ready task with rate limits that have room first (as awp._refill_slot), then the fairness order.
+    IF EXISTS (SELECT 1 FROM awp.tasks y WHERE y.status = 'ready' AND y.limit_buckets IS NOT NULL) THEN
+      SELECT p.run_id, p.task_key INTO v_run, v_key FROM awp._pick_limited(w.executor_kinds, NULL, p_run) p;
+      IF v_key IS NOT NULL THEN
+        SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input INTO r FROM awp.runs x
+         WHERE x.run_id = v_run;
+        SELECT y.task_key, y.executor, y.action, y.input, y.attempts, y.timeout_ms, y.depends_on, y.item, y.item_index
+          INTO t FROM awp.tasks y WHERE y.run_id = v_run AND y.task_key = v_key;
+        v_exec := t.executor;
+      END IF;
+    END IF;
     c := awp._fairness_order(w.executor_kinds);
     LOOP
+      EXIT WHEN v_key IS NOT NULL;
       FETCH c INTO v_run;
       EXIT WHEN NOT FOUND;
       CONTINUE WHEN NOT awp._try_run(v_run);

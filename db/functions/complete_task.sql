@@ -385,7 +385,8 @@ BEGIN
     LEFT JOIN awp.tasks m ON m.run_id = y.run_id AND m.task_key = y.mapped_task
    WHERE x.dispatch_id = p_dispatch_id AND x.status = 'leased' AND awp._holds_lease(x, w.worker_id, p_lease_token)
      AND v_now < x.attempt_deadline AND v_now < x.lease_expires_at AND x.attempt_status = 'running'
-     AND y.attempts = x.attempt AND y.status = 'running';
+     AND y.attempts = x.attempt AND y.status = 'running'
+     AND y.limit_buckets IS NULL;   -- a task with rate limits: the general path frees its buckets before the refill
   IF NOT FOUND THEN
     RETURN;
   END IF;
@@ -690,10 +691,11 @@ BEGIN
     INTO c_deps, c_mapped
     FROM awp.tasks y
    WHERE y.ctid = ANY (v_ctid) AND y.status IS NOT DISTINCT FROM 'running'
-     AND y.attempts = c_att[array_position(v_ctid, y.ctid)];
+     AND y.attempts = c_att[array_position(v_ctid, y.ctid)]
+     AND y.limit_buckets IS NULL;   -- a task with rate limits: the general path (awp._complete_and_refill)
   PERFORM set_config('enable_seqscan', v_seqscan, true);
   IF cardinality(v_ctid) <> v_n OR coalesce(cardinality(c_deps), 0) <> v_n THEN
-    PERFORM awp._raise_group_not_applicable('a task not current');
+    PERFORM awp._raise_group_not_applicable('a task not current, or one with rate limits');
   END IF;
 
   -- Per item, in order: its dependants made ready, then its refill (as awp._lease_refill chooses it).

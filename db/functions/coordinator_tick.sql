@@ -367,6 +367,20 @@ BEGIN
   b := awp._dispatch_budget();
   v_kinds := b.kinds;
   v_left := least(b.global_free, b.worker_free);
+  -- Ready tasks with rate limits that have room first (as a refill takes them: awp._refill_slot).
+  IF NOT p_isolate THEN
+    SELECT l.kinds, l.created INTO v_kinds, v_n FROM awp._dispatch_limited(v_kinds, v_left) l;
+  ELSE
+    BEGIN
+      SELECT l.kinds, l.created INTO v_kinds, v_n FROM awp._dispatch_limited(v_kinds, v_left) l;
+      PERFORM awp._log_flush();
+    EXCEPTION WHEN OTHERS THEN
+      v_n := 0;
+      v_kinds := b.kinds;
+      PERFORM awp._pass_skip('dispatch creation (rate limits)', NULL, SQLSTATE, SQLERRM);
+    END;
+  END IF;
+  v_left := v_left - v_n;
   LOOP
     v_round := 0;
     -- Only runs with a ready task of a kind that has room: a backlog of a kind without a free slot costs nothing.
@@ -489,6 +503,7 @@ BEGIN
     v_waits := awp._settle_waits(true);
     v_disp := awp._create_dispatches(true);
   END;
+  PERFORM awp._prune_limit_starts(v_now);   -- the rate limits' starts no window counts any more
   PERFORM awp._notify_pending();
   IF p_term IS NOT NULL THEN   -- at the end: a long pass counts as alive until it commits
     UPDATE awp.coordinator_leader x SET last_seen_at = awp._now();

@@ -142,11 +142,11 @@ BEGIN
               WHEN jsonb_typeof(t) <> 'object' THEN 'must be an object'
               WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(t) k
                             WHERE k NOT IN ('key', 'executor', 'action', 'input', 'depends_on', 'retry', 'timeout_ms',
-                                            'for_each', 'max_items', 'when'))
-                THEN 'unknown fields: ' || (SELECT string_agg(k || awp._did_you_mean(k, '{key,executor,action,input,depends_on,retry,timeout_ms,for_each,max_items,when}'), ', ' ORDER BY k)
+                                            'for_each', 'max_items', 'when', 'limits', 'priority'))
+                THEN 'unknown fields: ' || (SELECT string_agg(k || awp._did_you_mean(k, '{key,executor,action,input,depends_on,retry,timeout_ms,for_each,max_items,when,limits,priority}'), ', ' ORDER BY k)
                                             FROM jsonb_object_keys(t) k
                             WHERE k NOT IN ('key', 'executor', 'action', 'input', 'depends_on', 'retry', 'timeout_ms',
-                                            'for_each', 'max_items', 'when'))
+                                            'for_each', 'max_items', 'when', 'limits', 'priority'))
               WHEN jsonb_typeof(t->'key') IS DISTINCT FROM 'string'
                    OR length(t->>'key') NOT BETWEEN 1 AND 128 OR (t->>'key') ~ '[[:cntrl:]/]'
                 THEN 'key must be a string of 1-128 characters without "/" or control characters'
@@ -194,6 +194,12 @@ BEGIN
               WHEN t ? 'max_items' AND NOT awp._int_ok(t->'max_items', 1, 10000)
                 THEN 'max_items must be an integer from 1 to 10000'
               WHEN t ? 'when' AND awp._condition_error(t->'when') IS NOT NULL THEN awp._condition_error(t->'when')
+              WHEN t ? 'priority' AND NOT awp._int_ok(t->'priority', 0, 9)
+                THEN 'priority must be an integer from 0 to 9 (higher first; default 5)'
+              WHEN t ? 'limits' AND awp._limits_error(t->'limits', t->>'executor') IS NOT NULL
+                THEN awp._limits_error(t->'limits', t->>'executor')
+              WHEN t ? 'limits' AND awp._limits_duplicate(t->'limits') IS NOT NULL
+                THEN format('limits names %s twice', awp._limits_duplicate(t->'limits'))
               WHEN t->>'executor' = 'workflow' THEN awp._workflow_input_error(t->'input')
               WHEN t->>'executor' IN ('signal', 'sleep') THEN awp._wait_input_error(t->>'executor', t->'input')
             END AS err

@@ -43,7 +43,8 @@ COMMENT ON FUNCTION awp.get_task(text, text) IS 'One task of a run with its atte
 
 -- awp.metrics_snapshot(): counts for the gateway's /metrics gauges:
 -- {"runs": {status: n}, "dispatches": {status: n}, "workers": {status: n}, "leases_active": n,
---  "ready_without_worker": {executor kind: ready tasks that no active worker offers}).
+--  "ready_without_worker": {executor kind: ready tasks that no active worker offers},
+--  "rate_limits": {limit name: {"in_flight", "held"}}, one entry per defined limit (docs/limits.md)).
 -- Bounded: runs and workers by status come from awp.status_counts (maintained by triggers, folded by the
 -- coordinator: db/functions/_status_counts.sql), the other gauges from live rows through partial indexes
 -- (pending / leased dispatches), so a scrape costs the same with 100 or 100,000 finished runs; the ready tasks
@@ -64,6 +65,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                  WHERE q.executor_kind <> ALL (awp._database_kinds())
                    AND NOT EXISTS (SELECT 1 FROM awp.workers w
                                     WHERE w.status = 'active' AND q.executor_kind = ANY (w.executor_kinds))
-                 GROUP BY 1) x))
+                 GROUP BY 1) x),
+    'rate_limits', (SELECT coalesce(jsonb_object_agg(l.name, jsonb_build_object('in_flight', l.in_flight, 'held', l.held)), '{}')
+                      FROM awp._rate_limit_rows(NULL) l))
 $$;
 COMMENT ON FUNCTION awp.metrics_snapshot() IS 'Counts of runs, live dispatches, workers by status and active leases, for /metrics.';

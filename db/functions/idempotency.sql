@@ -64,12 +64,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.apply_workflow_idempotent(text, text, jsonb) IS 'apply_workflow behind an Idempotency-Key: a replay returns the first answer; AWIDM when the key was used for another request.';
 
--- awp.start_run_idempotent(idempotency_key, request_hash, workflow_id, version, input): awp.start_run
--- behind an idempotency key (scope 'runs'); the key and the input are also passed to start_run. Returns
+-- awp.start_run_idempotent(idempotency_key, request_hash, workflow_id, version, input, priority): awp.start_run
+-- behind an idempotency key (scope 'runs'); the key, the input and the priority are also passed to start_run. Returns
 -- (run_id, status, replayed); a replay returns the first answer. Raises what start_run raises, AWIDM.
 CREATE OR REPLACE FUNCTION awp.start_run_idempotent(p_idempotency_key text, p_request_hash text,
                                                     p_workflow_id text, p_version integer,
-                                                    p_input jsonb DEFAULT NULL)
+                                                    p_input jsonb, p_priority integer)
 RETURNS TABLE (run_id text, status text, replayed boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -81,17 +81,29 @@ BEGIN
     RETURN QUERY SELECT v_old->>'run_id', v_old->>'status', true;
     RETURN;
   END IF;
-  v_run_id := awp.start_run(p_workflow_id, p_version, p_idempotency_key, p_input);
+  v_run_id := awp._start_run(p_workflow_id, p_version, p_idempotency_key, p_input, NULL, NULL, NULL, 0, p_priority);
   SELECT r.status INTO v_status FROM awp.runs r WHERE r.run_id = v_run_id;
   PERFORM awp._idempotency_finish('runs', p_idempotency_key,
     jsonb_build_object('run_id', v_run_id, 'status', v_status));
   RETURN QUERY SELECT v_run_id, v_status, false;
 END $$;
+COMMENT ON FUNCTION awp.start_run_idempotent(text, text, text, integer, jsonb, integer) IS 'start_run (with a priority) behind an Idempotency-Key: a replay returns the first answer; AWIDM when the key was used for another request.';
+
+-- awp.start_run_idempotent(idempotency_key, request_hash, workflow_id, version, input): the same without a priority.
+CREATE OR REPLACE FUNCTION awp.start_run_idempotent(p_idempotency_key text, p_request_hash text,
+                                                    p_workflow_id text, p_version integer,
+                                                    p_input jsonb DEFAULT NULL)
+RETURNS TABLE (run_id text, status text, replayed boolean)
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  SELECT * FROM awp.start_run_idempotent(p_idempotency_key, p_request_hash, p_workflow_id, p_version, p_input,
+                                         NULL::integer)
+$$;
 COMMENT ON FUNCTION awp.start_run_idempotent(text, text, text, integer, jsonb) IS 'start_run behind an Idempotency-Key: a replay returns the first answer; AWIDM when the key was used for another request.';
 
 -- awp.start_runs_idempotent(workflow_id, version, items): awp.start_runs behind one Idempotency-Key per item (scope
 -- 'runs', as awp.start_run_idempotent: a batch item and a single start with the same key and request are one
--- request). items: 1-1,000 objects {"idempotency_key": string, "request_hash": string, "input"?: object}. All or
+-- request). items: 1-1,000 objects {"idempotency_key": string, "request_hash": string, "input"?: object,
+-- "priority"?: 0-9}. All or
 -- nothing; an error names its item ("runs[3]: ..."). Returns one row per item in order: item, run_id, status,
 -- replayed. Locks: as awp.start_run_idempotent, item after item.
 CREATE OR REPLACE FUNCTION awp.start_runs_idempotent(p_workflow_id text, p_version integer, p_items jsonb)
@@ -107,12 +119,13 @@ DECLARE
   v_msg   text;
   v_det   text;
 BEGIN
-  PERFORM awp._check_run_items(p_items, '{input,idempotency_key,request_hash}');
+  PERFORM awp._check_run_items(p_items, '{input,idempotency_key,request_hash,priority}');
   BEGIN
     FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
       SELECT * INTO a FROM awp.start_run_idempotent(v_item->>'idempotency_key', v_item->>'request_hash', p_workflow_id,
                                                     p_version, CASE WHEN jsonb_typeof(v_item->'input') = 'object'
-                                                                    THEN v_item->'input' END);
+                                                                    THEN v_item->'input' END,
+                                                    (v_item->>'priority')::integer);
       v_rows := v_rows || jsonb_build_array(jsonb_build_array(a.run_id, a.status, a.replayed));
       v_i := v_i + 1;
     END LOOP;

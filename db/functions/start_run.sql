@@ -1,6 +1,7 @@
--- awp.start_run(workflow_id, version, idempotency_key, input): creates a run of a workflow version
+-- awp.start_run(workflow_id, version, idempotency_key, input, priority): creates a run of a workflow version
 -- (the latest when version is null) with one task per definition task: roots `ready`, the
--- others `waiting_dependencies`. `input` is the run's input, a JSON object of at most 64 KiB (NULL
+-- others `waiting_dependencies`. `priority` (0-9, optional) replaces every task's own (docs/limits.md, Priority);
+-- each task's `limits` become its buckets, keys read from the input (awp._buckets_of). `input` is the run's input, a JSON object of at most 64 KiB (NULL
 -- means {}); every lease of the run carries it as `run_input` (docs/data-flow.md). The same
 -- idempotency key for the same workflow with the same input returns the same run; with another input
 -- it raises AWIDM. Defaults are applied here (concurrency 10, max_attempts 1,
@@ -13,7 +14,8 @@
 -- dispatch budget's advisory lock comes before any run's (docs/architecture.md, Lock order).
 CREATE OR REPLACE FUNCTION awp._start_run(p_workflow_id text, p_version integer, p_idempotency_key text,
                                           p_input jsonb, p_schedule_id text, p_parent_run_id text DEFAULT NULL,
-                                          p_parent_task_key text DEFAULT NULL, p_depth integer DEFAULT 0)
+                                          p_parent_task_key text DEFAULT NULL, p_depth integer DEFAULT 0,
+                                          p_priority integer DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -24,6 +26,9 @@ DECLARE
   v_input  jsonb := coalesce(p_input, '{}'::jsonb);
 BEGIN
   PERFORM awp._check_input(v_input, 'run input');
+  IF p_priority NOT BETWEEN 0 AND 9 THEN
+    PERFORM awp._raise_invalid_request('invalid priority', 'priority must be an integer from 0 to 9 (higher first)');
+  END IF;
   IF p_idempotency_key IS NOT NULL AND length(p_idempotency_key) NOT BETWEEN 1 AND 255 THEN
     PERFORM awp._raise_invalid_request('invalid idempotency key', 'idempotency key must have 1-255 characters');
   END IF;
@@ -47,10 +52,10 @@ BEGIN
 
   v_run_id := awp._new_id('run');
   INSERT INTO awp.runs (run_id, workflow_id, workflow_version, concurrency, unfinished_tasks, idempotency_key,
-                        input, schedule_id, created_at, parent_run_id, parent_task_key, depth)
+                        input, schedule_id, created_at, parent_run_id, parent_task_key, depth, priority)
   VALUES (v_run_id, p_workflow_id, v_ver, coalesce((v_def->>'concurrency')::integer, 10),
           jsonb_array_length(v_def->'tasks'), p_idempotency_key, v_input, p_schedule_id, v_now, p_parent_run_id,
-          p_parent_task_key, p_depth)
+          p_parent_task_key, p_depth, p_priority)
   ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
   IF NOT FOUND THEN   -- a concurrent start with the same key won
     RETURN awp._existing_run(p_workflow_id, p_idempotency_key, v_input);
@@ -70,7 +75,7 @@ BEGIN
   )
   INSERT INTO awp.tasks (run_id, task_key, ordinal, executor, action, input, depends_on, dependants,
                          pending_deps, max_attempts, interval_ms, timeout_ms, status, updated_at,
-                         condition, for_each, max_items, backoff, max_interval_ms, jitter)
+                         condition, for_each, max_items, backoff, max_interval_ms, jitter, limit_buckets, priority)
   SELECT v_run_id, d.t->>'key', d.ordinal, d.t->>'executor', coalesce(d.t->>'action', d.t->>'key'),
          coalesce(d.t->'input', '{}'::jsonb),
          coalesce(dp.depends_on, '{}'), coalesce(dn.dependants, '{}'),
@@ -82,7 +87,8 @@ BEGIN
          d.t->'when', d.t->>'for_each',
          CASE WHEN d.t ? 'for_each' THEN coalesce((d.t->>'max_items')::integer, 1000) END,
          coalesce((d.t->'retry'->>'backoff')::numeric, 1), (d.t->'retry'->>'max_interval_ms')::integer,
-         coalesce((d.t->'retry'->>'jitter')::numeric, 0)
+         coalesce((d.t->'retry'->>'jitter')::numeric, 0),
+         awp._buckets_of(d.t->'limits', v_input), coalesce(p_priority, (d.t->>'priority')::integer, 5)
     FROM defs d
     LEFT JOIN deps dp ON dp.task_key = d.t->>'key'
     LEFT JOIN dependants dn ON dn.task_key = d.t->>'key';
@@ -110,7 +116,7 @@ BEGIN
   PERFORM awp._notify_pending();
   RETURN v_run_id;
 END $$;
-COMMENT ON FUNCTION awp._start_run(text, integer, text, jsonb, text, text, text, integer) IS 'awp.start_run, also recording the schedule (or the parent run and task) that started the run.';
+COMMENT ON FUNCTION awp._start_run(text, integer, text, jsonb, text, text, text, integer, integer) IS 'awp.start_run, also recording the schedule (or the parent run and task) that started the run.';
 
 CREATE OR REPLACE FUNCTION awp.start_run(p_workflow_id text, p_version integer DEFAULT NULL,
                                          p_idempotency_key text DEFAULT NULL, p_input jsonb DEFAULT NULL)
@@ -119,6 +125,16 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT awp._start_run(p_workflow_id, p_version, p_idempotency_key, p_input, NULL)
 $$;
 COMMENT ON FUNCTION awp.start_run(text, integer, text, jsonb) IS 'Starts a run of a workflow version (latest when null) with an input object; the same idempotency key and input return the same run (another input: AWIDM); AWNTF when unknown.';
+
+-- awp.start_run(workflow_id, version, idempotency_key, input, priority): the same with a priority (0-9, or NULL for
+-- the tasks' own), all five arguments given (an overload without defaults, so a call with four stays the one above).
+CREATE OR REPLACE FUNCTION awp.start_run(p_workflow_id text, p_version integer, p_idempotency_key text, p_input jsonb,
+                                         p_priority integer)
+RETURNS text
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  SELECT awp._start_run(p_workflow_id, p_version, p_idempotency_key, p_input, NULL, NULL, NULL, 0, p_priority)
+$$;
+COMMENT ON FUNCTION awp.start_run(text, integer, text, jsonb, integer) IS 'start_run with a priority (0-9) for all its tasks; AWREQ out of range.';
 
 -- awp._check_input(input, what): AWREQ unless input is a JSON object of at most awp._limit_input_bytes() bytes
 -- of jsonb text (the rule of a task's input); `what` names it in the message ('run input', 'schedule input').
@@ -173,6 +189,7 @@ BEGIN
              THEN 'unknown fields: ' || (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(i.x) k WHERE k <> ALL (p_keys))
            WHEN i.x ? 'input' AND jsonb_typeof(i.x->'input') NOT IN ('object', 'null') THEN 'input must be a JSON object'
            WHEN i.x ? 'idempotency_key' AND jsonb_typeof(i.x->'idempotency_key') <> 'string' THEN 'idempotency_key must be a string'
+           WHEN i.x ? 'priority' AND NOT awp._int_ok(i.x->'priority', 0, 9) THEN 'priority must be an integer from 0 to 9'
            WHEN 'request_hash' = ANY (p_keys) AND jsonb_typeof(i.x->'request_hash') IS DISTINCT FROM 'string' THEN 'request_hash must be a string'
            WHEN 'request_hash' = ANY (p_keys) AND jsonb_typeof(i.x->'idempotency_key') IS DISTINCT FROM 'string' THEN 'idempotency_key is required'
          END)
@@ -182,6 +199,7 @@ BEGIN
       OR EXISTS (SELECT 1 FROM jsonb_object_keys(i.x) k WHERE k <> ALL (p_keys))
       OR (i.x ? 'input' AND jsonb_typeof(i.x->'input') NOT IN ('object', 'null'))
       OR (i.x ? 'idempotency_key' AND jsonb_typeof(i.x->'idempotency_key') <> 'string')
+      OR (i.x ? 'priority' AND NOT awp._int_ok(i.x->'priority', 0, 9))
       OR ('request_hash' = ANY (p_keys) AND (jsonb_typeof(i.x->'request_hash') IS DISTINCT FROM 'string'
                                              OR jsonb_typeof(i.x->'idempotency_key') IS DISTINCT FROM 'string'))
    ORDER BY i.o LIMIT 1;
@@ -204,7 +222,8 @@ COMMENT ON FUNCTION awp._reraise_for_item(integer, text, text, text) IS 'Raises 
 
 -- awp.start_runs(workflow_id, version, items): starts several runs of one workflow version (the latest when version
 -- is null) in one call, all or nothing. items: a JSON array of 1-1,000 objects {"input"?: object,
--- "idempotency_key"?: string}, each started as awp.start_run(workflow_id, version, idempotency_key, input) starts
+-- "idempotency_key"?: string, "priority"?: 0-9}, each started as awp.start_run(workflow_id, version, idempotency_key,
+-- input, priority) starts
 -- one (the same limits and defaults; a key used before with the same input returns that run, with another input
 -- AWIDM). Returns one row per item in order: item (0-based), run_id, status. An error names its item in its
 -- DETAIL ("runs[3]: ...") and starts nothing. Locks: as awp.start_run, item after item.
@@ -220,11 +239,12 @@ DECLARE
   v_msg   text;
   v_det   text;
 BEGIN
-  PERFORM awp._check_run_items(p_items, '{input,idempotency_key}');
+  PERFORM awp._check_run_items(p_items, '{input,idempotency_key,priority}');
   BEGIN
     FOR v_item IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
       v_ids := v_ids || awp._start_run(p_workflow_id, p_version, v_item->>'idempotency_key',
-                                       CASE WHEN jsonb_typeof(v_item->'input') = 'object' THEN v_item->'input' END, NULL);
+                                       CASE WHEN jsonb_typeof(v_item->'input') = 'object' THEN v_item->'input' END, NULL,
+                                       NULL, NULL, 0, (v_item->>'priority')::integer);
       v_i := v_i + 1;
     END LOOP;
   EXCEPTION WHEN OTHERS THEN   -- name the item; the whole call is undone

@@ -12,6 +12,10 @@
 --   waiting_signal          a running task of executor signal waits for its signal (awp.send_signal; docs/waits.md)
 --   sleeping                a running task of executor sleep waits for its time
 --   waiting_retry           an attempt failed; the retry becomes ready at ready_at
+--   rate_limited            a ready task with limits (docs/limits.md): one of them is full, out of starts in its
+--                           window, or not defined (the detail names it, and its key); a task with limits that
+--                           none holds waits for what holds any other task (run_concurrency, dispatch_limit,
+--                           workers_full) or for the next refill or pass (waiting_for_dispatch)
 --   no_worker_for_executor  no active worker offers the task's executor kind (a queued task's dispatch
 --                           is withdrawn by the next coordinator pass)
 --   run_concurrency         the run's queued + running tasks reach its concurrency, or the places left
@@ -118,7 +122,7 @@ BEGIN
   IF r.cancel_requested_at IS NULL AND v_room > 0 THEN
     SELECT count(*)::integer, max(x.ordinal) INTO v_maxrank, v_cut FROM (
       SELECT y.ordinal FROM awp.tasks y
-       WHERE y.run_id = p_run_id AND y.status = 'ready' AND b.kinds ? y.executor
+       WHERE y.run_id = p_run_id AND y.status = 'ready' AND b.kinds ? y.executor AND y.limit_buckets IS NULL
        ORDER BY y.ordinal LIMIT v_room) x;
   END IF;
   -- Another run contributes at most this many candidates: enough to decide every comparison below.
@@ -141,7 +145,8 @@ BEGIN
   ), mine AS MATERIALIZED (     -- the run's waiting tasks; cand: one of its candidates
     SELECT t.task_key, t.status, t.executor, t.ordinal, t.depends_on, t.attempts, t.max_attempts, t.ready_at,
            (b.kinds ? t.executor) AS offered,
-           coalesce(t.status = 'ready' AND b.kinds ? t.executor AND t.ordinal <= v_cut, false) AS cand
+           coalesce(t.status = 'ready' AND b.kinds ? t.executor AND t.ordinal <= v_cut AND t.limit_buckets IS NULL,
+                    false) AS cand
       FROM awp.tasks t
      WHERE t.run_id = p_run_id
        AND (t.status IN ('waiting_dependencies', 'waiting_retry', 'ready', 'queued')
@@ -167,7 +172,7 @@ BEGIN
       FROM others o CROSS JOIN LATERAL (
         SELECT y.executor, row_number() OVER (ORDER BY y.ordinal) AS rnk
           FROM awp.tasks y
-         WHERE y.run_id = o.run_id AND y.status = 'ready' AND b.kinds ? y.executor
+         WHERE y.run_id = o.run_id AND y.status = 'ready' AND b.kinds ? y.executor AND y.limit_buckets IS NULL
          ORDER BY y.ordinal LIMIT greatest(least(o.room, v_cap), 0)) c
   ), placed AS (                -- a pass takes candidates in rounds (rank), runs in fairness order within a round;
     SELECT p.task_key, p.status, p.executor, p.ordinal, p.depends_on, p.attempts, p.max_attempts, p.ready_at, p.offered,
@@ -191,7 +196,7 @@ BEGIN
       FROM mine m
      WHERE NOT m.cand
   ), judged AS (
-    SELECT p.*, coalesce((b.kinds->>p.executor)::integer, 0) AS kind_free,
+    SELECT p.*, coalesce((b.kinds->>p.executor)::integer, 0) AS kind_free, lim.buckets,
            CASE
              WHEN r.cancel_requested_at IS NOT NULL THEN 'cancel_requested'
              WHEN p.status = 'running' THEN CASE p.executor WHEN 'signal' THEN 'waiting_signal' ELSE 'sleeping' END
@@ -200,6 +205,12 @@ BEGIN
              WHEN p.executor = ANY (awp._database_kinds()) THEN 'run_concurrency'   -- a ready child-run task
              WHEN NOT p.offered THEN 'no_worker_for_executor'
              WHEN p.status = 'queued' THEN 'waiting_for_claim'
+             WHEN lim.buckets IS NOT NULL THEN   -- a ready task with limits: never one of the candidates above
+               CASE WHEN awp._buckets_hold(lim.buckets, v_now) IS NOT NULL THEN 'rate_limited'
+                    WHEN v_inflight >= r.concurrency THEN 'run_concurrency'
+                    WHEN b.global_free <= 0 THEN 'dispatch_limit'
+                    WHEN least(coalesce((b.kinds->>p.executor)::integer, 0), b.worker_free) <= 0 THEN 'workers_full'
+                    ELSE 'waiting_for_dispatch' END
              WHEN v_inflight >= r.concurrency OR p.rnk IS NULL THEN 'run_concurrency'   -- past the candidates
              -- Both capacity limits may hold it: the tighter one is named (the workers when equal).
              WHEN p.ahead_all >= b.global_free
@@ -211,6 +222,9 @@ BEGIN
              ELSE 'waiting_for_dispatch'
            END AS code
       FROM placed p
+      LEFT JOIN LATERAL (SELECT x.limit_buckets AS buckets FROM awp.tasks x   -- one probe per ready task
+                          WHERE p.status = 'ready' AND x.run_id = p_run_id AND x.task_key = p.task_key LIMIT 1) lim
+        ON true
   )
   SELECT j.task_key, j.status, j.code,
          CASE WHEN NOT p_details THEN NULL ELSE CASE j.code
@@ -239,6 +253,7 @@ BEGIN
                ELSE format('attempt %s of %s failed; the retry was due at %s: the next coordinator pass makes it ready%s',
                            j.attempts, j.max_attempts, awp._wait_ts(j.ready_at), v_stale)
              END
+           WHEN 'rate_limited' THEN awp._buckets_hold(j.buckets, v_now)
            WHEN 'cancel_requested' THEN
              format('the run''s cancellation was requested at %s: this task will be canceled, not run',
                     awp._wait_ts(r.cancel_requested_at))

@@ -32,6 +32,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "cancel_waiting_runs",
     ),
     "Schedules": ("create_schedule", "delete_schedule", "list_schedules", "fire_schedules"),
+    "Rate limits": ("set_limit", "get_limit", "list_limits", "delete_limit"),
     "Workers (the worker protocol)": (
         "register_worker",
         "check_worker_session",
