@@ -209,7 +209,7 @@ RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestampt
                action text, depends_on text[], max_attempts integer, timeout_ms integer,
                updated_at timestamptz, finished_at timestamptz, wait_reason text, wait_detail text,
                mapped_task text, item_index integer, item_count integer, instances_succeeded integer,
-               skip_reason text, child_run_id text)
+               skip_reason text, child_run_id text, priority integer, limits text[])
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_after integer := -1;
@@ -226,7 +226,7 @@ BEGIN
   SELECT t.task_key, t.status, t.attempts, t.ready_at, t.executor, t.action, t.depends_on,
          t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, w.reason, w.detail,
          t.mapped_task, t.item_index, t.item_count, awp._instances_succeeded(p_run_id, t.task_key, t.item_count),
-         t.skip_reason, t.child_run_id
+         t.skip_reason, t.child_run_id, t.priority::integer, t.limit_buckets
     FROM awp.tasks t LEFT JOIN awp._task_waits(p_run_id) w ON w.task_key = t.task_key
    WHERE t.run_id = p_run_id AND t.ordinal > v_after ORDER BY t.ordinal
    LIMIT p_limit;

@@ -205,6 +205,7 @@ COMMANDS: tuple[click.Command, ...] = (
     cli_user.status_cmd,
     cli_user.workers_cmd,
     cli_user.schedule,
+    cli_user.limit,
     cli_retention.prune,
     cli_user.demo,
 )

@@ -314,16 +314,20 @@ class Client:
         version: int | None = None,
         idempotency_key: str | None = None,
         input: dict[str, Any] | None = None,
+        priority: int | None = None,
     ) -> dict[str, Any]:
-        """Start a run (of the latest version when ``version`` is None); the body is ``{"input": input}`` when
-        ``input`` is given, else ``{}``."""
+        """Start a run (of the latest version when ``version`` is None); the body holds ``input`` and ``priority``
+        (docs/limits.md, Priority) when given, else it is ``{}``."""
         if version is None:
             wf = await self.get_workflow(workflow_id)
             version = int(wf.get("latest_version") or wf["version"])
+        body: dict[str, Any] = {"input": input} if input is not None else {}
+        if priority is not None:
+            body["priority"] = priority
         return await self.request(
             "POST",
             f"/workflows/{_q(workflow_id)}/versions/{int(version)}/runs",
-            {"input": input} if input is not None else {},
+            body,
             headers={"Idempotency-Key": idempotency_key or str(uuid.uuid4())},
         )
 
@@ -398,6 +402,24 @@ class Client:
 
     async def delete_schedule(self, schedule_id: str) -> dict[str, Any]:
         return await self.request("DELETE", f"/schedules/{_q(schedule_id)}")
+
+    async def set_limit(
+        self,
+        name: str,
+        *,
+        max_in_flight: int | None = None,
+        per_window: int | None = None,
+        window_ms: int | None = None,
+    ) -> dict[str, Any]:
+        """Define or replace a named rate limit (docs/limits.md)."""
+        body = {"max_in_flight": max_in_flight, "per_window": per_window, "window_ms": window_ms}
+        return await self.request("PUT", f"/limits/{_q(name)}", {k: v for k, v in body.items() if v is not None})
+
+    async def list_limits(self) -> list[dict[str, Any]]:
+        return list((await self.request("GET", "/limits"))["items"])
+
+    async def delete_limit(self, name: str) -> dict[str, Any]:
+        return await self.request("DELETE", f"/limits/{_q(name)}")
 
     async def list_workers(self) -> list[dict[str, Any]]:
         return [item async for item in self._pages("/workers")]

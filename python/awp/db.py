@@ -270,15 +270,21 @@ class Database:
     # -- runs -------------------------------------------------------------------------------------
 
     async def start_run_idempotent(
-        self, key: str, request_hash: str, workflow_id: str, version: int, run_input: dict[str, Any]
+        self,
+        key: str,
+        request_hash: str,
+        workflow_id: str,
+        version: int,
+        run_input: dict[str, Any],
+        priority: int | None = None,
     ) -> Row:
         return await self._row(
-            "SELECT * FROM awp.start_run_idempotent(%s, %s, %s, %s, %s)",
-            (key, request_hash, workflow_id, version, _jsonb(run_input)),
+            "SELECT * FROM awp.start_run_idempotent(%s, %s, %s, %s, %s, %s::integer)",
+            (key, request_hash, workflow_id, version, _jsonb(run_input), priority),
         )
 
     async def start_runs_idempotent(self, workflow_id: str, version: int, items: list[dict[str, Any]]) -> list[Row]:
-        """``awp.start_runs_idempotent``: items {idempotency_key, request_hash, input}; one row per item in order."""
+        """``awp.start_runs_idempotent``: items {idempotency_key, request_hash, input, priority?}; one row per item."""
         return await self._rows(
             "SELECT * FROM awp.start_runs_idempotent(%s, %s, %s)", (workflow_id, version, _jsonb(items))
         )
@@ -360,6 +366,26 @@ class Database:
 
     async def delete_schedule(self, schedule_id: str) -> Row:
         return await self._row("SELECT * FROM awp.delete_schedule(%s)", (schedule_id,))
+
+    # -- rate limits (docs/limits.md) -------------------------------------------------------------
+
+    async def set_limit(
+        self, name: str, max_in_flight: int | None, per_window: int | None, window_ms: int | None
+    ) -> Row:
+        return await self._row(
+            "SELECT * FROM awp.set_limit(%s, %s::integer, %s::integer, %s::integer)",
+            (name, max_in_flight, per_window, window_ms),
+        )
+
+    async def get_limit(self, name: str) -> Row:
+        return await self._row("SELECT * FROM awp.get_limit(%s)", (name,))
+
+    async def list_limits(self) -> list[Row]:
+        return await self._rows("SELECT * FROM awp.list_limits()")
+
+    async def delete_limit(self, name: str) -> bool:
+        row = await self._row("SELECT awp.delete_limit(%s) AS deleted", (name,))
+        return bool(row["deleted"])
 
     # -- workers ----------------------------------------------------------------------------------
 

@@ -178,17 +178,31 @@ async def start_run(request: web.Request) -> web.Response:
     key = idempotency_key(request)
     workflow_id, version = path_param(request, "workflow_id"), path_int(request, "version")
     body = await json_body(request, allow_empty=True)
-    only_fields(body, optional=("input",))
+    only_fields(body, optional=("input", "priority"))
+    run_input, priority, request_hash = _run_request(workflow_id, version, body, "")
+    row = await request.app[DB].start_run_idempotent(key, request_hash, workflow_id, version, run_input, priority)
+    return json_response({"run_id": row["run_id"], "status": row["status"]}, status=202)
+
+
+def _run_request(
+    workflow_id: str, version: int, body: dict[str, Any], where: str
+) -> tuple[dict[str, Any], int | None, str]:
+    """A run start's input, priority (docs/limits.md, Priority) and request hash, for the single and the batch route.
+    No input, null and {} are one request (hashed as the empty body was before runs took input); so are no priority
+    and null."""
     run_input = body.get("input")
     if run_input is None:
         run_input = {}
     if not isinstance(run_input, dict):
-        raise bad_request("input must be a JSON object")
-    # No input, null and {} are one request (hashed as the empty body was before runs took input).
-    normal_body = {"input": run_input} if run_input else {}
+        raise bad_request(f"{where}input must be a JSON object")
+    priority = body.get("priority")
+    if priority is not None:
+        priority = as_int(priority, f"{where}priority", 0, 9)
+    normal_body: dict[str, Any] = {"input": run_input} if run_input else {}
+    if priority is not None:
+        normal_body["priority"] = priority
     request_hash = canonical_hash({"workflow_id": workflow_id, "version": version, "body": normal_body})
-    row = await request.app[DB].start_run_idempotent(key, request_hash, workflow_id, version, run_input)
-    return json_response({"run_id": row["run_id"], "status": row["status"]}, status=202)
+    return run_input, priority, request_hash
 
 
 def _start_item(workflow_id: str, version: int, item: Any, where: str) -> dict[str, Any]:
@@ -196,25 +210,22 @@ def _start_item(workflow_id: str, version: int, item: Any, where: str) -> dict[s
     single start route gives the same request (so a batch item and a single start with one key are one request)."""
     if not isinstance(item, dict):
         raise bad_request(f"{where} must be an object")
-    unknown = sorted(set(item) - {"input", "idempotency_key"})
+    unknown = sorted(set(item) - {"input", "idempotency_key", "priority"})
     if unknown:
         raise bad_request(f"{where}: unknown fields: {', '.join(unknown)}")
     key = item.get("idempotency_key")
     if not isinstance(key, str) or not 1 <= len(key) <= 255:
         raise bad_request(f"{where}: idempotency_key must be a string of 1-255 characters")
-    run_input = item.get("input")
-    if run_input is None:
-        run_input = {}
-    if not isinstance(run_input, dict):
-        raise bad_request(f"{where}: input must be a JSON object")
-    normal_body = {"input": run_input} if run_input else {}
-    request_hash = canonical_hash({"workflow_id": workflow_id, "version": version, "body": normal_body})
-    return {"idempotency_key": key, "request_hash": request_hash, "input": run_input}
+    run_input, priority, request_hash = _run_request(workflow_id, version, item, f"{where}: ")
+    start: dict[str, Any] = {"idempotency_key": key, "request_hash": request_hash, "input": run_input}
+    if priority is not None:
+        start["priority"] = priority
+    return start
 
 
 @route("POST", API + "/workflows/{workflow_id}/versions/{version}/runs/batch", Access.WRITE)
 async def start_runs(request: web.Request) -> web.Response:
-    """Many runs in one call, all or nothing: {"runs": [{"idempotency_key", "input"?}, ...]} (1-1,000 items)."""
+    """Many runs in one call, all or nothing: {"runs": [{"idempotency_key", "input"?, "priority"?}, ...]} (1-1,000)."""
     workflow_id, version = path_param(request, "workflow_id"), path_int(request, "version")
     body = await json_body(request, limit=WORKFLOW_BODY_LIMIT)
     only_fields(body, required=("runs",))
@@ -329,6 +340,40 @@ def idempotency_key(request: web.Request) -> str:
     if bad_text(key):
         raise bad_request("the Idempotency-Key header must be UTF-8 text")
     return key
+
+
+# rate limits (docs/limits.md, Rate limits and concurrency keys): PUT replaces, so no Idempotency-Key is needed.
+
+
+@route("GET", API + "/limits", Access.READ)
+async def list_limits(request: web.Request) -> web.Response:
+    return json_response({"items": await request.app[DB].list_limits()})
+
+
+@route("GET", API + "/limits/{name}", Access.READ)
+async def get_limit(request: web.Request) -> web.Response:
+    return json_response(await request.app[DB].get_limit(path_param(request, "name")))
+
+
+@route("PUT", API + "/limits/{name}", Access.WRITE)
+async def set_limit(request: web.Request) -> web.Response:
+    """``{"max_in_flight"?, "per_window"?, "window_ms"?}`` (awp.set_limit checks the combination)."""
+    name = path_param(request, "name")
+    body = await json_body(request)
+    only_fields(body, optional=("max_in_flight", "per_window", "window_ms"))
+    numbers = [
+        None if body.get(field) is None else as_int(body[field], field, 1, INT32_MAX)
+        for field in ("max_in_flight", "per_window", "window_ms")
+    ]
+    return json_response(await request.app[DB].set_limit(name, *numbers))
+
+
+@route("DELETE", API + "/limits/{name}", Access.WRITE)
+async def delete_limit(request: web.Request) -> web.Response:
+    name = path_param(request, "name")
+    if not await request.app[DB].delete_limit(name):
+        raise ApiError(404, "not_found", f"limit not found: no limit {name}")
+    return json_response({"name": name, "deleted": True})
 
 
 # schedules (docs/schedules.md): creating is idempotent by itself (the same definition returns the same

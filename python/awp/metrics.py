@@ -125,6 +125,17 @@ class Metrics:
         self.executor_workers = Gauge(
             "awp_executor_workers", "Active workers offering the kind", ["executor_kind"], registry=r
         )
+        # Per named rate limit (docs/limits.md), from awp.metrics_snapshot(): one label per defined limit (an
+        # operator's choice, not one per key), gone when the limit is deleted.
+        self.rate_limit_in_flight = Gauge(
+            "awp_rate_limit_in_flight", "Queued + running tasks holding the limit (any key)", ["limit"], registry=r
+        )
+        self.rate_limit_held = Gauge(
+            "awp_rate_limit_held_tasks",
+            "Ready tasks the limit holds back (wait reason rate_limited)",
+            ["limit"],
+            registry=r,
+        )
         self.dispatch_limit = Gauge(
             "awp_dispatch_limit", "The global dispatch_limit setting (pending + leased at most)", registry=r
         )
@@ -225,6 +236,12 @@ class Metrics:
         self.ready_without_worker.clear()
         for kind, n in (snapshot.get("ready_without_worker") or {}).items():
             self.ready_without_worker.labels(kind).set(int(n))
+        if "rate_limits" in snapshot:
+            self.rate_limit_in_flight.clear()
+            self.rate_limit_held.clear()
+            for limit, counts in (snapshot.get("rate_limits") or {}).items():
+                self.rate_limit_in_flight.labels(limit).set(int((counts or {}).get("in_flight", 0)))
+                self.rate_limit_held.labels(limit).set(int((counts or {}).get("held", 0)))
         if snapshot.get("dispatch_limit") is not None:
             self.dispatch_limit.set(int(snapshot["dispatch_limit"]))
         if "executors" in snapshot:  # the kinds known now (awp.executor_stats): a kind gone drops out

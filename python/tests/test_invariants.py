@@ -100,6 +100,14 @@ PLANTED = {
     "child_run": "UPDATE awp.tasks SET executor = 'workflow' WHERE run_id = %(run)s AND task_key = 'b'",
     # A signal task (run by the database, docs/waits.md) with a worker's dispatch.
     "database_task": "UPDATE awp.tasks SET executor = 'signal' WHERE run_id = %(run)s AND task_key = 'b'",
+    # Two tasks in flight behind a limit of one, both dispatched after it was set (docs/limits.md).
+    "rate_limit": "INSERT INTO awp.limits VALUES ('planted', 1, NULL, NULL, now(), now() - interval '1 day');"
+    " UPDATE awp.tasks SET status = 'running', finished_at = NULL, limit_buckets = '{planted}'"
+    " WHERE run_id = %(run)s AND task_key IN ('a', 'b');"
+    " UPDATE awp.dispatches SET status = 'leased', finished_at = NULL, result_hash = NULL, attempt_status = 'running',"
+    " attempt_finished_at = NULL, output = NULL WHERE run_id = %(run)s AND task_key IN ('a', 'b')"
+    " AND attempt = (SELECT t.attempts FROM awp.tasks t WHERE t.run_id = dispatches.run_id"
+    " AND t.task_key = dispatches.task_key)",
 }
 
 

@@ -388,6 +388,95 @@ def test_claims_from_many_workers_never_exceed_any_limit(db, db_dsn):
     assert_invariants(db)
 
 
+def complete_and_claim(c: DictConnection, worker: tuple[str, str], lease: dict[str, Any]) -> list[dict[str, Any]]:
+    return c.execute(
+        "SELECT * FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1)",
+        [*worker, lease["dispatch_id"], lease["lease_token"], json.dumps({"kind": "success"})],
+    ).fetchall()
+
+
+def test_rate_limits_hold_under_eight_concurrent_claimers(db, db_dsn):
+    """docs/limits.md: max_in_flight per bucket holds at every instant while 8 workers claim and complete (and
+    refill through the claim on complete) concurrently with coordinator passes, across runs and keys."""
+    db.execute("SELECT awp.configure(dispatch_limit => 100)")
+    db.execute("SELECT * FROM awp.set_limit('api', 5)")
+    db.execute("SELECT * FROM awp.set_limit('tenant', 2)")
+    runs = [make_run(db, 30, concurrency=10, wid=f"rl-{i}", limits=["api"]) for i in range(2)]
+    keyed = {"name": "tenant", "key_from": ["run_input", "t"]}
+    db.execute(
+        "SELECT * FROM awp.create_workflow_version(%s)",
+        [
+            json.dumps(
+                {
+                    "id": "rl-keyed",
+                    "concurrency": 10,
+                    "tasks": [{"key": f"k{i}", "executor": "mock", "limits": [keyed]} for i in range(20)],
+                }
+            )
+        ],
+    )
+    runs += [
+        one(db, "SELECT awp.start_run('rl-keyed', NULL, NULL, %s) AS id", [json.dumps({"t": t})])["id"]
+        for t in ("a", "b")
+    ]
+    workers = [register(db, f"w{i}", 3) for i in range(8)]
+    limits = {"api": 5, "tenant=a": 2, "tenant=b": 2}
+    stop = threading.Event()
+    violations: list[str] = []
+    peaks = dict.fromkeys(limits, 0)
+    samples = [0]
+
+    def actor(i: int) -> None:
+        with connect(db_dsn) as c:
+            if i == 0:  # the coordinator
+                while not stop.is_set():
+                    tick(c)
+                return
+            if i == 1:  # the sampler: one snapshot per sample
+                while not stop.is_set():
+                    with c.transaction():
+                        c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                        for bucket, most in limits.items():
+                            n = one(
+                                c,
+                                "SELECT count(*) AS n FROM awp.tasks WHERE status IN ('queued', 'running')"
+                                " AND limit_buckets @> ARRAY[%s]",
+                                [bucket],
+                            )["n"]
+                            peaks[bucket] = max(peaks[bucket], n)
+                            if n > most:
+                                violations.append(f"{bucket}: {n} in flight > {most}")
+                        violations.extend(str(r) for r in c.execute("SELECT * FROM awp.check_invariants()"))
+                    samples[0] += 1
+                return
+            worker = workers[i - 2]
+            held: list[dict[str, Any]] = []
+            while not stop.is_set():
+                if len(held) < 3:
+                    held += claim(c, worker, 3 - len(held))
+                if held:
+                    held += complete_and_claim(c, worker, held.pop(0))
+
+    threading.Timer(4.0, stop.set).start()
+    in_threads(len(workers) + 2, actor)
+    assert samples[0] > 0, "the sampler checked nothing"
+    assert violations == []
+    assert peaks["api"] == 5, f"the api limit was never used up: {peaks}"
+    for _ in range(600):
+        if all(run_status(db, r) == "succeeded" for r in runs):
+            break
+        tick(db)
+        for w in workers:
+            for lease in claim(
+                db,
+                w,
+                3 - db.execute("SELECT active_leases FROM awp.get_worker(%s)", [w[0]]).fetchone()["active_leases"],
+            ):
+                complete(db, w, lease)
+    assert [run_status(db, r) for r in runs] == ["succeeded"] * 4
+    assert_invariants(db)
+
+
 @pytest.mark.slow
 def test_mixed_concurrent_load_never_deadlocks(db, db_dsn):
     # Leases of 400 ms keep the reaper busy; a worker goes offline only after 500 ms of silence (10 x 50 ms):

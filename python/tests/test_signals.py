@@ -179,13 +179,19 @@ def _restart(cluster: Cluster) -> None:
 
 
 def test_the_approval_example_applies_and_runs(gw: ServeProcess, workers: Workers) -> None:
-    """examples/approval.yaml: approved over HTTP, it sleeps, then publishes after a retry with backoff."""
+    """examples/approval.yaml: its draft waits for the openai limit until it is defined, then approved over HTTP it
+    sleeps, then publishes after a retry with backoff."""
     import yaml
     from worker_support import REPO
 
     workers.start("sig-example", concurrency=2)
     definition = yaml.safe_load((REPO / "examples" / "approval.yaml").read_text())
+    httpx.delete(gw.api("/limits/openai"), headers=gw.auth("operator"), timeout=10)
     run_id = start_run(gw, apply(gw, definition))
+    held = wait_until(lambda: (t := task(gw, run_id, "draft"))["wait_reason"] == "rate_limited" and t, 15, 0.05, "held")
+    assert held["wait_detail"].startswith("limit openai is not defined"), held
+    limit = {"max_in_flight": 4, "per_window": 60, "window_ms": 60000}
+    assert httpx.put(gw.api("/limits/openai"), json=limit, headers=gw.auth("operator"), timeout=10).status_code == 200
     waiting_signal(gw, run_id)
     assert signal(gw, run_id, "approval", {"approved": True}).status_code == 200
     run = wait_run(gw, run_id, 60)
