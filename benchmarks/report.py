@@ -141,6 +141,7 @@ def _scenarios(results: dict[str, Any]) -> list[dict[str, Any]]:
         *rec,
         *(s for s in (results.get("many_runs") or {}).values() if s.get("invariants") is not None),
         *(v for k, v in (results.get("dynamic") or {}).items() if k in ("static", "for_each")),
+        *(results.get("pacing") or {}).values(),
     ]
 
 
@@ -219,6 +220,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
 
     out += many_runs_targets(results, with_invariants=False)
     out += dynamic_targets(results)
+    out += pacing_targets(results)
     out.append(_invariants_target(results))
     return out
 
@@ -834,11 +836,15 @@ def tables(results: dict[str, Any]) -> list[Table]:
     out += many_runs_tables(results)
     if results.get("dynamic"):
         out.append(dynamic_table(results))
+    if results.get("pacing"):
+        out.append(pacing_table(results))
     t_inv = _invariants_table(results)
     if t_inv is not None:
         out.append(t_inv)
     t_tgt = Table(
-        "Targets of issues 11, 18, 46 and 39 (measured, not asserted)", ["target", "measured", "result"], right=set()
+        "Targets of issues 11, 18, 46, 39 and 40 (measured, not asserted)",
+        ["target", "measured", "result"],
+        right=set(),
     )
     for name, measured, met in targets(results):
         t_tgt.add(name, measured, "NOT MEASURED" if met is None else ("PASS" if met else "MISS"))
@@ -880,6 +886,55 @@ def dynamic_table(results: dict[str, Any]) -> Table:
             else ""
         )
         t.add(sc["label"], _spread(sc["tasks_per_s"]), sc["tasks_per_s"].get("n", ""), _ms(pg) if pg else "-", ratio)
+    return t
+
+
+def pacing_targets(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(target, measured, met): issue 40's rate-limit targets (benchmarks/pacing.py; met None when not measured)."""
+    p = results.get("pacing") or {}
+    a, w = p.get("in_flight"), p.get("per_window")
+    out: list[tuple[str, str, bool | None]] = []
+    name = "(issue 40) a run behind max_in_flight 50 on 200 slots keeps exactly 50 in flight (sampled)"
+    if a and a.get("steady_at_limit") is not None:
+        measured = (
+            f"peak {a['peak']}, {a['steady_at_limit']:.1%} of {a['steady_samples']} samples at 50"
+            f" (min {a['steady_min']})"
+        )
+        out.append((name, measured, a["peak"] == a["max_in_flight"] and a["steady_at_limit"] >= 0.95))
+    else:
+        out.append((name, "not measured", None))
+    name = "(issue 40) per_window 100 per second holds within 1% over 20 s"
+    if w:
+        measured = (
+            f"{w['rate_per_s']:.1f}/s over {w['measure_s']:.0f} s ({w['rate_ratio']:.3f} x), "
+            f"busiest window {w['busiest_window']}"
+        )
+        # Holds: never over the limit (every window, and the rate at most 1% above it). The rate under it is the
+        # limit / (1 + the lag from a start leaving the window to the next lease), shown, not a target.
+        out.append((name, measured, w["busiest_window"] <= w["per_window"] and w["rate_ratio"] <= 1.01))
+    else:
+        out.append((name, "not measured", None))
+    return out
+
+
+def pacing_table(results: dict[str, Any]) -> Table:
+    """Step 11 (issue 40, benchmarks/pacing.py): the two rules of a named rate limit under load."""
+    p = results.get("pacing") or {}
+    t = Table("Rate limits (issue 40): max_in_flight and per_window under load", ["scenario", "measured"], right=set())
+    a, w = p.get("in_flight"), p.get("per_window")
+    if a:
+        t.add(
+            a["label"],
+            f"peak {a['peak']} in flight; {_f(100 * (a['steady_at_limit'] or 0), 1)}% of {a['steady_samples']} samples "
+            f"at the limit (min {a['steady_min']}); {_f(a['tasks_per_s'] or 0, 0)} tasks/s"
+            f" (ideal {a['ideal_tasks_per_s']:.0f})",
+        )
+    if w:
+        t.add(
+            w["label"],
+            f"{w['starts']} starts: {w['rate_per_s']:.1f}/s ({w['rate_ratio']:.3f} x); busiest {w['window_ms']} ms "
+            f"window {w['busiest_window']} (limit {w['per_window']})",
+        )
     return t
 
 

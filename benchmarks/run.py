@@ -44,6 +44,9 @@ One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated databas
    10,000 tasks, 2,000 live runs for the pass, 3 s of starts.
 10. dynamic workflows (issue 39, ``dynamic.py``): one run with a ``for_each`` over 5,000 items against a static run
    of 5,000 tasks, 4 workers x concurrency 16, rounds alternating: target >= 0.8 x (``--quick``: 1,000 items).
+11. rate limits (issue 40, ``pacing.py``): a run of 2,000 tasks behind max_in_flight 50 on 200 slots, sampled: exactly
+   50 in flight; a per_window limit of 100 per second: at most 100 starts in any second, and at most 101/s over
+   20 s (``--quick``: 1,000 tasks, 5 s).
 
 Every AWP scenario ends with ``awp.check_invariants()`` (whole database; step 9: over its own runs, 1,000 a call, as
 a whole-database call costs runs x tasks there); violations are reported per scenario and make the exit status 1
@@ -80,6 +83,7 @@ from typing import Any
 # this folder's modules (peer_procrastinate, procs, ...): a script's own folder is first on sys.path
 import dynamic
 import many_runs
+import pacing
 import peer_procrastinate
 import procs
 import psycopg
@@ -151,6 +155,9 @@ class Plan:
     # batch_workers x batch_concurrency, dynamic_repeats rounds alternating
     dynamic_items: int = 5000
     dynamic_repeats: int = 3
+    # Rate limits (issue 40; pacing.py): pacing_tasks behind max_in_flight 50; per_window 100/s over pacing_seconds
+    pacing_tasks: int = 2000
+    pacing_seconds: float = 20.0
 
 
 FULL = Plan(
@@ -200,6 +207,8 @@ QUICK = replace(
     log_pairs=2,
     dynamic_items=1000,
     dynamic_repeats=2,
+    pacing_tasks=1000,
+    pacing_seconds=5.0,
 )
 
 
@@ -739,6 +748,7 @@ def problems(results: dict[str, Any]) -> list[str]:
         *results.get("recovery", []),
         *(results.get("many_runs") or {}).values(),
         *(v for k, v in (results.get("dynamic") or {}).items() if k in ("static", "for_each")),
+        *(results.get("pacing") or {}).values(),
     ]
     for s in scenarios:
         if s.get("status") == "failed":
@@ -901,6 +911,7 @@ def run_plan(
         # weigh on no earlier scenario's whole-database awp.check_invariants().
         results["many_runs"] = many_runs.measure(b, plan)
         results["dynamic"] = dynamic.measure(b, plan)
+        results["pacing"] = pacing.measure(b, plan)
     finally:
         b.pool.resize(0)
         b.gateway.stop()
@@ -961,27 +972,32 @@ def run_many_only(
     return 1 if results["problems"] else 0
 
 
-def run_dynamic_only(
-    plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, out: Path, when: dt.datetime
+def run_step_only(
+    step: str, plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, out: Path, when: dt.datetime
 ) -> int:
-    """``--dynamic-only``: step 10 alone (``dynamic.py``), on its own gateway and workers; prints its table and
-    target and writes ``dynamic-<plan>-<time>.json`` (``latest.*`` are left as they are)."""
+    """``--dynamic-only`` (step 10, ``dynamic.py``) or ``--pacing-only`` (step 11, ``pacing.py``): that step alone,
+    on its own gateway and workers; prints its table and targets and writes ``<step>-<plan>-<time>.json``
+    (``latest.*`` are left as they are)."""
+    module, table, targets = {
+        "dynamic": (dynamic, report.dynamic_table, report.dynamic_targets),
+        "pacing": (pacing, report.pacing_table, report.pacing_targets),
+    }[step]
     b = Bench(dsn, datadir, workdir, reaper)
     results: dict[str, Any] = {"plan": asdict(plan), "machine": machine()}
     b.gateway.start()
     try:
-        results["dynamic"] = dynamic.measure(b, plan)
+        results[step] = module.measure(b, plan)
     finally:
         b.pool.resize(0)
         b.gateway.stop()
         b.conn.close()
     results["started_at"] = when.isoformat(timespec="seconds")
     results["problems"] = problems(results)
-    print(report.dynamic_table(results).text())
-    for name, measured, met in report.dynamic_targets(results):
+    print(table(results).text())
+    for name, measured, met in targets(results):
         print(f"{name}: {measured} {'NOT MEASURED' if met is None else ('PASS' if met else 'MISS')}")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"dynamic-{plan.name}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path = out / f"{step}-{plan.name}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     log.info("written %s", path)
     for p in results["problems"]:
@@ -1017,9 +1033,15 @@ def main() -> int:
         help="only step 10 (issue 39, dynamic.py: for_each against a static run), printed with its target and "
         "written to dynamic-<plan>-<time>.json",
     )
+    parser.add_argument(
+        "--pacing-only",
+        action="store_true",
+        help="only step 11 (issue 40, pacing.py: max_in_flight and per_window under load), printed with its "
+        "targets and written to pacing-<plan>-<time>.json",
+    )
     args = parser.parse_args()
-    if args.io_only + args.many_runs_only + args.dynamic_only > 1:
-        parser.error("--io-only, --many-runs-only and --dynamic-only: one at a time")
+    if args.io_only + args.many_runs_only + args.dynamic_only + args.pacing_only > 1:
+        parser.error("--io-only, --many-runs-only, --dynamic-only and --pacing-only: one at a time")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     plan = QUICK if args.quick else FULL
     if args.repeats:
@@ -1051,7 +1073,7 @@ def main() -> int:
                 enable_pg_stat_statements(server)
             dsn = fresh_database(server, database_name("bench"))
             peer_db = database_name("bench_procrastinate")
-            alone = args.io_only or args.many_runs_only or args.dynamic_only
+            alone = args.io_only or args.many_runs_only or args.dynamic_only or args.pacing_only
             # empty: the peer applies its own schema (not needed for --io-only, --many-runs-only, --dynamic-only)
             peer_dsn = None if alone else server.create_database(peer_db)
             # The plain-SQL reference runs in a database of its own: run in AWP's database, its 300,000-row
@@ -1063,8 +1085,9 @@ def main() -> int:
                     alone_code = run_io_only(plan, dsn, datadir, workdir, reaper, args.out, when)
                 elif args.many_runs_only:
                     alone_code = run_many_only(plan, dsn, datadir, workdir, reaper, args.out, when)
-                elif args.dynamic_only:
-                    alone_code = run_dynamic_only(plan, dsn, datadir, workdir, reaper, args.out, when)
+                elif args.dynamic_only or args.pacing_only:
+                    step = "dynamic" if args.dynamic_only else "pacing"
+                    alone_code = run_step_only(step, plan, dsn, datadir, workdir, reaper, args.out, when)
                 else:
                     results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile, peer_dsn, ref_dsn)
             finally:

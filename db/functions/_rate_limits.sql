@@ -174,24 +174,15 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._limits_allow(text[]) IS 'Whether one more task holding these buckets may be dispatched now (takes the buckets'' advisory locks, try only).';
 
--- awp._pick_limited(kinds, only_run, counted_out_run): the ready task with limits that a dispatch for a worker of
--- these executor kinds takes now (NULLs: none), its run taken (awp._try_run) and its task row locked: in the
--- order of priority (higher first), then the fairness order of its run (docs/protocol.md, rule 9), then definition
--- order; among runs that are live, not canceling, free (not busy elsewhere), under their concurrency, and whose
--- task's buckets allow it (awp._limits_allow). `only_run`: that run's tasks only (dispatch on start);
--- `counted_out_run`: a run one of whose running tasks counts out of its concurrency (the hot path's completion,
--- not written yet). The bucket sets are checked once each before any task is read, so a backlog behind full limits
--- costs one index-only scan of the ready tasks with limits (tasks_ready_limited_idx). Locks: each candidate's
--- run (awp._try_run, no wait), the buckets' advisory locks (try only), then the task row.
-CREATE OR REPLACE FUNCTION awp._pick_limited(p_kinds text[], p_only_run text DEFAULT NULL,
-                                             p_counted_out_run text DEFAULT NULL,
-                                             OUT run_id text, OUT task_key text)
+-- awp._limited_sets(kinds, only_run): the distinct bucket sets (as text) of the ready tasks with limits of these
+-- executor kinds (of that run only, when given) that have room now (awp._limits_allow, taking their advisory locks):
+-- each set is checked once before any task is read, so a backlog behind full limits costs one index-only scan of
+-- the ready tasks with limits (tasks_ready_limited_idx). Locks: the buckets' advisory locks (try only).
+CREATE OR REPLACE FUNCTION awp._limited_sets(p_kinds text[], p_only_run text) RETURNS text[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_set   text[];
-  v_open  text[] := '{}';   -- the bucket sets with room, as text
-  v_skip  text[] := '{}';   -- runs seen busy or full
-  c       record;
+  v_set  text[];
+  v_open text[] := '{}';
 BEGIN
   FOR v_set IN SELECT DISTINCT y.limit_buckets FROM awp.tasks y
                 WHERE y.status = 'ready' AND y.limit_buckets IS NOT NULL AND y.executor = ANY (p_kinds)
@@ -200,52 +191,148 @@ BEGIN
       v_open := v_open || v_set::text;
     END IF;
   END LOOP;
-  IF cardinality(v_open) = 0 THEN
+  RETURN v_open;
+END $$;
+COMMENT ON FUNCTION awp._limited_sets(text[], text) IS 'The bucket sets of ready tasks with limits that have room now (as text).';
+
+-- awp._limited_candidates(kinds, only_run, sets, n): a cursor over the ready tasks with limits of these kinds whose
+-- bucket set is among `sets` (awp._limited_sets), of runs live and not canceling, at most n per run (a dispatch of n
+-- takes no more from one run), in the order a dispatch takes them: priority (higher first), then round by round
+-- (each run's first task, then each run's second, ...), runs in the fairness order of docs/protocol.md (rule 9)
+-- within a round, then definition order. Rows: run_id, task_key, limit_buckets, concurrency, executor. Each run's
+-- tasks come from tasks_ready_limited_idx in order (LIMIT n), so one run of a large backlog costs n rows, not its
+-- backlog sorted. Locks: none.
+CREATE OR REPLACE FUNCTION awp._limited_candidates(p_kinds text[], p_only_run text, p_sets text[], p_n integer)
+RETURNS refcursor
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  c refcursor;
+BEGIN
+  OPEN c NO SCROLL FOR
+    SELECT t.run_id, t.task_key, t.limit_buckets, r.concurrency, t.executor
+      FROM (SELECT DISTINCT y.run_id FROM awp.tasks y
+             WHERE y.status = 'ready' AND y.limit_buckets IS NOT NULL AND (p_only_run IS NULL OR y.run_id = p_only_run)) q
+      JOIN awp.runs r ON r.run_id = q.run_id AND r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL
+     CROSS JOIN LATERAL (
+       SELECT z.run_id, z.task_key, z.limit_buckets, z.executor, z.priority, z.ordinal,
+              row_number() OVER (ORDER BY z.priority DESC, z.ordinal) AS round
+         FROM (SELECT y.run_id, y.task_key, y.limit_buckets, y.executor, y.priority, y.ordinal FROM awp.tasks y
+                WHERE y.run_id = q.run_id AND y.status = 'ready' AND y.limit_buckets IS NOT NULL
+                  AND y.executor = ANY (p_kinds) AND y.limit_buckets::text = ANY (p_sets)
+                ORDER BY y.priority DESC, y.ordinal LIMIT p_n) z) t
+     ORDER BY t.priority DESC, t.round, r.last_dispatch_seq NULLS FIRST, r.created_at, t.run_id, t.ordinal;
+  RETURN c;
+END $$;
+COMMENT ON FUNCTION awp._limited_candidates(text[], text, text[], integer) IS 'A cursor over the ready tasks with limits that may be taken now (at most n per run), in dispatch order.';
+
+-- awp._limited_take(run, task, buckets, concurrency, counted_out_run): whether a candidate of awp._limited_candidates
+-- (its run, task key, buckets and its run's concurrency) can be taken now:
+-- its run taken without waiting (awp._try_run) and under its concurrency (`counted_out_run`: a run one of whose
+-- running tasks counts out, the hot path's completion not written yet), its buckets with room (awp._limits_allow,
+-- counted again: a dispatch made since may have filled them), its row still ready and then locked. 'run' when the
+-- run cannot take it (skip the run's other candidates too), 'task' when only this task cannot, 'ok'. Locks: the
+-- run (no wait), the buckets (try only), the task row.
+CREATE OR REPLACE FUNCTION awp._limited_take(p_run_id text, p_task_key text, p_buckets text[], p_concurrency integer,
+                                              p_counted_out_run text) RETURNS text
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF NOT awp._try_run(p_run_id)
+     OR ((SELECT count(*) FROM awp.tasks z WHERE z.run_id = p_run_id AND z.status IN ('queued', 'running'))
+         - (p_run_id = p_counted_out_run)::integer >= p_concurrency) THEN
+    RETURN 'run';
+  END IF;
+  IF NOT awp._limits_allow(p_buckets) THEN
+    RETURN 'task';
+  END IF;
+  PERFORM 1 FROM awp.tasks z WHERE z.run_id = p_run_id AND z.task_key = p_task_key AND z.status = 'ready' FOR UPDATE;
+  RETURN CASE WHEN FOUND THEN 'ok' ELSE 'task' END;
+END $$;
+COMMENT ON FUNCTION awp._limited_take(text, text, text[], integer, text) IS 'Whether a ready task with limits can be taken now (run free and under concurrency, buckets with room); locks it.';
+
+-- awp._pick_limited(kinds, only_run, counted_out_run): the one ready task with limits that a dispatch for a worker
+-- of these executor kinds takes now (NULLs: none), its run taken and its row locked (awp._limited_take), in the
+-- order of awp._limited_candidates. For the refill leased at once (awp._lease_refill). Locks: as
+-- awp._limited_sets, then as awp._limited_take.
+CREATE OR REPLACE FUNCTION awp._pick_limited(p_kinds text[], p_only_run text DEFAULT NULL,
+                                             p_counted_out_run text DEFAULT NULL,
+                                             OUT run_id text, OUT task_key text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_sets text[] := awp._limited_sets(p_kinds, p_only_run);
+  v_skip text[] := '{}';   -- runs that cannot take one
+  v_got  text;
+  cur    refcursor;
+  c_run  text;   -- a candidate (awp._limited_candidates)
+  c_key  text;
+  c_set  text[];
+  c_conc integer;
+  c_exec text;
+BEGIN
+  IF cardinality(v_sets) = 0 THEN
     RETURN;
   END IF;
-  FOR c IN SELECT y.run_id, y.task_key, y.limit_buckets, r.concurrency FROM awp.tasks y JOIN awp.runs r ON r.run_id = y.run_id
-            WHERE y.status = 'ready' AND y.limit_buckets IS NOT NULL AND y.executor = ANY (p_kinds)
-              AND (p_only_run IS NULL OR y.run_id = p_only_run) AND y.limit_buckets::text = ANY (v_open)
-              AND r.status IN ('pending', 'running') AND r.cancel_requested_at IS NULL
-            ORDER BY y.priority DESC, r.last_dispatch_seq NULLS FIRST, r.created_at, y.run_id, y.ordinal LOOP
-    CONTINUE WHEN c.run_id = ANY (v_skip);
-    IF NOT awp._try_run(c.run_id)
-       OR ((SELECT count(*) FROM awp.tasks z WHERE z.run_id = c.run_id AND z.status IN ('queued', 'running'))
-           - (c.run_id = p_counted_out_run)::integer >= c.concurrency) THEN
-      v_skip := v_skip || c.run_id;
-      CONTINUE;
+  cur := awp._limited_candidates(p_kinds, p_only_run, v_sets, 1);
+  LOOP
+    FETCH cur INTO c_run, c_key, c_set, c_conc, c_exec;
+    EXIT WHEN NOT FOUND;
+    CONTINUE WHEN c_run = ANY (v_skip);
+    v_got := awp._limited_take(c_run, c_key, c_set, c_conc, p_counted_out_run);
+    IF v_got = 'run' THEN
+      v_skip := v_skip || c_run;
+    ELSIF v_got = 'ok' THEN
+      run_id := c_run;
+      task_key := c_key;
+      EXIT;
     END IF;
-    CONTINUE WHEN NOT awp._limits_allow(c.limit_buckets);   -- again: a dispatch of this call may have filled it
-    PERFORM 1 FROM awp.tasks z WHERE z.run_id = c.run_id AND z.task_key = c.task_key AND z.status = 'ready' FOR UPDATE;
-    CONTINUE WHEN NOT FOUND;
-    run_id := c.run_id;
-    task_key := c.task_key;
-    RETURN;
   END LOOP;
+  CLOSE cur;
 END $$;
 COMMENT ON FUNCTION awp._pick_limited(text[], text, text) IS 'The ready task with limits a dispatch takes now (priority, fairness, room), its run and row locked; NULLs when none.';
 
--- awp._dispatch_limited(kinds, n, only_run): up to n pending dispatches for ready tasks with limits
--- (awp._pick_limited, one at a time), each within the budget `kinds` ({kind: free slots}, returned less what was
--- used). Returns the budget left and the number created. Locks: as awp._pick_limited, then as awp._dispatch_task.
+-- awp._dispatch_limited(kinds, n, only_run): up to n pending dispatches (awp._dispatch_task) for ready tasks with
+-- limits, walking awp._limited_candidates once, each within the budget `kinds` ({kind: free slots}, returned less
+-- what was used). Returns the budget left and the number created. Locks: as awp._pick_limited, then as
+-- awp._dispatch_task.
 CREATE OR REPLACE FUNCTION awp._dispatch_limited(INOUT kinds jsonb, p_n integer, p_only_run text DEFAULT NULL,
                                                  OUT created integer)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  p      record;
-  v_kind text;
+  v_kinds text[];
+  v_sets  text[];
+  v_skip  text[] := '{}';
+  v_got   text;
+  v_kind  text;
+  cur     refcursor;
+  c_run   text;   -- a candidate (awp._limited_candidates)
+  c_key   text;
+  c_set   text[];
+  c_conc  integer;
+  c_exec  text;
 BEGIN
   created := 0;
   IF p_n < 1 OR NOT EXISTS (SELECT 1 FROM awp.tasks y WHERE y.status = 'ready' AND y.limit_buckets IS NOT NULL) THEN
     RETURN;
   END IF;
-  WHILE created < p_n AND cardinality(awp._kinds_with_room(kinds)) > 0 LOOP
-    p := awp._pick_limited(awp._kinds_with_room(kinds), p_only_run);
-    EXIT WHEN p.run_id IS NULL;
-    v_kind := awp._dispatch_task(p.run_id, p.task_key);
-    kinds := jsonb_set(kinds, ARRAY[v_kind], to_jsonb((kinds->>v_kind)::integer - 1));
-    created := created + 1;
+  v_kinds := awp._kinds_with_room(kinds);
+  v_sets := awp._limited_sets(v_kinds, p_only_run);
+  IF cardinality(v_kinds) = 0 OR cardinality(v_sets) = 0 THEN
+    RETURN;
+  END IF;
+  cur := awp._limited_candidates(v_kinds, p_only_run, v_sets, p_n);
+  WHILE created < p_n LOOP
+    FETCH cur INTO c_run, c_key, c_set, c_conc, c_exec;
+    EXIT WHEN NOT FOUND;
+    CONTINUE WHEN c_run = ANY (v_skip) OR coalesce((kinds->>c_exec)::integer, 0) < 1;
+    v_got := awp._limited_take(c_run, c_key, c_set, c_conc, NULL);
+    IF v_got = 'run' THEN
+      v_skip := v_skip || c_run;
+    ELSIF v_got = 'ok' THEN
+      v_kind := awp._dispatch_task(c_run, c_key);
+      kinds := jsonb_set(kinds, ARRAY[v_kind], to_jsonb((kinds->>v_kind)::integer - 1));
+      created := created + 1;
+    END IF;
   END LOOP;
+  CLOSE cur;
 END $$;
 COMMENT ON FUNCTION awp._dispatch_limited(jsonb, integer, text) IS 'Creates up to n pending dispatches for ready tasks with limits within a budget; returns the budget left and the count.';
 

@@ -47,7 +47,7 @@ ALTER TABLE awp.runs
 CREATE INDEX tasks_limited_in_flight_idx ON awp.tasks USING gin (limit_buckets)
   WHERE status IN ('queued', 'running') AND limit_buckets IS NOT NULL;
 -- The ready tasks with limits, for the coordinator's pass (awp._dispatch_limited) and the wait reasons.
-CREATE INDEX tasks_ready_limited_idx ON awp.tasks (priority DESC, run_id, ordinal)
+CREATE INDEX tasks_ready_limited_idx ON awp.tasks (run_id, priority DESC, ordinal)
   WHERE status = 'ready' AND limit_buckets IS NOT NULL;
 -- A run's ready tasks in the order a dispatch takes them: higher priority first, then definition order.
 DROP INDEX awp.tasks_ready_idx;

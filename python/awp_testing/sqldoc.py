@@ -55,6 +55,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "promote_retries",
         "withdraw_orphan_dispatches",
         "create_dispatches",
+        "next_wake_ms",
     ),
     "Reads": (
         "get_run",
