@@ -57,7 +57,10 @@ def task_lines(run_id: str, task: dict[str, Any], worker_names: dict[str, str], 
     lines = [head]
     action = f"  action {task['action']}" if task.get("action") else ""
     timeout = f"  timeout {task['timeout_ms']} ms" if task.get("timeout_ms") else ""
-    lines.append(Text(f"executor {task.get('executor') or '-'}{action}{timeout}"))
+    priority = f"  priority {task['priority']}" if task.get("priority") not in (None, 5) else ""
+    lines.append(Text(f"executor {task.get('executor') or '-'}{action}{timeout}{priority}"))
+    if task.get("limits"):  # its rate-limit buckets (docs/limits.md)
+        lines.append(Text(f"limits {', '.join(task['limits'])}"))
     deps = task.get("depends_on") or []
     lines.append(Text(f"depends on {', '.join(deps)}" if deps else "depends on nothing (a root task)"))
     if task.get("wait_reason"):
@@ -231,6 +234,9 @@ WAIT_LABELS = {
     "fairness": "queued behind other runs",
     "waiting_for_dispatch": "about to be dispatched",
     "waiting_for_claim": "dispatched, waiting for a claim",
+    "waiting_signal": "waiting for a signal",
+    "sleeping": "sleeping",
+    "rate_limited": "held by a rate limit",
 }
 
 

@@ -140,6 +140,8 @@ def test_a_run_behind_max_in_flight_never_has_more_in_flight(gw: ServeProcess, w
         )
         assert held[0]["wait_detail"].startswith("limit e2e-api: 3 of max_in_flight 3 in flight"), held[0]
         assert held[0]["limits"] == ["e2e-api"]
+        shown = awp(gw, "run", "task", run, held[0]["task_key"])
+        assert "limits e2e-api" in shown.output and "waiting: rate_limited: limit e2e-api" in shown.output, shown.output
         assert metric(gw, "awp_rate_limit_in_flight", "e2e-api") is not None
         assert wait_run(gw, run, 60)["status"] == "succeeded"
     finally:
