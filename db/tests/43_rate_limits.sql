@@ -181,6 +181,7 @@ SELECT is(:'pk'::text, 'mid', 'then the default priority');
 -- A run started with a priority overrides its tasks' own and goes before older runs.
 SELECT tests.make_workflow('plain', jsonb_build_array(tests.task('x', '{}', '{"executor": "python"}')));
 SELECT awp.start_run('plain') AS older \gset
+SELECT tests.advance('100 ms');   -- the older run is older: only priority puts the urgent one first
 SELECT awp.start_run('plain', NULL, NULL, NULL, 8) AS urgent \gset
 SELECT is((SELECT priority FROM awp.tasks WHERE run_id = :'urgent'), 8::smallint, 'the run''s priority is its tasks''');
 SELECT is((SELECT priority FROM awp.runs WHERE run_id = :'urgent'), 8::smallint, '... and is kept on the run');

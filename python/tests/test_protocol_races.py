@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -401,7 +402,12 @@ def test_rate_limits_hold_under_eight_concurrent_claimers(db, db_dsn):
     db.execute("SELECT awp.configure(dispatch_limit => 100)")
     db.execute("SELECT * FROM awp.set_limit('api', 5)")
     db.execute("SELECT * FROM awp.set_limit('tenant', 2)")
-    runs = [make_run(db, 30, concurrency=10, wid=f"rl-{i}", limits=["api"]) for i in range(2)]
+    # Many runs share the bucket: a run's own lock serialises its dispatches, so only dispatches into different runs
+    # race for the bucket's last unit (the buckets' advisory locks are what stops them).
+    runs = [make_run(db, 8, concurrency=10, wid=f"rl-{i}", limits=["api"]) for i in range(8)]
+    # Tasks without limits too: a refill after one of them takes a task with limits without freeing a unit of the
+    # bucket, so such refills on several workers race for the same last unit.
+    runs += [make_run(db, 40, concurrency=20, wid=f"rl-free-{i}") for i in range(2)]
     keyed = {"name": "tenant", "key_from": ["run_input", "t"]}
     db.execute(
         "SELECT * FROM awp.create_workflow_version(%s)",
@@ -428,11 +434,12 @@ def test_rate_limits_hold_under_eight_concurrent_claimers(db, db_dsn):
 
     def actor(i: int) -> None:
         with connect(db_dsn) as c:
-            if i == 0:  # the coordinator
+            if i == 0:  # the coordinator, now and then: most dispatches are the workers' refills, which race
                 while not stop.is_set():
                     tick(c)
+                    time.sleep(0.05)
                 return
-            if i == 1:  # the sampler: one snapshot per sample
+            if i == 1:  # the sampler: one snapshot per sample, cheap (the checker every 20th)
                 while not stop.is_set():
                     with c.transaction():
                         c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -446,7 +453,8 @@ def test_rate_limits_hold_under_eight_concurrent_claimers(db, db_dsn):
                             peaks[bucket] = max(peaks[bucket], n)
                             if n > most:
                                 violations.append(f"{bucket}: {n} in flight > {most}")
-                        violations.extend(str(r) for r in c.execute("SELECT * FROM awp.check_invariants()"))
+                        if samples[0] % 20 == 0:
+                            violations.extend(str(r) for r in c.execute("SELECT * FROM awp.check_invariants()"))
                     samples[0] += 1
                 return
             worker = workers[i - 2]
@@ -455,6 +463,7 @@ def test_rate_limits_hold_under_eight_concurrent_claimers(db, db_dsn):
                 if len(held) < 3:
                     held += claim(c, worker, 3 - len(held))
                 if held:
+                    time.sleep(0.002)  # a lease held for a moment: an excess would last long enough to be sampled
                     held += complete_and_claim(c, worker, held.pop(0))
             for lease in held:  # what it holds at the end is completed (no lease left to expire)
                 complete(c, worker, lease)
@@ -475,7 +484,31 @@ def test_rate_limits_hold_under_eight_concurrent_claimers(db, db_dsn):
                 3 - db.execute("SELECT active_leases FROM awp.get_worker(%s)", [w[0]]).fetchone()["active_leases"],
             ):
                 complete(db, w, lease)
-    assert [run_status(db, r) for r in runs] == ["succeeded"] * 4
+    assert [run_status(db, r) for r in runs] == ["succeeded"] * 12
+    assert_invariants(db)
+
+
+def test_a_bucket_busy_in_another_transaction_is_skipped_not_counted_twice(db, db_dsn):
+    """Two dispatches into one bucket at once (db/functions/_rate_limits.sql): while one transaction has spent the
+    bucket's last unit and not committed, another sees the bucket busy (its advisory lock) and skips it, rather than
+    counting the uncommitted dispatch out and spending the same unit again."""
+    runs = [make_run(db, 1, concurrency=1, wid=f"solo-{i}", limits=["solo"]) for i in range(2)]
+    register(db, "solo-w", 4)
+    db.execute("SELECT * FROM awp.set_limit('solo', 1)")
+    with connect(db_dsn) as first, connect(db_dsn) as second:
+        with first.transaction():
+            # One dispatch (n 1): the first transaction then holds only that run, the other run is free to take.
+            got = one(first, "SELECT created FROM awp._dispatch_limited('{\"mock\": 4}', 1)")["created"]
+            assert got == 1, "the first transaction takes the bucket's one unit"
+            again = one(second, "SELECT created FROM awp._dispatch_limited('{\"mock\": 4}', 4)")["created"]
+            assert again == 0, "the second saw the bucket busy and dispatched nothing"
+        in_flight = one(
+            db,
+            "SELECT count(*) AS n FROM awp.tasks WHERE status IN ('queued', 'running') AND limit_buckets @> '{solo}'",
+        )["n"]
+        assert in_flight == 1
+    waits = [one(db, "SELECT reason FROM awp.run_waits(%s)", [r]) for r in runs if run_status(db, r) == "pending"]
+    assert [w["reason"] for w in waits] == ["rate_limited"], "the other run's task waits for the unit"
     assert_invariants(db)
 
 
