@@ -52,4 +52,6 @@ def test_upstream_probes_each_dependency(big_run: tuple[psycopg.Connection[Any],
     c, run_id = big_run
     calls = 200
     touched = buffers(c, f"SELECT count(awp._upstream(%s, ARRAY['root'])) FROM generate_series(1, {calls})", [run_id])
-    assert touched < 20 * calls, f"{touched} buffers for {calls} lookups of one dependency"
+    # A probe is about 20 buffers a call with the call's own overhead (19.2 before migration 0020, 20.2 after: wider
+    # task rows); a scan of the 2,000-task run is over 100 a call.
+    assert touched < 30 * calls, f"{touched} buffers for {calls} lookups of one dependency"

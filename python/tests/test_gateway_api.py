@@ -263,7 +263,7 @@ def test_start_run_errors(http, gw):
     assert start(http, gw, body["id"], 7).status_code == 404
     r = http.post(
         f"{API}/workflows/{body['id']}/versions/1/runs",
-        json={"priority": 1},
+        json={"urgency": 1},
         headers={**op, "Idempotency-Key": "k-" + secrets.token_hex(4)},
     )
     assert r.status_code == 400 and error_code(r) == "invalid_request"
