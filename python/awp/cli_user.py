@@ -228,7 +228,7 @@ def worker(
     log_level: str,
 ) -> None:
     """Run a worker: register, claim tasks, heartbeat, execute, complete; SIGTERM drains. (`awp worker list`: the
-    registered workers.)
+    registered workers; `awp worker drain WORKER_ID`: drain one.)
 
     \b
     Exit codes: 0 drained; 2 bad options or a rejected bootstrap token; 3 the session became invalid (restart:
@@ -716,6 +716,23 @@ def worker_list(client: Client, as_json: bool) -> None:
         _echo_json(items)
         return
     _console().print(workers_table(items))
+
+
+@worker.command("drain")
+@click.argument("worker_id")
+@gateway_options
+def worker_drain(client: Client, as_json: bool, worker_id: str) -> None:
+    """Drain a worker (the operator token): it stops claiming at its next heartbeat, finishes its tasks within its
+    --shutdown-timeout, gives back the rest (they run elsewhere, not counted as attempts) and ends stopped."""
+    row = _run(_with(client, lambda c: c.drain_worker(worker_id)))
+    if as_json:
+        _echo_json(row)
+        return
+    click.echo(
+        f"worker {row['worker_id']} ({row.get('display_name')}) is {row['status']}"
+        f" with {row.get('active_leases', 0)} active lease(s)"
+        + (": it drains at its next heartbeat" if row["status"] == "draining" else "")
+    )
 
 
 # ---- awp schedule --------------------------------------------------------------------------------------------

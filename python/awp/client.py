@@ -226,9 +226,10 @@ class Client:
         claimed_through: int | None = None,
         claims_pending: list[int] | None = None,
         dropped: list[dict[str, str]] | None = None,
-    ) -> list[dict[str, Any]]:
-        """One answer per lease; ``claimed_through``, ``claims_pending`` and ``dropped`` are the lease recovery
-        fields (docs/protocol.md, Lease recovery), sent when given."""
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """(one answer per lease, the worker's status: ``draining`` once an operator drained it); ``claimed_through``,
+        ``claims_pending`` and ``dropped`` are the lease recovery fields (docs/protocol.md, Lease recovery), sent
+        when given."""
         body: dict[str, Any] = {"leases": leases}
         if claimed_through is not None:
             body["claimed_through"] = claimed_through
@@ -243,7 +244,8 @@ class Client:
             headers=self._worker_headers(),
             timeout_s=timeout_s,
         )
-        return list(answer.get("leases") or [])
+        status = answer.get("worker_status")
+        return list(answer.get("leases") or []), status if isinstance(status, str) else None
 
     async def complete(
         self,
@@ -295,6 +297,20 @@ class Client:
         return await self.request(
             "POST", f"/workers/{_q(worker_id)}/drain", {}, token=session_token, headers=self._worker_headers()
         )
+
+    async def release(self, worker_id: str, session_token: str, dispatch_id: str, lease_token: str) -> dict[str, Any]:
+        """Give back a lease this worker cannot finish (docs/protocol.md, Drain): its task is due again at once."""
+        return await self.request(
+            "POST",
+            f"/workers/{_q(worker_id)}/leases/{_q(dispatch_id)}/release",
+            {"lease_token": lease_token, "reason": "worker_shutdown"},
+            token=session_token,
+            headers=self._worker_headers(),
+        )
+
+    async def drain_worker(self, worker_id: str) -> dict[str, Any]:
+        """An operator's drain (the operator token): the worker drains at its next heartbeat."""
+        return await self.request("POST", f"/workers/{_q(worker_id)}/drain", {})
 
     # ---- people routes (viewer / operator token) -----------------------------------------------------------
 

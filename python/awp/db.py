@@ -420,10 +420,14 @@ class Database:
         claimed_through: int | None = None,
         claims_pending: list[int] | None = None,
         dropped: list[dict[str, str]] | None = None,
-    ) -> list[Row]:
-        """awp.heartbeat; the last three are the lease recovery fields (docs/protocol.md, Lease recovery)."""
-        return await self._rows(
-            "SELECT * FROM awp.heartbeat(%s, %s, %s, %s, %s::bigint[], %s)",
+    ) -> tuple[list[Row], str | None]:
+        """awp.heartbeat (one row per listed lease) and the worker's status after it (awp.worker_status: a worker an
+        operator drained sees ``draining``), in one statement; the last three are the lease recovery fields
+        (docs/protocol.md, Lease recovery)."""
+        row = await self._row(
+            "SELECT coalesce((SELECT jsonb_agg(to_jsonb(h) ORDER BY h.o)"
+            " FROM awp.heartbeat(%s, %s, %s, %s, %s::bigint[], %s) WITH ORDINALITY AS h(dispatch_id, status,"
+            " lease_remaining_ms, o)), '[]'::jsonb) AS leases, awp.worker_status(%s) AS worker_status",
             (
                 worker_id,
                 session_token,
@@ -431,9 +435,12 @@ class Database:
                 claimed_through,
                 claims_pending,
                 _jsonb(dropped) if dropped is not None else None,
+                worker_id,
             ),
             self.heartbeat_pool,
         )
+        rows = [{k: v for k, v in r.items() if k != "o"} for r in row["leases"]]
+        return rows, row["worker_status"]
 
     async def complete_task(
         self, worker_id: str, session_token: str, dispatch_id: str, lease_token: str, result: dict[str, Any]
@@ -497,6 +504,20 @@ class Database:
         return await self._row(
             "SELECT * FROM awp.drain_worker(%s, %s)", (worker_id, session_token), self.heartbeat_pool
         )
+
+    async def release_lease(
+        self, worker_id: str, session_token: str, dispatch_id: str, lease_token: str, reason: str
+    ) -> str:
+        """awp.release_lease: the task's new status."""
+        return await self._value(
+            "SELECT awp.release_lease(%s, %s, %s, %s, %s) AS task_status",
+            (worker_id, session_token, dispatch_id, lease_token, reason),
+            self.heartbeat_pool,
+        )
+
+    async def request_drain(self, worker_id: str) -> Row:
+        """awp.request_drain: an operator's drain (the worker's summary row)."""
+        return await self._row("SELECT * FROM awp.request_drain(%s)", (worker_id,))
 
     async def list_workers(
         self, after_registered_at: str | None = None, after_worker_id: str | None = None, limit: int | None = None

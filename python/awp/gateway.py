@@ -21,7 +21,7 @@ import psycopg_pool
 from aiohttp import web
 
 from awp.appstate import API, CONFIG, COORDINATOR, DB, LISTENER, METRICS, OPENAPI, PROTOCOL_HEADER, PROTOCOL_VERSION
-from awp.auth import Access, authorize, bearer_token
+from awp.auth import Access, Role, authorize, bearer_token, role_of
 from awp.db import PoolSaturated
 from awp.errors import SQLSTATE_ERRORS, ApiError, from_sqlstate, join_message
 from awp.grouping import ItemError
@@ -548,10 +548,11 @@ def _parse_heartbeat(body: dict[str, Any]) -> HeartbeatBody:
 @route("POST", API + "/workers/{worker_id}/heartbeat", Access.WORKER)
 async def heartbeat(request: web.Request) -> web.Response:
     worker_id, token, hb = await worker_request(request, _parse_heartbeat)
-    rows = await request.app[DB].heartbeat(
+    rows, worker_status = await request.app[DB].heartbeat(
         worker_id, token, hb.leases, hb.claimed_through, hb.claims_pending, hb.dropped
     )
-    return json_response({"leases": rows})
+    # worker_status: draining when an operator drained this worker (POST /workers/{id}/drain): it drains then.
+    return json_response({"leases": rows, "worker_status": worker_status})
 
 
 def _parse_complete(body: dict[str, Any]) -> tuple[str, dict[str, Any], int | None, int | None]:
@@ -643,8 +644,39 @@ async def complete_many(request: web.Request) -> web.Response:
     return json_response({"results": results, "leases": leases})
 
 
+RELEASE_REASONS = ("worker_shutdown",)  # = awp._release_reasons() (db/functions/release_lease.sql)
+
+
+def _parse_release(body: dict[str, Any]) -> tuple[str, str]:
+    only_fields(body, required=("lease_token", "reason"))
+    lease_token = as_str(body["lease_token"], "lease_token")
+    reason = as_str(body["reason"], "reason", 64)
+    if reason not in RELEASE_REASONS:
+        raise bad_request(f"reason must be one of: {', '.join(RELEASE_REASONS)}")
+    return lease_token, reason
+
+
+@route("POST", API + "/workers/{worker_id}/leases/{dispatch_id}/release", Access.WORKER)
+async def release(request: web.Request) -> web.Response:
+    """Drain without loss (docs/protocol.md, Drain): a lease its worker gives up goes back to the queue at once,
+    its attempt not counted against max_attempts."""
+    worker_id, token, (lease_token, reason) = await worker_request(request, _parse_release)
+    dispatch_id = path_param(request, "dispatch_id")
+    task_status = await request.app[DB].release_lease(worker_id, token, dispatch_id, lease_token, reason)
+    return json_response({"released": True, "task_status": task_status})
+
+
 @route("POST", API + "/workers/{worker_id}/drain", Access.WORKER)
 async def drain(request: web.Request) -> web.Response:
+    """The worker's own drain (its session token), or an operator's (the operator token: the worker drains at its
+    next heartbeat); the viewer token may not."""
+    role = role_of(request.app[CONFIG], bearer_token(request) or "")
+    if role is Role.OPERATOR:
+        worker_id = path_param(request, "worker_id")
+        only_fields(await json_body(request, allow_empty=True))
+        return json_response(await request.app[DB].request_drain(worker_id))
+    if role is Role.VIEWER:
+        raise ApiError.of(403, "the viewer token may not drain a worker (the operator token or the worker's own may)")
     worker_id, token, _ = await worker_request(request, lambda body: only_fields(body), allow_empty=True)
     return json_response(await request.app[DB].drain_worker(worker_id, token))
 

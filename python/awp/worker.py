@@ -864,7 +864,7 @@ class Worker:
         leases += [{"dispatch_id": x["dispatch_id"], "lease_token": x["lease_token"]} for x in self._in_hand.values()]
         dropped = [ref for ref, _ in self._dropped.values()]
         try:
-            answers = await self.client.heartbeat(
+            answers, worker_status = await self.client.heartbeat(
                 self.worker_id,
                 self.session_token,
                 leases,
@@ -895,6 +895,12 @@ class Worker:
         self._heartbeats_ok += 1
         self._heartbeat_ok.set()
         self._heartbeat_ok = asyncio.Event()
+        if worker_status == "draining" and not self.stopping.is_set():
+            log.info(
+                "an operator drained this worker: draining (stop claiming, finish %d active lease(s))",
+                len(self.executions),
+            )
+            self.stopping.set()
         by_id = {ex.dispatch_id: ex for ex in active}
         for answer in answers:
             ex = by_id.get(answer.get("dispatch_id", ""))
@@ -947,12 +953,14 @@ class Worker:
         if self.fatal_event.is_set():
             return
         if self.executions:
+            abandoned = list(self.executions.values())
             log.warning(
-                "shutdown timeout (%.1fs) passed with %d active lease(s): cancelling them",
+                "shutdown timeout (%.1fs) passed with %d active lease(s): cancelling and releasing them",
                 timeout,
-                len(self.executions),
+                len(abandoned),
             )
             await self._cancel_all("shutdown timeout passed")
+            await self._release_all([ex for ex in abandoned if not ex.settled], max(end, loop.time() + 5.0))
         if not self._stopped_by_drain:
             summary = await self._call_drain(max(end, loop.time() + 5.0))
             if summary is not None:
@@ -981,6 +989,39 @@ class Worker:
                 return None
             log.warning("drain failed (%s); retrying in %.2fs", reason, delay)
             await asyncio.sleep(delay)
+
+    async def _release_all(self, abandoned: list[Execution], end: float) -> None:
+        """Give back the leases the drain abandoned (docs/protocol.md, Drain): each task is due again at once, on
+        another worker, its attempt not counted against max_attempts. A lease that cannot be released by ``end``
+        (the gateway is unreachable) ends at its expiry as before."""
+        loop = asyncio.get_running_loop()
+        for ex in abandoned:
+            backoff = Backoff(100, 1000)
+            while True:
+                try:
+                    answer = await self.client.release(
+                        self.worker_id, self.session_token, ex.dispatch_id, ex.lease_token
+                    )
+                except GatewayError as e:
+                    if not e.retryable:  # lease_lost: completed, expired or canceled meanwhile; nothing to give back
+                        log.info("lease %s: not released (%s: %s)", ex.describe(), e.code, e.message)
+                        break
+                    reason = str(e)
+                except TransportError as e:
+                    reason = str(e)
+                else:
+                    self._dropped.pop(ex.dispatch_id, None)  # released: nothing left to report
+                    log.info(
+                        "released %s: its task is %s, due again at once (this attempt does not count)",
+                        ex.describe(),
+                        answer.get("task_status"),
+                    )
+                    break
+                delay = backoff.next_delay()
+                if loop.time() + delay > end:
+                    log.warning("lease %s: release failed (%s); it ends at its expiry", ex.describe(), reason)
+                    break
+                await asyncio.sleep(delay)
 
     async def _cancel_all(self, reason: str) -> None:
         tasks = []

@@ -43,6 +43,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "complete_tasks",
         "complete_and_claim_many",
         "drain_worker",
+        "release_lease",
+        "request_drain",
+        "worker_status",
     ),
     "Coordinator": (
         "coordinator_tick",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -68,3 +69,12 @@ def raises(input: Any, ctx: Context) -> None:
 
 def _deep_helper(n: int) -> None:
     raise ValueError(f"boom {n}")
+
+
+@handler("test-slow-first")
+async def slow_first(input: Any, ctx: Context) -> dict[str, Any]:
+    """Sleeps ``input["seconds"]`` (cancellable) on attempt 1 only; later attempts return at once (the drain test: a
+    lease given back at shutdown runs to success elsewhere)."""
+    if ctx.attempt == 1:
+        await asyncio.sleep(float(input.get("seconds", 60)))
+    return {"attempt": ctx.attempt}

@@ -447,13 +447,32 @@ def test_heartbeat_answers_per_lease(http, gw):
     r = w.post("/heartbeat", {"leases": leases})
     assert [x["status"] for x in r.json()["leases"]] == ["renewed", "unknown", "unknown"]
     assert other.post("/heartbeat", {"leases": leases[:1]}).json()["leases"][0]["status"] == "unknown"
-    assert w.post("/heartbeat", {}).json() == {"leases": []}
+    assert w.post("/heartbeat", {}).json() == {"leases": [], "worker_status": "active"}
     assert w.post("/heartbeat", {"leases": []}).status_code == 200
     http.post(f"{API}/runs/{run_id}/cancel", headers=gw.auth("operator"))
     assert w.post("/heartbeat", {"leases": leases[:1]}).json()["leases"][0]["status"] == "revoked"
     for body in ({"leases": [{"dispatch_id": "a"}]}, {"leases": "all"}, {"leases": [leases[0]] * 1025}):
         r = w.post("/heartbeat", body)
         assert r.status_code == 400 and error_code(r) == "invalid_request"
+
+
+def test_release_answers_and_errors(http, gw):
+    """POST .../leases/{id}/release (drain without loss, AWP issue 41): fenced, the task due again at once."""
+    new_run(http, gw)
+    w, other = Worker(http, gw), Worker(http, gw)
+    lease = w.claim_one()
+    path = f"/leases/{lease['dispatch_id']}/release"
+    for body in ({"lease_token": lease["lease_token"]}, {"lease_token": lease["lease_token"], "reason": "bored"}):
+        r = w.post(path, body)
+        assert r.status_code == 400 and error_code(r) == "invalid_request", r.text
+    assert "worker_shutdown" in w.post(path, {"lease_token": lease["lease_token"], "reason": "x"}).text
+    for who, token in ((other, lease["lease_token"]), (w, "wrong")):
+        r = who.post(path, {"lease_token": token, "reason": "worker_shutdown"})
+        assert r.status_code == 409 and error_code(r) == "lease_lost", r.text
+    r = w.post(path, {"lease_token": lease["lease_token"], "reason": "worker_shutdown"})
+    assert r.status_code == 200 and r.json() == {"released": True, "task_status": "waiting_retry"}, r.text
+    again = w.post(path, {"lease_token": lease["lease_token"], "reason": "worker_shutdown"})
+    assert again.status_code == 409 and "the dispatch is expired" in again.json()["error"]["message"]
 
 
 def test_complete_errors(http, gw):
@@ -613,7 +632,7 @@ READ_ROUTES = [
     "/workers/{worker}",
 ]
 WRITE_ROUTES = ["/workflows", "/workflows/{wid}/versions/1/runs", "/runs/{run}/cancel"]
-WORKER_ROUTES = ["/claims", "/heartbeat", "/leases/dsp_x/complete", "/drain"]
+WORKER_ROUTES = ["/claims", "/heartbeat", "/leases/dsp_x/complete", "/leases/dsp_x/release", "/drain"]
 
 
 @pytest.mark.parametrize("path", READ_ROUTES)
@@ -679,11 +698,16 @@ def test_auth_matrix_worker_routes(http, gw, path, role, code):
         "claims": {"slots": 1},
         "heartbeat": {"leases": []},
         "complete": {"lease_token": "x", "result": {"kind": "success"}},
+        "release": {"lease_token": "x", "reason": "worker_shutdown"},
     }
     headers = {**PROTOCOL, **(bearer(w.token) if role == "session" else role_headers(http, gw, role))}
     r = w.post(path, body.get(path.rsplit("/", 1)[-1], {}), headers=headers)
-    if code is None:
-        assert r.status_code in (200, 409), r.text  # complete of an unknown dispatch: lease_lost
+    if path == "/drain" and role in ("viewer", "operator"):  # an operator may drain any worker (AWP issue 41)
+        assert (r.status_code, error_code(r) if role == "viewer" else r.json()["status"]) == (
+            (403, "forbidden") if role == "viewer" else (200, "draining")
+        ), r.text
+    elif code is None:
+        assert r.status_code in (200, 409), r.text  # complete/release of an unknown dispatch: lease_lost
     else:
         assert r.status_code == 401 and error_code(r) == code
 
