@@ -79,3 +79,8 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
          ('leader_lease_ms', 500, 3600000, '')
 $$;
 COMMENT ON FUNCTION awp._setting_ranges() IS 'The allowed range of each setting (awp.configure).';
+
+-- awp._limit_worker_actions(): the actions a worker registers for one executor kind (routing by action).
+CREATE OR REPLACE FUNCTION awp._limit_worker_actions() RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 1000 $$;
+COMMENT ON FUNCTION awp._limit_worker_actions() IS 'Limit: the actions a worker registers for one executor kind.';

@@ -111,6 +111,7 @@ BEGIN
   SELECT y.task_key INTO t FROM awp.tasks y
    WHERE y.run_id = p_run_id AND y.status = 'ready' AND coalesce((p_kinds->>y.executor)::integer, 0) > 0
      AND y.limit_buckets IS NULL
+     AND awp._action_served(y.executor, y.action)   -- routing by action (db/functions/_routing.sql)
    ORDER BY y.priority DESC, y.ordinal LIMIT 1
      FOR UPDATE;
   IF NOT FOUND THEN
@@ -295,6 +296,7 @@ BEGIN
   WITH pick AS MATERIALIZED (
     SELECT y.task_key, y.executor, y.ordinal, y.priority, awp._new_id('dsp') AS dispatch_id FROM awp.tasks y
      WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds) AND y.limit_buckets IS NULL
+       AND awp._action_served(y.executor, y.action)   -- routing by action (db/functions/_routing.sql)
      ORDER BY y.priority DESC, y.ordinal LIMIT v_room
        FOR UPDATE
   ), ins AS (

@@ -199,10 +199,13 @@ COMMENT ON FUNCTION awp._limited_sets(text[], text) IS 'The bucket sets of ready
 -- bucket set is among `sets` (awp._limited_sets), of runs live and not canceling, at most n per run (a dispatch of n
 -- takes no more from one run), in the order a dispatch takes them: priority (higher first), then round by round
 -- (each run's first task, then each run's second, ...), runs in the fairness order of docs/protocol.md (rule 9)
--- within a round, then definition order. Rows: run_id, task_key, limit_buckets, concurrency, executor. Each run's
+-- within a round, then definition order. Routing by action (db/functions/_routing.sql): only tasks whose action
+-- some active worker runs, or, given `actions` (a worker's action lists), that worker runs. Rows: run_id, task_key,
+-- limit_buckets, concurrency, executor. Each run's
 -- tasks come from tasks_ready_limited_idx in order (LIMIT n), so one run of a large backlog costs n rows, not its
 -- backlog sorted. Locks: none.
-CREATE OR REPLACE FUNCTION awp._limited_candidates(p_kinds text[], p_only_run text, p_sets text[], p_n integer)
+CREATE OR REPLACE FUNCTION awp._limited_candidates(p_kinds text[], p_only_run text, p_sets text[], p_n integer,
+                                                    p_actions jsonb DEFAULT NULL)
 RETURNS refcursor
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -219,11 +222,13 @@ BEGIN
          FROM (SELECT y.run_id, y.task_key, y.limit_buckets, y.executor, y.priority, y.ordinal FROM awp.tasks y
                 WHERE y.run_id = q.run_id AND y.status = 'ready' AND y.limit_buckets IS NOT NULL
                   AND y.executor = ANY (p_kinds) AND y.limit_buckets::text = ANY (p_sets)
+                  AND CASE WHEN p_actions IS NULL THEN awp._action_served(y.executor, y.action)
+                           ELSE awp._offers(p_actions, y.executor, y.action) END
                 ORDER BY y.priority DESC, y.ordinal LIMIT p_n) z) t
      ORDER BY t.priority DESC, t.round, r.last_dispatch_seq NULLS FIRST, r.created_at, t.run_id, t.ordinal;
   RETURN c;
 END $$;
-COMMENT ON FUNCTION awp._limited_candidates(text[], text, text[], integer) IS 'A cursor over the ready tasks with limits that may be taken now (at most n per run), in dispatch order.';
+COMMENT ON FUNCTION awp._limited_candidates(text[], text, text[], integer, jsonb) IS 'A cursor over the ready tasks with limits that may be taken now (at most n per run), in dispatch order.';
 
 -- awp._limited_take(run, task, buckets, concurrency, counted_out_run): whether a candidate of awp._limited_candidates
 -- (its run, task key, buckets and its run's concurrency) can be taken now:
@@ -249,12 +254,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._limited_take(text, text, text[], integer, text) IS 'Whether a ready task with limits can be taken now (run free and under concurrency, buckets with room); locks it.';
 
--- awp._pick_limited(kinds, only_run, counted_out_run): the one ready task with limits that a dispatch for a worker
--- of these executor kinds takes now (NULLs: none), its run taken and its row locked (awp._limited_take), in the
+-- awp._pick_limited(kinds, only_run, counted_out_run, actions): the one ready task with limits that a dispatch for a
+-- worker of these executor kinds (and action lists, NULL: any active worker's) takes now (NULLs: none), its run taken and its row locked (awp._limited_take), in the
 -- order of awp._limited_candidates. For the refill leased at once (awp._lease_refill). Locks: as
 -- awp._limited_sets, then as awp._limited_take.
 CREATE OR REPLACE FUNCTION awp._pick_limited(p_kinds text[], p_only_run text DEFAULT NULL,
-                                             p_counted_out_run text DEFAULT NULL,
+                                             p_counted_out_run text DEFAULT NULL, p_actions jsonb DEFAULT NULL,
                                              OUT run_id text, OUT task_key text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -271,7 +276,7 @@ BEGIN
   IF cardinality(v_sets) = 0 THEN
     RETURN;
   END IF;
-  cur := awp._limited_candidates(p_kinds, p_only_run, v_sets, 1);
+  cur := awp._limited_candidates(p_kinds, p_only_run, v_sets, 1, p_actions);
   LOOP
     FETCH cur INTO c_run, c_key, c_set, c_conc, c_exec;
     EXIT WHEN NOT FOUND;
@@ -287,7 +292,7 @@ BEGIN
   END LOOP;
   CLOSE cur;
 END $$;
-COMMENT ON FUNCTION awp._pick_limited(text[], text, text) IS 'The ready task with limits a dispatch takes now (priority, fairness, room), its run and row locked; NULLs when none.';
+COMMENT ON FUNCTION awp._pick_limited(text[], text, text, jsonb) IS 'The ready task with limits a dispatch takes now (priority, fairness, room), its run and row locked; NULLs when none.';
 
 -- awp._dispatch_limited(kinds, n, only_run): up to n pending dispatches (awp._dispatch_task) for ready tasks with
 -- limits, walking awp._limited_candidates once, each within the budget `kinds` ({kind: free slots}, returned less

@@ -152,6 +152,7 @@ BEGIN
   SELECT array_agg(q.dispatch_id ORDER BY q.created_at, q.dispatch_id) INTO v_ids FROM (
     SELECT k.dispatch_id, k.created_at FROM awp._claim_candidates k
      WHERE k.executor_kind = ANY (w.executor_kinds)
+       AND awp._takes(w.actions, k.dispatch_id)   -- routing by action (db/functions/_routing.sql)
      ORDER BY k.created_at, k.dispatch_id
      LIMIT p_slots
      FOR UPDATE OF k SKIP LOCKED) q;
@@ -162,6 +163,7 @@ BEGIN
     -- locks on rows that failed their re-check and could deadlock with a complete.
     SELECT k.run_id INTO v_busy FROM awp._claim_candidates k
      WHERE k.executor_kind = ANY (w.executor_kinds)
+       AND awp._takes(w.actions, k.dispatch_id)   -- routing by action (db/functions/_routing.sql)
      ORDER BY k.created_at, k.dispatch_id
      LIMIT 1;
     IF v_busy IS NOT NULL AND p_may_wait THEN
@@ -183,6 +185,7 @@ BEGIN
       SELECT array_agg(q.dispatch_id ORDER BY q.created_at, q.dispatch_id) INTO v_ids FROM (
         SELECT k.dispatch_id, k.created_at FROM awp._claim_candidates k
          WHERE k.run_id = v_busy AND k.executor_kind = ANY (w.executor_kinds)
+           AND awp._takes(w.actions, k.dispatch_id)   -- routing by action (db/functions/_routing.sql)
          ORDER BY k.created_at, k.dispatch_id
          LIMIT p_slots
          FOR UPDATE OF k SKIP LOCKED) q;
@@ -228,14 +231,15 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._claim(awp.workers, integer, boolean, bigint) IS 'Leases up to slots pending dispatches to a checked worker (the body of claim_tasks).';
 
--- awp._first_ready(run, kinds, except): the task a refill of the run takes for a worker of these executor kinds:
--- its first ready task without limits (higher priority first, then definition order; tasks with rate limits are
+-- awp._first_ready(run, kinds, except, actions): the task a refill of the run takes for a worker of these executor
+-- kinds (and these action lists, workers.actions: routing by action, db/functions/_routing.sql): its first ready
+-- task without limits (higher priority first, then definition order; tasks with rate limits are
 -- awp._pick_limited's), other than those in `except` (refilled earlier in the same group),
 -- locked FOR UPDATE; all fields NULL when there is none. The one definition of a refill's choice, for
 -- awp._lease_refill and the group path (awp._complete_and_refill_group).
 -- enable_sort = off: see awp._dispatch_one (only here: a plan that sorts under it costs more than jit_above_cost
 -- and is compiled on every call).
-CREATE OR REPLACE FUNCTION awp._first_ready(p_run_id text, p_kinds text[], p_except text[],
+CREATE OR REPLACE FUNCTION awp._first_ready(p_run_id text, p_kinds text[], p_except text[], p_actions jsonb,
                                             OUT task_key text, OUT executor text, OUT action text, OUT input jsonb,
                                             OUT attempts integer, OUT timeout_ms integer, OUT depends_on text[],
                                             OUT item jsonb, OUT item_index integer)
@@ -246,10 +250,11 @@ BEGIN
     FROM awp.tasks y
    WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds) AND y.task_key <> ALL (p_except)
      AND y.limit_buckets IS NULL
+     AND awp._offers(p_actions, y.executor, y.action)   -- routing by action (db/functions/_routing.sql)
    ORDER BY y.priority DESC, y.ordinal LIMIT 1
      FOR UPDATE;
 END $$;
-COMMENT ON FUNCTION awp._first_ready(text, text[], text[]) IS 'The first ready task of a run for these executor kinds, not in except (locked).';
+COMMENT ON FUNCTION awp._first_ready(text, text[], text[], jsonb) IS 'The first ready task of a run for these executor kinds and action lists, not in except (locked).';
 
 -- awp._lease_refill(worker, claim_seq[, now, run, succeeded_task, the completion's events, done, done_hash,
 -- done_result]): refill straight to the
@@ -316,7 +321,7 @@ BEGIN
      AND NOT EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (w.executor_kinds)) THEN
     -- A ready task with rate limits that have room first (as awp._refill_slot), then the fairness order.
     IF EXISTS (SELECT 1 FROM awp.tasks y WHERE y.status = 'ready' AND y.limit_buckets IS NOT NULL) THEN
-      SELECT p.run_id, p.task_key INTO v_run, v_key FROM awp._pick_limited(w.executor_kinds, NULL, p_run) p;
+      SELECT p.run_id, p.task_key INTO v_run, v_key FROM awp._pick_limited(w.executor_kinds, NULL, p_run, w.actions) p;
       IF v_key IS NOT NULL THEN
         SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input INTO r FROM awp.runs x
          WHERE x.run_id = v_run;
@@ -336,7 +341,7 @@ BEGIN
       CONTINUE WHEN NOT FOUND   -- the task that succeeded in this call is not written yet: it counts out
                  OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_run AND y.status IN ('queued', 'running'))
                     - CASE WHEN v_run = p_run THEN 1 ELSE 0 END >= r.concurrency;
-      t := awp._first_ready(v_run, w.executor_kinds, '{}');
+      t := awp._first_ready(v_run, w.executor_kinds, '{}', w.actions);
       CONTINUE WHEN t.task_key IS NULL;
       v_key := t.task_key;
       v_exec := t.executor;

@@ -772,7 +772,7 @@ BEGIN
       END IF;
       CONTINUE WHEN NOT g_ok[v_g] OR g_busy[v_g] >= g_conc[v_g];
       t := awp._first_ready(v_cand, w.executor_kinds,
-                            ARRAY(SELECT f_key[i] FROM generate_subscripts(f_run, 1) i WHERE f_run[i] = v_cand));
+                            ARRAY(SELECT f_key[i] FROM generate_subscripts(f_run, 1) i WHERE f_run[i] = v_cand), w.actions);
       CONTINUE WHEN t.task_key IS NULL;
       v_run := v_cand;
       EXIT;

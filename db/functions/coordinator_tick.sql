@@ -280,7 +280,8 @@ END $$;
 COMMENT ON FUNCTION awp._promote_run(text, timestamptz) IS 'Makes a run''s due waiting_retry tasks ready; returns the count.';
 
 -- awp.withdraw_orphan_dispatches(): a pending dispatch whose executor kind no active worker
--- supports is canceled and its task goes back to ready (no attempt, no retry spent).
+-- supports, or whose action none of them runs (routing by action, db/functions/_routing.sql: looked at only while
+-- some active worker lists its actions), is canceled and its task goes back to ready (no attempt, no retry spent).
 -- Returns the number withdrawn.
 CREATE OR REPLACE FUNCTION awp.withdraw_orphan_dispatches() RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -298,13 +299,16 @@ DECLARE
   v_now timestamptz := awp._now();
   v_ok  boolean;
   v_n   integer := 0;
+  v_lists boolean := EXISTS (SELECT 1 FROM awp.workers w WHERE w.status = 'active' AND w.actions IS NOT NULL);
 BEGIN
   FOR c IN
     SELECT d.dispatch_id, d.run_id, d.task_key FROM awp.dispatches d
       JOIN awp.runs r ON r.run_id = d.run_id
      WHERE d.status = 'pending'
-       AND NOT EXISTS (SELECT 1 FROM awp.workers w
-                        WHERE w.status = 'active' AND d.executor_kind = ANY (w.executor_kinds))
+       AND (NOT EXISTS (SELECT 1 FROM awp.workers w
+                         WHERE w.status = 'active' AND d.executor_kind = ANY (w.executor_kinds))
+            OR (v_lists AND NOT awp._action_served(d.executor_kind, (SELECT t.action FROM awp.tasks t
+                                                                       WHERE t.run_id = d.run_id AND t.task_key = d.task_key))))
      ORDER BY d.dispatch_id
        FOR UPDATE OF r, d SKIP LOCKED
   LOOP

@@ -18,6 +18,8 @@
 --                           workers_full) or for the next refill or pass (waiting_for_dispatch)
 --   no_worker_for_executor  no active worker offers the task's executor kind (a queued task's dispatch
 --                           is withdrawn by the next coordinator pass)
+--   no_worker_for_action    active workers offer the kind, but none of them runs the task's action (they listed
+--                           their actions and this one is not among them: routing by action, _routing.sql)
 --   run_concurrency         the run's queued + running tasks reach its concurrency, or the places left
 --                           go to its tasks before this one (definition order); a ready child-run task (executor
 --                           workflow, run by the database) waits only for this
@@ -31,7 +33,7 @@
 --   waiting_for_dispatch    nothing holds it: the coordinator's next pass dispatches it
 --   waiting_for_claim       queued: its dispatch is pending until a worker offering the kind claims it
 -- When several hold a task, the first in this order is given (for a queued task: cancel_requested,
--- no_worker_for_executor, waiting_for_claim), except that of the two capacity limits the tighter is
+-- no_worker_for_executor, no_worker_for_action, waiting_for_claim), except that of the two capacity limits the tighter is
 -- named (workers_full when both are used up). Between two coordinator passes a
 -- ready task can say waiting_for_dispatch for a moment; after a pass every ready task says what
 -- holds it.
@@ -109,12 +111,14 @@ DECLARE
   v_cut      integer;   -- the definition order (ordinal) of the run's last candidate
   v_cap      integer;
   v_stale    text := '';
+  v_lists    boolean;   -- some active worker lists its actions (routing by action): only then is a task's looked at
 BEGIN
   SELECT * INTO r FROM awp.runs x WHERE x.run_id = p_run_id;
   IF NOT FOUND OR r.status NOT IN ('pending', 'running') THEN
     RETURN;
   END IF;
   b := awp._dispatch_budget();
+  v_lists := EXISTS (SELECT 1 FROM awp.workers w WHERE w.status = 'active' AND w.actions IS NOT NULL);
   SELECT s.dispatch_limit, s.last_tick_at INTO v_limit, v_tick FROM awp.settings s;
   SELECT count(*)::integer INTO v_inflight FROM awp.tasks y
    WHERE y.run_id = p_run_id AND y.status IN ('queued', 'running');
@@ -145,6 +149,8 @@ BEGIN
   ), mine AS MATERIALIZED (     -- the run's waiting tasks; cand: one of its candidates
     SELECT t.task_key, t.status, t.executor, t.ordinal, t.depends_on, t.attempts, t.max_attempts, t.ready_at,
            (b.kinds ? t.executor) AS offered,
+           (NOT v_lists OR t.status NOT IN ('ready', 'queued') OR NOT b.kinds ? t.executor
+            OR awp._action_served(t.executor, t.action)) AS served,
            coalesce(t.status = 'ready' AND b.kinds ? t.executor AND t.ordinal <= v_cut AND t.limit_buckets IS NULL,
                     false) AS cand
       FROM awp.tasks t
@@ -162,12 +168,12 @@ BEGIN
              ORDER BY y.ordinal LIMIT 1) IS NOT NULL
   ), everyone AS (              -- the candidates: the run's (ranked in the order _dispatch_one takes them), the others'
     SELECT true AS me, m.task_key, m.status, m.executor, m.ordinal, m.depends_on, m.attempts, m.max_attempts,
-           m.ready_at, m.offered, row_number() OVER (ORDER BY m.ordinal) AS rnk, r.last_dispatch_seq AS seq,
+           m.ready_at, m.offered, m.served, row_number() OVER (ORDER BY m.ordinal) AS rnk, r.last_dispatch_seq AS seq,
            r.created_at AS cat, p_run_id AS rid
       FROM mine m
      WHERE m.cand
     UNION ALL
-    SELECT false, NULL, NULL, c.executor, NULL, NULL, NULL, NULL, NULL, true, c.rnk, o.last_dispatch_seq,
+    SELECT false, NULL, NULL, c.executor, NULL, NULL, NULL, NULL, NULL, true, true, c.rnk, o.last_dispatch_seq,
            o.created_at, o.run_id
       FROM others o CROSS JOIN LATERAL (
         SELECT y.executor, row_number() OVER (ORDER BY y.ordinal) AS rnk
@@ -176,10 +182,10 @@ BEGIN
          ORDER BY y.ordinal LIMIT greatest(least(o.room, v_cap), 0)) c
   ), placed AS (                -- a pass takes candidates in rounds (rank), runs in fairness order within a round;
     SELECT p.task_key, p.status, p.executor, p.ordinal, p.depends_on, p.attempts, p.max_attempts, p.ready_at, p.offered,
-           p.rnk, p.ahead_all, p.other_all, p.ahead_kind, p.other_kind
+           p.served, p.rnk, p.ahead_all, p.other_all, p.ahead_kind, p.other_kind
       FROM (                    -- then the run's other waiting tasks, which no pass takes now
       SELECT e.me, e.task_key, e.status, e.executor, e.ordinal, e.depends_on, e.attempts, e.max_attempts, e.ready_at,
-             e.offered, e.rnk,
+             e.offered, e.served, e.rnk,
              count(*) OVER w_all AS ahead_all,
              count(*) FILTER (WHERE NOT e.me) OVER w_all AS other_all,
              count(*) OVER w_kind AS ahead_kind,
@@ -192,7 +198,7 @@ BEGIN
      WHERE p.me
     UNION ALL
     SELECT m.task_key, m.status, m.executor, m.ordinal, m.depends_on, m.attempts, m.max_attempts, m.ready_at, m.offered,
-           NULL, NULL, NULL, NULL, NULL
+           m.served, NULL, NULL, NULL, NULL, NULL
       FROM mine m
      WHERE NOT m.cand
   ), judged AS (
@@ -204,6 +210,7 @@ BEGIN
              WHEN p.status = 'waiting_retry' THEN 'waiting_retry'
              WHEN p.executor = ANY (awp._database_kinds()) THEN 'run_concurrency'   -- a ready child-run task
              WHEN NOT p.offered THEN 'no_worker_for_executor'
+             WHEN NOT p.served THEN 'no_worker_for_action'
              WHEN p.status = 'queued' THEN 'waiting_for_claim'
              WHEN lim.buckets IS NOT NULL THEN   -- a ready task with limits: never one of the candidates above
                CASE WHEN awp._buckets_hold(lim.buckets, v_now) IS NOT NULL THEN 'rate_limited'
@@ -260,6 +267,13 @@ BEGIN
            WHEN 'no_worker_for_executor' THEN
              format('no active worker offers executor %s: the task waits until one registers%s', j.executor,
                     CASE WHEN j.status = 'queued' THEN ' (its dispatch is withdrawn by the next coordinator pass)' ELSE '' END)
+           WHEN 'no_worker_for_action' THEN
+             (SELECT format('no active worker runs action %s of executor %s (workers offering %s list their actions and'
+                            ' this one is not among them: start one with a handler for it): the task waits until one'
+                            ' registers%s', x.action, j.executor, j.executor,
+                            CASE WHEN j.status = 'queued' THEN ' (its dispatch is withdrawn by the next coordinator pass)'
+                                 ELSE '' END)
+                FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = j.task_key)
            WHEN 'waiting_for_claim' THEN
              format('dispatched %s ago; waiting for a worker offering executor %s to claim it (%s)',
                     awp._wait_secs(v_now - dsp.created_at), j.executor,
@@ -339,19 +353,23 @@ $$;
 COMMENT ON FUNCTION awp._run_wait_counts(text) IS 'A run''s waiting tasks counted by reason code.';
 
 -- awp._limits_held(): after a coordinator pass, the limits that still hold ready tasks back, as
--- sorted codes: no_worker_for_executor, run_concurrency, dispatch_limit, workers_full: for each live
+-- sorted codes: no_worker_for_executor, no_worker_for_action, run_concurrency, dispatch_limit, workers_full: for each live
 -- run, the limit that holds its next ready task (the first in definition order; a run's later tasks of
 -- another kind are not looked at). Per live run with a ready task, one index probe and its in-flight count, plus
 -- one budget: about 8 us a run (awp.coordinator_tick asks for it only every few seconds). Locks: none.
 CREATE OR REPLACE FUNCTION awp._limits_held() RETURNS text[]
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
   WITH b AS MATERIALIZED (   -- computed only when some run has a ready task (first use of the InitPlans below)
-    SELECT x.global_free, x.worker_free, x.kinds FROM awp._dispatch_budget() x
+    SELECT x.global_free, x.worker_free, x.kinds,
+           EXISTS (SELECT 1 FROM awp.workers w WHERE w.status = 'active' AND w.actions IS NOT NULL) AS lists
+      FROM awp._dispatch_budget() x
   )
   SELECT coalesce(array_agg(DISTINCT c.code ORDER BY c.code) FILTER (WHERE c.code IS NOT NULL), '{}')
     FROM (
       SELECT CASE
                WHEN NOT (SELECT b.kinds FROM b) ? q.kind AND q.kind <> ALL (awp._database_kinds()) THEN 'no_worker_for_executor'
+               WHEN q.kind <> ALL (awp._database_kinds()) AND (SELECT b.lists FROM b)
+                    AND NOT awp._action_served(q.kind, q.action) THEN 'no_worker_for_action'
                WHEN q.concurrency <= (SELECT count(*) FROM awp.tasks y
                                        WHERE y.run_id = q.run_id AND y.status IN ('queued', 'running')) THEN 'run_concurrency'
                WHEN (SELECT b.global_free FROM b) <= 0 THEN 'dispatch_limit'
@@ -359,10 +377,10 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET jit = off AS $$
                     OR (coalesce(((SELECT b.kinds FROM b)->>q.kind)::integer, 0) <= 0
                         AND q.kind <> ALL (awp._database_kinds())) THEN 'workers_full'
              END AS code
-        FROM (SELECT x.run_id, x.concurrency,
-                     (SELECT y.executor FROM awp.tasks y WHERE y.run_id = x.run_id AND y.status = 'ready'
-                       ORDER BY y.ordinal LIMIT 1) AS kind
+        FROM (SELECT x.run_id, x.concurrency, f.kind, f.action
                 FROM awp.runs x
+                LEFT JOIN LATERAL (SELECT y.executor AS kind, y.action FROM awp.tasks y
+                                    WHERE y.run_id = x.run_id AND y.status = 'ready' ORDER BY y.ordinal LIMIT 1) f ON true
                WHERE x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL) q
        WHERE q.kind IS NOT NULL) c
 $$;

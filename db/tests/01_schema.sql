@@ -161,7 +161,7 @@ SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_stri
   FROM (VALUES ('create_workflow_version', ARRAY['jsonb']),
                ('start_run', ARRAY['text', 'integer', 'text', 'jsonb']),
                ('request_cancel', ARRAY['text']),
-               ('register_worker', ARRAY['text', 'text[]', 'integer', 'integer']),
+               ('register_worker', ARRAY['text', 'text[]', 'integer', 'integer', 'jsonb']),
                ('claim_tasks', ARRAY['text', 'text', 'integer', 'bigint']),
                ('heartbeat', ARRAY['text', 'text', 'jsonb', 'bigint', 'bigint[]', 'jsonb']),
                ('complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb']),
@@ -198,7 +198,7 @@ SELECT is(tests.out_columns('awp.create_workflow_version(jsonb)'), ARRAY['workfl
           'create_workflow_version returns (workflow_id, version)');
 SELECT is(tests.out_columns('awp.request_cancel(text)'), ARRAY['run_id', 'status', 'cancel_requested_at'],
           'request_cancel returns (run_id, status, cancel_requested_at)');
-SELECT is(tests.out_columns('awp.register_worker(text, text[], integer, integer)'),
+SELECT is(tests.out_columns('awp.register_worker(text, text[], integer, integer, jsonb)'),
           ARRAY['worker_id', 'session_token', 'heartbeat_interval_ms', 'lease_duration_ms', 'protocol_version'],
           'register_worker returns the documented columns');
 SELECT is(tests.out_columns('awp.claim_tasks(text, text, integer, bigint)'),
@@ -240,8 +240,8 @@ SELECT is((SELECT array_agg(n ORDER BY i) FROM pg_proc p, unnest(p.proargnames) 
           'configure has the fixed argument names');
 SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.start_run(text, integer, text, jsonb)'::regprocedure),
           3::smallint, 'start_run: version, idempotency_key and input are optional');
-SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.register_worker(text, text[], integer, integer)'::regprocedure),
-          1::smallint, 'register_worker: protocol_version is optional');
+SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.register_worker(text, text[], integer, integer, jsonb)'::regprocedure),
+          2::smallint, 'register_worker: protocol_version and actions are optional');
 
 SELECT * FROM finish();
 ROLLBACK;

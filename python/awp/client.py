@@ -185,14 +185,23 @@ class Client:
         return {PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
 
     async def register_worker(
-        self, bootstrap_token: str, display_name: str, executor_kinds: list[str], max_concurrency: int
+        self,
+        bootstrap_token: str,
+        display_name: str,
+        executor_kinds: list[str],
+        max_concurrency: int,
+        actions: dict[str, list[str]] | None = None,
     ) -> dict[str, Any]:
-        body = {
+        """``actions``: the actions the worker runs per executor kind (routing by action; a kind not named runs
+        every action); not sent when None (an older worker's registration)."""
+        body: dict[str, Any] = {
             "display_name": display_name,
             "executor_kinds": executor_kinds,
             "max_concurrency": max_concurrency,
             "protocol_version": PROTOCOL_VERSION,
         }
+        if actions is not None:
+            body["actions"] = actions
         return await self.request(
             "POST", "/workers/register", body, token=bootstrap_token, headers=self._worker_headers()
         )

@@ -390,11 +390,17 @@ class Database:
     # -- workers ----------------------------------------------------------------------------------
 
     async def register_worker(
-        self, display_name: str, executor_kinds: list[str], max_concurrency: int, protocol_version: int
+        self,
+        display_name: str,
+        executor_kinds: list[str],
+        max_concurrency: int,
+        protocol_version: int,
+        actions: dict[str, list[str]] | None = None,
     ) -> Row:
+        """awp.register_worker; ``actions``: the actions it runs per executor kind (routing by action), None: all."""
         return await self._row(
-            "SELECT * FROM awp.register_worker(%s, %s::text[], %s, %s)",
-            (display_name, executor_kinds, max_concurrency, protocol_version),
+            "SELECT * FROM awp.register_worker(%s, %s::text[], %s, %s, %s)",
+            (display_name, executor_kinds, max_concurrency, protocol_version, _jsonb(actions) if actions else None),
             self.heartbeat_pool,
         )
 

@@ -160,7 +160,10 @@ def build_executors(
             out[kind] = MockExecutor()
         elif kind == "python":
             if not modules:
-                log.warning("python executor without --handlers: every action will fail with unknown_action")
+                log.warning(
+                    "python executor without --handlers: it runs no action, so it is given no python task"
+                    " (routing by action: such tasks wait for a worker with a handler, reason no_worker_for_action)"
+                )
             out[kind] = PythonExecutor(modules, threads=concurrency)
         else:
             raise ValueError(f"unknown executor {kind!r} (known: {', '.join(KNOWN_KINDS)})")

@@ -425,14 +425,19 @@ async def register_worker(request: web.Request) -> web.Response:
     if header is not None and header.strip() != PROTOCOL_VERSION:
         raise ApiError(400, "worker_protocol_unsupported", f"{PROTOCOL_HEADER} {header!r} is not supported (1)")
     body = await json_body(request)
-    only_fields(body, required=("executor_kinds",), optional=("display_name", "max_concurrency", "protocol_version"))
+    only_fields(
+        body, required=("executor_kinds",), optional=("display_name", "max_concurrency", "protocol_version", "actions")
+    )
     kinds = body["executor_kinds"]
     if not isinstance(kinds, list) or not 1 <= len(kinds) <= 16 or not all(isinstance(k, str) for k in kinds):
         raise bad_request("executor_kinds must be a list of 1-16 executor kind names")
+    actions = body.get("actions")  # routing by action: checked by the database (awp._check_actions)
+    if actions is not None and not isinstance(actions, dict):
+        raise bad_request("actions must be an object {executor kind: [action, ...]}")
     display_name = as_str(body.get("display_name", "worker"), "display_name", 128)
     max_concurrency = as_int(body.get("max_concurrency", 1), "max_concurrency", 1, INT32_MAX)
     protocol_version = as_int(body.get("protocol_version", 1), "protocol_version", 0, INT32_MAX)
-    row = await request.app[DB].register_worker(display_name, kinds, max_concurrency, protocol_version)
+    row = await request.app[DB].register_worker(display_name, kinds, max_concurrency, protocol_version, actions)
     request["echo_protocol"] = True
     return json_response(row, status=201)
 

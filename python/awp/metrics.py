@@ -35,7 +35,7 @@ COORDINATOR_COUNTS = (
     "waits",  # sleeps ended, signal waits timed out (docs/waits.md)
 )
 # The limits a coordinator pass can find holding ready tasks back ("limited" in its answer; docs/limits.md).
-LIMITS = ("run_concurrency", "workers_full", "dispatch_limit", "no_worker_for_executor")
+LIMITS = ("run_concurrency", "workers_full", "dispatch_limit", "no_worker_for_executor", "no_worker_for_action")
 # Why a request failed authentication: no bearer token (on the dashboard: no valid session), a token that matches
 # nothing, a worker session token the database refused.
 AUTH_FAILURE_REASONS = ("missing", "invalid", "worker_session")

@@ -228,6 +228,7 @@ WAIT_LABELS = {
     "waiting_dependencies": "waiting for dependencies",
     "waiting_retry": "waiting for a retry",
     "no_worker_for_executor": "no worker offers the executor",
+    "no_worker_for_action": "no worker runs the action",
     "run_concurrency": "run concurrency reached",
     "dispatch_limit": "global dispatch_limit reached",
     "workers_full": "every worker of the kind is full",

@@ -41,7 +41,7 @@ from typing import Any
 from awp import eventloop
 from awp.client import Client, ClientError, GatewayError, TlsVerifyError, TransportError, client_ssl_context
 from awp.executors import HANDLER_THREAD_PREFIX, Executor, build_executors
-from awp.handlers import Context
+from awp.handlers import Context, registered_actions
 from awp.parsing import BODY_LIMIT
 from awp.results import check_result, failure, refuses_result, rejected
 
@@ -336,10 +336,13 @@ class Worker:
         """Register with the bootstrap token, retrying while the gateway is unreachable; False if stopped."""
         cfg = self.config
         backoff = Backoff(200, 5000)
+        # Routing by action (docs/protocol.md): a python worker is given only the actions it has handlers for; the
+        # mock executor runs every action (not listed).
+        actions = {"python": registered_actions()} if "python" in self.executors else None
         while not self.stopping.is_set():
             try:
                 answer = await self.client.register_worker(
-                    cfg.bootstrap_token, cfg.name, list(self.executors), cfg.concurrency
+                    cfg.bootstrap_token, cfg.name, list(self.executors), cfg.concurrency, actions
                 )
             except TlsVerifyError as e:  # a configuration error, not an outage: waiting would not fix it
                 raise Fatal(f"registration failed: {e}", EXIT_CONFIG) from e
@@ -360,10 +363,11 @@ class Worker:
                 self.lease_duration_ms = int(answer["lease_duration_ms"])
                 self.margin_ms = max(0, min(cfg.safety_margin_ms, self.lease_duration_ms // 2))
                 log.info(
-                    "registered as %s (%s): executors %s, concurrency %d, heartbeat %dms, lease %dms, margin %dms",
+                    "registered as %s (%s): executors %s%s, concurrency %d, heartbeat %dms, lease %dms, margin %dms",
                     self.worker_id,
                     cfg.name,
                     ",".join(self.executors),
+                    f" (python actions: {', '.join(actions['python']) or 'none'})" if actions else "",
                     cfg.concurrency,
                     int(answer["heartbeat_interval_ms"]),
                     self.lease_duration_ms,
