@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from awp.db import connect
+from awp.db import REACHABILITY, RECONNECT_MAX_S, connect, short_error
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +200,7 @@ class Coordinator:
         while not self._stopping.is_set():
             try:
                 self._conn = await connect(self.dsn)
+                REACHABILITY.reached()
                 self._conn.add_notice_handler(self._log_notice)
                 backoff = 0.1
                 await self._standby(self._conn)
@@ -211,9 +212,14 @@ class Coordinator:
                 if self._stopping.is_set():
                     pass
                 elif self.active:  # e.g. a standby ended this session after a whole lease of silence
-                    log.warning("coordinator stepping down: its database session ended (%s); term %s", e, self.term)
-                else:
-                    log.warning("coordinator lost its database connection (%s); retrying in %.1fs", e, backoff)
+                    log.warning(
+                        "coordinator stepping down: its database session ended (%s); term %s", short_error(e), self.term
+                    )
+                else:  # REACHABILITY says it once for the outage, not once per attempt
+                    REACHABILITY.failed(e)
+                    log.debug(
+                        "coordinator lost its database connection (%s); retrying in %.1fs", short_error(e), backoff
+                    )
             except psycopg.Error:
                 log.exception("coordinator database error; reconnecting in %.1fs", backoff)
             except Exception:  # a bug (e.g. in a pass callback) must not leave this replica silently standby
@@ -229,7 +235,7 @@ class Coordinator:
                         await conn.close()
             if not self._stopping.is_set():
                 await self._sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = min(backoff * 2, RECONNECT_MAX_S)
 
     def _log_notice(self, diag: psycopg.errors.Diagnostic) -> None:
         """A WARNING of a pass (a run skipped after it failed: awp._pass_skip, db/functions/coordinator_tick.sql),

@@ -26,6 +26,7 @@ import psycopg_pool
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
+from psycopg_pool.base import AttemptWithBackoff
 
 from awp.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS, RunGroups
 from awp.jsonio import dumps_bytes
@@ -50,6 +51,83 @@ DEFAULT_LOCK_TIMEOUT_MS = 2_000
 DEFAULT_STATEMENT_TIMEOUT_MS = 10_000
 DEFAULT_HEARTBEAT_POOL_SIZE = 2
 SATURATED_FOR_S = 5.0  # a request pool that made a request time out is reported saturated this long
+
+
+# Reconnecting after an outage (AWP issue 41): psycopg_pool waits 1 s, then twice as long after each failed attempt
+# (1, 2, 4, 8, 16 s ...), so a gateway found the database back up to ~25 s after `awp db up`. Its pools retry every
+# RECONNECT_MAX_S at most instead: an attempt at a database that is down costs a refused TCP connection.
+RECONNECT_FIRST_S = 0.2
+RECONNECT_MAX_S = 1.0
+
+
+def short_error(exc: BaseException) -> str:
+    """A database error as one readable line: its message's first line (psycopg's connection errors go on with a
+    tab-indented hint such as "Is the server running on that host ...?", which the log would show escaped)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+class DatabaseReachability:
+    """Whether this process reaches the database, as its pools, the dispatch listener and the coordinator find when
+    they connect: one WARNING when it becomes unreachable and one INFO when it is back, instead of a line per
+    failed attempt (which every pool, the listener and the coordinator make every second or two)."""
+
+    def __init__(self) -> None:
+        self.down_since: float | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+            log.warning(
+                "database unreachable: %s (requests answer 503; reconnecting every %.0f s)",
+                short_error(exc),
+                RECONNECT_MAX_S,
+            )
+
+    def reached(self) -> None:
+        if self.down_since is not None:
+            log.info("database reachable again after %.1f s", time.monotonic() - self.down_since)
+            self.down_since = None
+
+
+REACHABILITY = DatabaseReachability()
+
+
+def _outage_noise(record: logging.LogRecord) -> bool:
+    """psycopg_pool's line per failed connection attempt (and per connection dropped in an outage) is left out:
+    :data:`REACHABILITY` says once that the database is unreachable, and once that it is back."""
+    return not str(record.msg).startswith(("error connecting in", "discarding closed connection", "discarding broken"))
+
+
+logging.getLogger("psycopg.pool").addFilter(_outage_noise)
+
+
+class _CappedAttempt(AttemptWithBackoff):
+    """psycopg_pool's reconnection backoff, starting at RECONNECT_FIRST_S and capped at RECONNECT_MAX_S."""
+
+    INITIAL_DELAY = RECONNECT_FIRST_S
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, RECONNECT_MAX_S)
+
+
+class _Pool(AsyncConnectionPool):
+    """An AsyncConnectionPool that reconnects at least every RECONNECT_MAX_S during an outage and reports whether
+    its connection attempts reach the database (:data:`REACHABILITY`). Relies on psycopg_pool's ``_connect`` and
+    ``_add_connection`` (psycopg-pool < 3.4, pyproject.toml); python/tests/test_db_readiness.py holds it to that."""
+
+    async def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        await super()._add_connection(attempt or _CappedAttempt(timeout=self.reconnect_timeout), growing)
+
+    async def _connect(self, timeout: float | None = None) -> Any:
+        try:
+            conn = await super()._connect(timeout)
+        except Exception as e:
+            REACHABILITY.failed(e)
+            raise
+        REACHABILITY.reached()
+        return conn
 
 
 def session_options(lock_timeout_ms: int, statement_timeout_ms: int) -> str:
@@ -102,7 +180,7 @@ class Database:
         }
 
         def pool(size: int, name: str) -> AsyncConnectionPool:
-            return AsyncConnectionPool(
+            return _Pool(
                 dsn,
                 min_size=1,
                 max_size=max(1, size),
@@ -649,6 +727,7 @@ class DispatchListener:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 conn = await connect(self.dsn)
+                REACHABILITY.reached()
                 await conn.execute(f"LISTEN {self.CHANNEL}")
                 self.connected = True
                 backoff = 0.1
@@ -663,7 +742,10 @@ class DispatchListener:
                         await conn.execute("SELECT 1")  # notice a dead connection
             except (psycopg.Error, OSError) as e:
                 if not self._closed:
-                    log.warning("dispatch listener lost its connection (%s); reconnecting in %.1fs", e, backoff)
+                    REACHABILITY.failed(e)  # one line for the outage, not one per attempt
+                    log.debug(
+                        "dispatch listener lost its connection (%s); reconnecting in %.1fs", short_error(e), backoff
+                    )
             finally:
                 self.connected = False
                 if conn is not None:
@@ -671,4 +753,4 @@ class DispatchListener:
                         await conn.close()
             if not self._closed:
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                backoff = min(backoff * 2, RECONNECT_MAX_S)

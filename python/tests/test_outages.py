@@ -363,6 +363,6 @@ def test_lease_recovery_fields_are_checked(dsn: str) -> None:
             r = post(path, body)
             assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", (path, body, r.text)
         r = post("/heartbeat", {"leases": [], "claimed_through": 3, "claims_pending": [3], "dropped": [ref]})
-        assert r.status_code == 200 and r.json() == {"leases": []}, r.text
+        assert r.status_code == 200 and r.json() == {"leases": [], "worker_status": "active"}, r.text
         r = post("/claims", {"slots": 1, "claim_seq": 4})
         assert r.status_code == 200 and r.json() == {"leases": []}, r.text
