@@ -529,27 +529,3 @@ BEGIN
   RETURN awp.coordinator_tick(p_takeover, p_term, true);
 END $$;
 COMMENT ON FUNCTION awp.coordinator_tick(boolean, bigint) IS 'One full coordinator pass (fenced by the active coordinator''s term when given: AWLDR, nothing written, once it no longer leads); returns counts {canceled, reaped, offline, promoted, withdrawn, dispatched, schedules_fired, resumed, children, waits} and the limits still holding ready tasks (limited).';
-
--- awp.next_wake_ms(): milliseconds from now until the earliest time-based work a coordinator pass would find (NULL
--- when there is none): a retry falling due (tasks waiting_retry, ready_at), a sleep ending or a signal timing out
--- (running tasks' wait_until, docs/waits.md), or the oldest start in a rate limit's window leaving it (a bucket of a
--- ready task, docs/limits.md), at least 0. The coordinator sleeps until then when it is sooner than its interval
--- (python/awp/coordinator.py), so such work starts within milliseconds of its time rather than at the next pass.
--- Each part is one index probe, the last a scan of the ready tasks with limits. Locks: none.
-CREATE OR REPLACE FUNCTION awp.next_wake_ms() RETURNS bigint
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-  SELECT CASE WHEN w.at IS NOT NULL   -- rounded up: never a wake-up just before the time
-              THEN greatest(0, ceil(extract(epoch FROM w.at - awp._now()) * 1000))::bigint END
-    FROM (SELECT least(
-           (SELECT min(t.ready_at) FROM awp.tasks t WHERE t.status = 'waiting_retry'),
-           (SELECT min(t.wait_until) FROM awp.tasks t WHERE t.status = 'running' AND t.wait_until IS NOT NULL),
-           (SELECT min(s.first + make_interval(secs => l.window_ms / 1000.0))
-              FROM (SELECT DISTINCT u.b FROM awp.tasks t CROSS JOIN LATERAL unnest(t.limit_buckets) AS u(b)
-                     WHERE t.status = 'ready' AND t.limit_buckets IS NOT NULL) rb
-              JOIN awp.limits l ON l.name = awp._bucket_limit(rb.b) AND l.window_ms IS NOT NULL
-             CROSS JOIN LATERAL (SELECT min(x.started_at) AS first FROM awp.limit_starts x
-                                  WHERE x.bucket = rb.b
-                                    AND x.started_at > awp._now() - make_interval(secs => l.window_ms / 1000.0)) s)
-         ) AS at) w
-$$;
-COMMENT ON FUNCTION awp.next_wake_ms() IS 'Milliseconds until the earliest retry, wait end or rate-limit window frees (NULL: none), for the coordinator''s sleep.';

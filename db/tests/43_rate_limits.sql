@@ -21,7 +21,7 @@ CREATE FUNCTION tests.reason(p_run text, p_key text) RETURNS text LANGUAGE sql A
   SELECT w.reason || ': ' || w.detail FROM awp.run_waits(p_run) w WHERE w.task_key = p_key
 $$;
 
-SELECT is(awp.next_wake_ms(), NULL, 'next_wake_ms: nothing time-based to wait for');
+SELECT is(awp.next_due_ms(), NULL, 'next_due_ms: nothing time-based to wait for');
 
 -- ================================================================ set_limit, list_limits, get_limit, delete_limit
 SELECT throws_ok($$SELECT * FROM awp.set_limit('bad name', 1)$$, 'AWREQ', NULL, 'a name with a space: AWREQ');
@@ -159,9 +159,9 @@ SELECT is(tests.in_flight('win'), 2::bigint, 'a pending dispatch counts as a sta
 SELECT is((SELECT count(*) FROM awp.claim_tasks(:'w2_worker_id', :'w2_token', 10)), 2::bigint, 'claimed at 00:10:01');
 SELECT is((SELECT count(*) FROM awp.limit_starts WHERE bucket = 'win' AND started_at = '2030-01-01 00:10:01+00'),
           2::bigint, 'each start recorded at the lease''s time');
-SELECT is(awp.next_wake_ms(), 1000::bigint, 'next_wake_ms: the coordinator wakes when those starts leave the window');
+SELECT is(awp.next_due_ms(), 1000::bigint, 'next_due_ms: the coordinator wakes when those starts leave the window');
 SELECT tests.freeze('2030-01-01 00:10:01.250+00');
-SELECT is(awp.next_wake_ms(), 750::bigint, '... counted down by the clock');
+SELECT is(awp.next_due_ms(), 750::bigint, '... counted down by the clock');
 
 -- ================================================================ priority
 -- The python slots: w3's one alone (w2 drains, its two leases still held).

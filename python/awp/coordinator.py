@@ -11,9 +11,7 @@ with its own rights (:meth:`Coordinator._terminate`).
 
 The active coordinator runs ``awp.coordinator_tick(takeover, term, limits)`` (``takeover`` true on its first
 pass, which restarts the workers' offline window; ``limits`` at most every ``LIMITS_EVERY_S``), then waits for
-``NOTIFY awp_coordinator`` (new run, completion, cancel, worker change), the interval, or the time of the earliest
-time-based work (``awp.next_wake_ms()``: a retry due, a sleep or signal timeout, a rate limit's window freeing a
-start), whichever comes first.
+``NOTIFY awp_coordinator`` (new run, completion, cancel, worker change) or the interval, whichever comes first.
 While a pass makes progress it runs the next one at once. Each pass renews the leadership; when the interval is long
 compared with the lease it also sends ``awp.leader_heartbeat(term)`` every third of the lease. A pass,
 heartbeat or retention batch whose term is over is refused (SQLSTATE ``AWLDR``, nothing written): the
@@ -48,7 +46,6 @@ LOCK_KEY = 0x4157_505F_434F_4F52  # "AWP_COOR" (= awp._coordinator_lock_key(), d
 LEADERSHIP_LOST = "AWLDR"  # SQLSTATE of a pass, heartbeat or retention batch whose term is over
 CHANNEL = "awp_coordinator"
 MAX_QUICK_PASSES = 100  # passes in a row without waiting, even if every one made progress
-MIN_WAKE_S = 0.005  # the soonest the coordinator wakes for time-based work (awp.next_wake_ms): never a busy loop
 RETENTION_BURST = 20  # retention batches in a row while each says there is more, then the interval again
 RETENTION_PAUSE_S = 0.2  # between the batches of a burst
 NOTICE_REPEAT_S = 60.0  # a pass's WARNING (a run skipped) is logged again after this long
@@ -359,23 +356,7 @@ class Coordinator:
                 await self._drain_notifies(conn)
                 continue
             quick = 0
-            await self._wait_for_work(conn, await self._next_wake(conn))
-
-    async def _next_wake(self, conn: psycopg.AsyncConnection[Any]) -> float | None:
-        """Seconds until the earliest time-based work (``awp.next_wake_ms()``: a retry due, a sleep or signal timeout,
-        a rate limit's window freeing a start), at least ``MIN_WAKE_S``; None when there is none or it cannot be
-        read (the interval applies)."""
-        try:
-            cur = await conn.execute("SELECT awp.next_wake_ms()")
-            row = await cur.fetchone()
-        except (psycopg.OperationalError, psycopg.InterfaceError):
-            raise
-        except psycopg.Error:
-            log.exception("awp.next_wake_ms() failed")
-            return None
-        if not row or row[0] is None:
-            return None
-        return max(MIN_WAKE_S, int(row[0]) / 1000)
+            await self._wait_for_work(conn)
 
     async def _heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Renew the leadership between passes (awp.leader_heartbeat); learn the current leader lease."""
@@ -397,11 +378,10 @@ class Coordinator:
         async for _ in conn.notifies(timeout=0, stop_after=1000):
             pass
 
-    async def _wait_for_work(self, conn: psycopg.AsyncConnection[Any], wake_s: float | None = None) -> None:
-        """Wait for a NOTIFY, the interval (or ``wake_s`` when sooner: time-based work due), or stop; swallow a
-        burst of notifications into one pass. Renew the leadership every third of the lease meanwhile (when the
-        interval is that long)."""
-        deadline = time.monotonic() + min(self.interval_s, wake_s if wake_s is not None else self.interval_s)
+    async def _wait_for_work(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Wait for a NOTIFY, the interval, or stop; swallow a burst of notifications into one pass. Renew
+        the leadership every third of the lease meanwhile (when the interval is that long)."""
+        deadline = time.monotonic() + self.interval_s
         while not self._stopping.is_set():
             now = time.monotonic()
             remaining = deadline - now

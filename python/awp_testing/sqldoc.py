@@ -58,7 +58,6 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "promote_retries",
         "withdraw_orphan_dispatches",
         "create_dispatches",
-        "next_wake_ms",
     ),
     "Reads": (
         "get_run",
