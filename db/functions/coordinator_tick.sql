@@ -222,6 +222,21 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.promote_retries() IS 'Makes due waiting_retry tasks ready; returns the count.';
 
+-- awp.next_due_ms(): milliseconds from now until the earliest time-driven change a coordinator pass makes: a
+-- waiting_retry task's ready_at (awp.promote_retries) or a running signal or sleep task's wait_until
+-- (awp._settle_waits); 0 when one is due already, NULL when none waits. The coordinator sleeps until then when that
+-- is sooner than its interval, so a retry becomes ready (and is dispatched) close to its due time instead of at the
+-- next regular pass (AWP issue 41: with the default 500 ms interval a 200 ms retry started up to 0.7 s late). Two
+-- index probes (tasks_retry_due_idx, tasks_wait_until_idx). Locks: none.
+CREATE OR REPLACE FUNCTION awp.next_due_ms() RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  SELECT CASE WHEN x.due IS NOT NULL THEN awp._ms(x.due - awp._now()) END   -- awp._ms: never below 0
+    FROM (SELECT least((SELECT min(t.ready_at) FROM awp.tasks t WHERE t.status = 'waiting_retry'),
+                       (SELECT min(t.wait_until) FROM awp.tasks t
+                         WHERE t.status = 'running' AND t.wait_until IS NOT NULL)) AS due) x
+$$;
+COMMENT ON FUNCTION awp.next_due_ms() IS 'Milliseconds until the earliest retry or wait falls due (0: due now; NULL: none): when the coordinator''s next pass is needed.';
+
 -- awp._promote_retries(isolate): awp.promote_retries; with isolate, each run in a subtransaction of its own
 -- (awp._pass_skip).
 CREATE OR REPLACE FUNCTION awp._promote_retries(p_isolate boolean) RETURNS integer

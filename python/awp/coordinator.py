@@ -51,6 +51,7 @@ RETENTION_PAUSE_S = 0.2  # between the batches of a burst
 NOTICE_REPEAT_S = 60.0  # a pass's WARNING (a run skipped) is logged again after this long
 # How often a pass also says which limits hold ready tasks back ("limited", /metrics): it visits every live run.
 LIMITS_EVERY_S = 2.0
+DUE_MARGIN_S = 0.002  # a pass woken for a due retry or wait comes this long after it (the database counts whole ms)
 
 
 class LeadershipLost(Exception):
@@ -319,6 +320,7 @@ class Coordinator:
         self._set_active(True)
         takeover = True
         quick = 0
+        woke_for_due = False  # the last wait ended because a retry or wait fell due (not a NOTIFY, not the interval)
         while not self._stopping.is_set():
             started = time.perf_counter()
             try:
@@ -356,7 +358,20 @@ class Coordinator:
                 await self._drain_notifies(conn)
                 continue
             quick = 0
-            await self._wait_for_work(conn)
+            # A retry or a wait due before the interval ends gets its pass then (awp.next_due_ms), unless the pass
+            # just woken for one found nothing to do (a due task it could not take now, e.g. its run busy): then
+            # the interval, so that such a task never makes the coordinator spin.
+            due_s = None if woke_for_due and not progress else await self._next_due_s(conn)
+            woke_for_due = await self._wait_for_work(conn, due_s)
+
+    async def _next_due_s(self, conn: psycopg.AsyncConnection[Any]) -> float | None:
+        """Seconds until the earliest retry or wait falls due (None: none), a little after it (the pass must find it
+        due on the database's clock, which counts whole milliseconds)."""
+        cur = await conn.execute("SELECT awp.next_due_ms()")
+        row = await cur.fetchone()
+        if not row or row[0] is None:
+            return None
+        return int(row[0]) / 1000 + DUE_MARGIN_S
 
     async def _heartbeat(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Renew the leadership between passes (awp.leader_heartbeat); learn the current leader lease."""
@@ -378,15 +393,17 @@ class Coordinator:
         async for _ in conn.notifies(timeout=0, stop_after=1000):
             pass
 
-    async def _wait_for_work(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Wait for a NOTIFY, the interval, or stop; swallow a burst of notifications into one pass. Renew
-        the leadership every third of the lease meanwhile (when the interval is that long)."""
-        deadline = time.monotonic() + self.interval_s
+    async def _wait_for_work(self, conn: psycopg.AsyncConnection[Any], due_s: float | None = None) -> bool:
+        """Wait for a NOTIFY, the interval (or ``due_s``, when a retry or wait falls due sooner), or stop; swallow a
+        burst of notifications into one pass. Renew the leadership every third of the lease meanwhile (when the
+        interval is that long). True when the wait ended at ``due_s``."""
+        for_due = due_s is not None and due_s < self.interval_s
+        deadline = time.monotonic() + (due_s if for_due and due_s is not None else self.interval_s)
         while not self._stopping.is_set():
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0:
-                return
+                return for_due
             renew_in = self._renewed + self.lease_s / 3 - now
             if renew_in <= 0:
                 await self._heartbeat(conn)
@@ -396,4 +413,5 @@ class Coordinator:
                 got = True
             if got:
                 await self._drain_notifies(conn)
-                return
+                return False
+        return False

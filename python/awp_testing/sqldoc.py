@@ -56,6 +56,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "converge_cancellations",
         "reap_expired_leases",
         "promote_retries",
+        "next_due_ms",
         "withdraw_orphan_dispatches",
         "create_dispatches",
     ),
