@@ -224,18 +224,28 @@ COMMENT ON FUNCTION awp.promote_retries() IS 'Makes due waiting_retry tasks read
 
 -- awp.next_due_ms(): milliseconds from now until the earliest time-driven change a coordinator pass makes: a
 -- waiting_retry task's ready_at (awp.promote_retries) or a running signal or sleep task's wait_until
--- (awp._settle_waits); 0 when one is due already, NULL when none waits. The coordinator sleeps until then when that
+-- (awp._settle_waits), or the time the oldest start in a rate limit's window leaves it, for a limit a ready task
+-- holds (docs/limits.md: its next start may be dispatched then); 0 when one is due already, NULL when none waits. The coordinator sleeps until then when that
 -- is sooner than its interval, so a retry becomes ready (and is dispatched) close to its due time instead of at the
 -- next regular pass (AWP issue 41: with the default 500 ms interval a 200 ms retry started up to 0.7 s late). Two
--- index probes (tasks_retry_due_idx, tasks_wait_until_idx). Locks: none.
+-- index probes (tasks_retry_due_idx, tasks_wait_until_idx) and a scan of the ready tasks with limits. Locks: none.
 CREATE OR REPLACE FUNCTION awp.next_due_ms() RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT CASE WHEN x.due IS NOT NULL THEN awp._ms(x.due - awp._now()) END   -- awp._ms: never below 0
     FROM (SELECT least((SELECT min(t.ready_at) FROM awp.tasks t WHERE t.status = 'waiting_retry'),
                        (SELECT min(t.wait_until) FROM awp.tasks t
-                         WHERE t.status = 'running' AND t.wait_until IS NOT NULL)) AS due) x
+                         WHERE t.status = 'running' AND t.wait_until IS NOT NULL),
+                       -- the oldest start in the window of a rate limit a ready task holds leaves it then
+                       (SELECT min(f.first + make_interval(secs => l.window_ms / 1000.0))
+                          FROM (SELECT DISTINCT u.b FROM awp.tasks t CROSS JOIN LATERAL unnest(t.limit_buckets) AS u(b)
+                                 WHERE t.status = 'ready' AND t.limit_buckets IS NOT NULL) rb
+                          JOIN awp.limits l ON l.name = awp._bucket_limit(rb.b) AND l.window_ms IS NOT NULL
+                         CROSS JOIN LATERAL (
+                           SELECT min(s.started_at) AS first FROM awp.limit_starts s
+                            WHERE s.bucket = rb.b
+                              AND s.started_at > awp._now() - make_interval(secs => l.window_ms / 1000.0)) f)) AS due) x
 $$;
-COMMENT ON FUNCTION awp.next_due_ms() IS 'Milliseconds until the earliest retry or wait falls due (0: due now; NULL: none): when the coordinator''s next pass is needed.';
+COMMENT ON FUNCTION awp.next_due_ms() IS 'Milliseconds until the earliest retry or wait falls due, or a rate limit''s window frees a start (0: due now; NULL: none): when the coordinator''s next pass is needed.';
 
 -- awp._promote_retries(isolate): awp.promote_retries; with isolate, each run in a subtransaction of its own
 -- (awp._pass_skip).
