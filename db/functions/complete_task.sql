@@ -22,8 +22,6 @@ DECLARE
   p_worker_id text := w.worker_id;
   v_kind   text;
   v_hash   bytea;
-  v_run_id text;
-  v_holds  boolean;
   r        awp.runs;
   d        awp.dispatches;
   v_now    timestamptz;
@@ -32,44 +30,17 @@ BEGIN
   v_kind := p_result->>'kind';
   v_hash := awp._result_hash(p_result);
 
-  SELECT x.run_id, awp._holds_lease(x, p_worker_id, p_lease_token) INTO v_run_id, v_holds
-    FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
-  IF NOT FOUND THEN
-    PERFORM awp._raise_lease_lost(format('no dispatch %s', p_dispatch_id));
-  END IF;
-  -- Early reject, without waiting for the run: a dispatch's worker and lease token hash are written once,
-  -- when it is leased (a dispatch is never leased twice), and the caller's token comes from that committed
-  -- claim, so a mismatch here is final. The same test under the locks below stays the authoritative one.
-  IF NOT v_holds THEN
-    PERFORM awp._raise_lease_lost('the dispatch is not leased to this worker with this lease token');
-  END IF;
-  -- Completions of one run queue on a transaction advisory lock before the run row: the lock
-  -- manager wakes one waiter per release, where waiters on the row itself all wake on each commit
-  -- and re-check it (a thundering herd that made 16 workers slower than 4 on one run).
-  PERFORM pg_advisory_xact_lock(hashtextextended(v_run_id, 0));
-  SELECT * INTO r FROM awp.runs x WHERE x.run_id = v_run_id FOR UPDATE;
-  SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id FOR UPDATE;
+  d := awp._lock_held_lease(p_worker_id, p_dispatch_id, p_lease_token);
+  SELECT * INTO r FROM awp.runs x WHERE x.run_id = d.run_id;   -- locked by awp._lock_held_lease
   v_now := awp._now();
-
-  IF NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN
-    PERFORM awp._raise_lease_lost('the dispatch is not leased to this worker with this lease token');
-  END IF;
   IF d.status = 'completed' THEN
     IF d.result_hash = v_hash THEN
       RETURN true;
     END IF;
     PERFORM awp._raise_result_conflict('this lease was already completed with a different result');
   END IF;
-  IF d.status <> 'leased' THEN
-    PERFORM awp._raise_lease_lost(format('the dispatch is %s', d.status));
-  ELSIF v_now >= d.attempt_deadline THEN
-    PERFORM awp._raise_lease_lost('the attempt deadline has passed');
-  ELSIF v_now >= d.lease_expires_at THEN
-    PERFORM awp._raise_lease_lost('the lease has expired');
-  ELSIF r.cancel_requested_at IS NOT NULL OR r.status <> 'running' THEN
-    PERFORM awp._raise_lease_lost(format('the run is %s%s', r.status,
-                                         CASE WHEN r.cancel_requested_at IS NOT NULL THEN ' (cancel requested)' ELSE '' END));
-  ELSIF NOT EXISTS (SELECT 1 FROM awp.attempts a JOIN awp.tasks t USING (run_id, task_key)
+  PERFORM awp._check_lease_live(r, d, v_now);
+  IF NOT EXISTS (SELECT 1 FROM awp.attempts a JOIN awp.tasks t USING (run_id, task_key)
                      WHERE a.dispatch_id = d.dispatch_id AND a.status = 'running'
                        AND a.attempt = d.attempt AND t.attempts = d.attempt AND t.status = 'running') THEN
     PERFORM awp._raise_lease_lost('the attempt is no longer current');
@@ -139,6 +110,64 @@ BEGIN
                                               'error_message', p->'error_message')::text, 'UTF8'));
 END $$;
 COMMENT ON FUNCTION awp._result_hash(jsonb) IS 'The hash of a result that an idempotent repeat is compared with.';
+
+-- awp._lock_held_lease(worker_id, dispatch_id, lease_token): the dispatch of a lease this worker holds with this
+-- lease token, locked with its run, for a call that settles it (a completion: awp._complete_task; a release:
+-- awp.release_lease). AWLST for an unknown dispatch, another worker's or a wrong lease token: checked first on a
+-- plain read of the dispatch, before any lock (an early reject: a wrong lease token never queues behind a busy or
+-- stuck run), then again under the locks (authoritative).
+-- Locks: the run's transaction advisory lock (hashtextextended(run_id, 0): completions of one run queue there),
+-- then Run, then Dispatch.
+CREATE OR REPLACE FUNCTION awp._lock_held_lease(p_worker_id text, p_dispatch_id text, p_lease_token text)
+RETURNS awp.dispatches
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_run_id text;
+  v_holds  boolean;
+  d        awp.dispatches;
+BEGIN
+  SELECT x.run_id, awp._holds_lease(x, p_worker_id, p_lease_token) INTO v_run_id, v_holds
+    FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
+  IF NOT FOUND THEN
+    PERFORM awp._raise_lease_lost(format('no dispatch %s', p_dispatch_id));
+  END IF;
+  -- Early reject, without waiting for the run: a dispatch's worker and lease token hash are written once,
+  -- when it is leased (a dispatch is never leased twice), and the caller's token comes from that committed
+  -- claim, so a mismatch here is final. The same test under the locks below stays the authoritative one.
+  IF NOT v_holds THEN
+    PERFORM awp._raise_lease_lost('the dispatch is not leased to this worker with this lease token');
+  END IF;
+  -- Completions of one run queue on a transaction advisory lock before the run row: the lock
+  -- manager wakes one waiter per release, where waiters on the row itself all wake on each commit
+  -- and re-check it (a thundering herd that made 16 workers slower than 4 on one run).
+  PERFORM pg_advisory_xact_lock(hashtextextended(v_run_id, 0));
+  PERFORM 1 FROM awp.runs x WHERE x.run_id = v_run_id FOR UPDATE;
+  SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id FOR UPDATE;
+  IF NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN
+    PERFORM awp._raise_lease_lost('the dispatch is not leased to this worker with this lease token');
+  END IF;
+  RETURN d;
+END $$;
+COMMENT ON FUNCTION awp._lock_held_lease(text, text, text) IS 'Locks the run and the dispatch of a lease the worker holds with this token and returns the dispatch (AWLST otherwise, early and under the locks).';
+
+-- awp._check_lease_live(run, dispatch, now): AWLST unless the dispatch is leased, before its attempt deadline and
+-- its lease's expiry, in a run that runs with no cancellation requested: the checks a completion
+-- (awp._complete_task) and a release (awp.release_lease) make under the run's and the dispatch's locks. Locks: none.
+CREATE OR REPLACE FUNCTION awp._check_lease_live(r awp.runs, d awp.dispatches, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF d.status <> 'leased' THEN
+    PERFORM awp._raise_lease_lost(format('the dispatch is %s', d.status));
+  ELSIF p_now >= d.attempt_deadline THEN
+    PERFORM awp._raise_lease_lost('the attempt deadline has passed');
+  ELSIF p_now >= d.lease_expires_at THEN
+    PERFORM awp._raise_lease_lost('the lease has expired');
+  ELSIF r.cancel_requested_at IS NOT NULL OR r.status <> 'running' THEN
+    PERFORM awp._raise_lease_lost(format('the run is %s%s', r.status,
+                                         CASE WHEN r.cancel_requested_at IS NOT NULL THEN ' (cancel requested)' ELSE '' END));
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._check_lease_live(awp.runs, awp.dispatches, timestamptz) IS 'AWLST unless a lease is live (leased, not expired nor past its deadline, its run running with no cancel requested).';
 
 -- awp._holds_lease(dispatch, worker_id, lease_token): whether the dispatch is leased to this worker with
 -- this lease token (its worker and the SHA-256 of the token). The one ownership test of a completion,

@@ -21,7 +21,6 @@ CREATE OR REPLACE FUNCTION awp.release_lease(p_worker_id text, p_session_token t
 RETURNS text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_run_id text;
   r        awp.runs;
   d        awp.dispatches;
   v_now    timestamptz;
@@ -33,26 +32,10 @@ BEGIN
     PERFORM awp._raise_invalid_request('invalid reason',
       format('reason must be one of: %s', array_to_string(awp._release_reasons(), ', ')));
   END IF;
-  SELECT x.run_id INTO v_run_id FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
-  IF NOT FOUND THEN
-    PERFORM awp._raise_lease_lost(format('no dispatch %s', p_dispatch_id));
-  END IF;
-  PERFORM pg_advisory_xact_lock(hashtextextended(v_run_id, 0));   -- as awp._complete_task: completions queue here
-  SELECT * INTO r FROM awp.runs x WHERE x.run_id = v_run_id FOR UPDATE;
-  SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id FOR UPDATE;
+  d := awp._lock_held_lease(p_worker_id, p_dispatch_id, p_lease_token);   -- as a completion
+  SELECT * INTO r FROM awp.runs x WHERE x.run_id = d.run_id;   -- locked by awp._lock_held_lease
   v_now := awp._now();
-  IF NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN
-    PERFORM awp._raise_lease_lost('the dispatch is not leased to this worker with this lease token');
-  ELSIF d.status <> 'leased' THEN
-    PERFORM awp._raise_lease_lost(format('the dispatch is %s', d.status));
-  ELSIF v_now >= d.attempt_deadline THEN
-    PERFORM awp._raise_lease_lost('the attempt deadline has passed');
-  ELSIF v_now >= d.lease_expires_at THEN
-    PERFORM awp._raise_lease_lost('the lease has expired');
-  ELSIF r.cancel_requested_at IS NOT NULL OR r.status <> 'running' THEN
-    PERFORM awp._raise_lease_lost(format('the run is %s%s', r.status,
-                                         CASE WHEN r.cancel_requested_at IS NOT NULL THEN ' (cancel requested)' ELSE '' END));
-  END IF;
+  PERFORM awp._check_lease_live(r, d, v_now);
   v_why := format('released by its worker (%s)', p_reason);
   PERFORM awp._append_event(r.run_id, 'dispatch', d.dispatch_id, 'leased', 'expired', v_why);
   v_to := awp._end_attempt(r.run_id, d.task_key, d.attempt, 'interrupted', true, NULL, p_reason,

@@ -15,19 +15,17 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from psycopg.rows import dict_row
-from worker_support import Workers, apply, start_run, wait_run
+from worker_support import Workers, apply, configured_gateway, python_task, start_run, wait_run
 
 from awp.cli import main
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp_testing.gateway import ServeProcess, wait_until
 
 HANDLERS = "python/tests/handlers_for_tests.py"
 
 
 @pytest.fixture(scope="module")
 def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 3000, heartbeat_interval_ms => 300)")
-    with serve(db_dsn) as gateway:
+    with configured_gateway(db_dsn) as gateway:
         yield gateway
 
 
@@ -40,17 +38,6 @@ def worker_row(dsn: str, name: str) -> dict[str, Any]:
     rows = query(dsn, "SELECT worker_id, status FROM awp.workers WHERE display_name = %s", (name,))
     assert len(rows) == 1, rows
     return rows[0]
-
-
-def python_task(key: str, action: str, **inp: Any) -> dict[str, Any]:
-    return {
-        "key": key,
-        "executor": "python",
-        "action": action,
-        "input": inp,
-        "retry": {"max_attempts": 1, "interval_ms": 0},
-        "timeout_ms": 120000,
-    }
 
 
 def start_python_worker(ws: Workers, name: str, shutdown_timeout: float = 10.0) -> Any:

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from psycopg.rows import dict_row
-from worker_support import Workers, apply, mock_task, start_run, wait_run
+from worker_support import Workers, apply, configured_gateway, mock_task, start_run, wait_run
 
-from awp_testing.gateway import ServeProcess, serve
+from awp_testing.gateway import ServeProcess
 
 INTERVAL_MS = 2000  # the coordinator's regular interval: a retry promoted only by it would wait up to this long
 RETRY_MS = 200
@@ -21,9 +21,7 @@ RETRY_MS = 200
 
 @pytest.fixture(scope="module")
 def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 3000, heartbeat_interval_ms => 300)")
-    with serve(db_dsn, coordinator_interval_ms=INTERVAL_MS) as gateway:
+    with configured_gateway(db_dsn, coordinator_interval_ms=INTERVAL_MS) as gateway:
         yield gateway
 
 

@@ -12,24 +12,18 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from psycopg.rows import dict_row
-from worker_support import Workers, apply, start_run, task, wait_run
+from worker_support import Workers, apply, configured_gateway, python_task, start_run, task, wait_run
 
 from awp.cli import main
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp_testing.gateway import ServeProcess, wait_until
 
 HANDLERS = "python/tests/handlers_routing.py"
 
 
 @pytest.fixture(scope="module")
 def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 3000, heartbeat_interval_ms => 300)")
-    with serve(db_dsn) as gateway:
+    with configured_gateway(db_dsn) as gateway:
         yield gateway
-
-
-def py_task(key: str, action: str) -> dict[str, Any]:
-    return {"key": key, "executor": "python", "action": action, "retry": {"max_attempts": 1}, "timeout_ms": 30000}
 
 
 def start_worker(ws: Workers, name: str, actions: str) -> Any:
@@ -58,8 +52,8 @@ def attempts_by_task(dsn: str, run_id: str) -> dict[str, list[tuple[str, str]]]:
 
 
 def test_each_task_lands_on_a_worker_with_its_handler(db_dsn: str, gw: ServeProcess) -> None:
-    tasks = [py_task(f"a{i}", "route-a") for i in range(4)] + [py_task(f"b{i}", "route-b") for i in range(4)]
-    wf = apply(gw, {"id": "routing", "concurrency": 8, "tasks": [*tasks, py_task("c", "route-c")]})
+    tasks = [python_task(f"a{i}", "route-a") for i in range(4)] + [python_task(f"b{i}", "route-b") for i in range(4)]
+    wf = apply(gw, {"id": "routing", "concurrency": 8, "tasks": [*tasks, python_task("c", "route-c")]})
     runner = CliRunner()
     env = {"AWP_GATEWAY_URL": gw.base_url, "AWP_OPERATOR_TOKEN": gw.tokens.operator}
     with Workers(gw) as ws:

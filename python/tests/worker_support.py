@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 
 from awp import procs
-from awp_testing.gateway import ServeProcess, wait_until
+from awp_testing.gateway import ServeProcess, serve, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = ("succeeded", "failed", "canceled")
@@ -203,6 +204,33 @@ def wait_task_status(gw: ServeProcess, run_id: str, key: str, status: str, timeo
         0.05,
         f"task {key} to be {status}",
     )
+
+
+@contextlib.contextmanager
+def configured_gateway(
+    dsn: str, lease_ms: int = 3000, heartbeat_ms: int = 300, **serve_kwargs: Any
+) -> Iterator[ServeProcess]:
+    """``awp serve`` on ``dsn`` after awp.configure(lease_duration_ms, heartbeat_interval_ms): short leases and
+    heartbeats, so that workers notice a change (a drain, a new lease) within a fraction of a second."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(
+            "SELECT awp.configure(lease_duration_ms => %s, heartbeat_interval_ms => %s)", (lease_ms, heartbeat_ms)
+        )
+    with serve(dsn, **serve_kwargs) as gateway:
+        yield gateway
+
+
+def python_task(key: str, action: str, max_attempts: int = 1, **inp: Any) -> dict[str, Any]:
+    """A task of the python executor running ``action`` with input ``inp`` (max_attempts 1 by default: a task that
+    goes to a wrong worker, or loses an attempt, fails its run)."""
+    return {
+        "key": key,
+        "executor": "python",
+        "action": action,
+        "input": inp,
+        "retry": {"max_attempts": max_attempts, "interval_ms": 0},
+        "timeout_ms": 120000,
+    }
 
 
 def mock_task(key: str, deps: list[str] | None = None, max_attempts: int = 1, **inp: Any) -> dict[str, Any]:
