@@ -339,6 +339,15 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._raise_lease_lost(text) IS 'Raises lease_lost (AWLST).';
 
+-- awp._raise_too_large(message, detail): AWBIG (413 payload_too_large): a value over its size limit (a progress value,
+-- a log line, an output chunk: docs/progress.md); the detail names the limit.
+CREATE OR REPLACE FUNCTION awp._raise_too_large(p_message text, p_detail text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RAISE EXCEPTION '%', p_message USING ERRCODE = 'AWBIG', DETAIL = p_detail;
+END $$;
+COMMENT ON FUNCTION awp._raise_too_large(text, text) IS 'Raises payload_too_large (AWBIG).';
+
 -- awp._raise_result_conflict(detail): AWCNF (409 result_conflict): a completed lease reported with another result.
 CREATE OR REPLACE FUNCTION awp._raise_result_conflict(p_detail text) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$

@@ -66,6 +66,22 @@ CREATE OR REPLACE FUNCTION awp._limit_definition_edges() RETURNS integer
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 20000 $$;
 COMMENT ON FUNCTION awp._limit_definition_edges() IS 'Limit: the depends_on entries of one definition, all tasks together.';
 
+-- awp._limit_progress_bytes(): a task's progress value (ctx.progress), in bytes of its jsonb text (16 KiB);
+-- docs/progress.md.
+CREATE OR REPLACE FUNCTION awp._limit_progress_bytes() RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 16384 $$;
+COMMENT ON FUNCTION awp._limit_progress_bytes() IS 'Limit: a progress value, in bytes of its jsonb text.';
+
+-- awp._limit_progress_entry_bytes(): one log line or output chunk, in UTF-8 bytes (64 KiB); docs/progress.md.
+CREATE OR REPLACE FUNCTION awp._limit_progress_entry_bytes() RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 65536 $$;
+COMMENT ON FUNCTION awp._limit_progress_entry_bytes() IS 'Limit: one log line or output chunk, in UTF-8 bytes.';
+
+-- awp._limit_progress_entries(): the log lines and chunks of one progress write, together.
+CREATE OR REPLACE FUNCTION awp._limit_progress_entries() RETURNS integer
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 4096 $$;
+COMMENT ON FUNCTION awp._limit_progress_entries() IS 'Limit: the log lines and chunks of one progress write.';
+
 -- awp._setting_ranges(): the allowed range of each setting (awp.configure; the CHECKs of awp.settings are the
 -- same ranges, python/tests/test_limits.py compares them), with a note for the message.
 CREATE OR REPLACE FUNCTION awp._setting_ranges()
@@ -76,7 +92,9 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
          ('offline_after_heartbeats', 1, 1000, ''),
          ('dispatch_limit', 1, 1000000, ''),
          ('retention_ms', 0, 3153600000000, ' (0: keep forever; at most 100 years)'),
-         ('leader_lease_ms', 500, 3600000, '')
+         ('leader_lease_ms', 500, 3600000, ''),
+         ('progress_log_bytes', 1024, 67108864, ' (bytes of log lines one attempt keeps)'),
+         ('progress_chunk_bytes', 1024, 67108864, ' (bytes of output chunks one attempt keeps)')
 $$;
 COMMENT ON FUNCTION awp._setting_ranges() IS 'The allowed range of each setting (awp.configure).';
 

@@ -1,10 +1,12 @@
 -- awp.configure(lease_duration_ms, heartbeat_interval_ms, offline_after_heartbeats, dispatch_limit,
--- retention_ms, leader_lease_ms): changes the settings; a null leaves a setting as it is. Returns all
+-- retention_ms, leader_lease_ms, progress_log_bytes, progress_chunk_bytes): changes the settings; a null leaves a setting as it is. Returns all
 -- settings as jsonb.
 -- retention_ms: how long finished runs, ended worker sessions and idempotency records are kept before
 -- the active coordinator prunes them (awp.apply_retention; 0 = keep forever; default 7 days).
 -- leader_lease_ms: how long the active coordinator may be silent (no pass, no heartbeat; database clock)
 -- before a standby ends its session and takes over (awp.take_leadership; 500 to 3,600,000; default 10 s).
+-- progress_log_bytes, progress_chunk_bytes: the bytes of log lines and of output chunks one attempt keeps (default
+-- 1 MiB each); past that the oldest are dropped first (docs/progress.md). They apply to later writes.
 -- Raises AWREQ when a value is out of its range (awp._setting_ranges(), db/functions/00_limits.sql) or the
 -- lease does not exceed the heartbeat interval.
 -- Locks: the settings row.
@@ -13,7 +15,9 @@ CREATE OR REPLACE FUNCTION awp.configure(lease_duration_ms integer DEFAULT NULL,
                                          offline_after_heartbeats integer DEFAULT NULL,
                                          dispatch_limit integer DEFAULT NULL,
                                          retention_ms bigint DEFAULT NULL,
-                                         leader_lease_ms integer DEFAULT NULL)
+                                         leader_lease_ms integer DEFAULT NULL,
+                                         progress_log_bytes integer DEFAULT NULL,
+                                         progress_chunk_bytes integer DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -27,6 +31,8 @@ BEGIN
   s.dispatch_limit := coalesce(configure.dispatch_limit, s.dispatch_limit);
   s.retention_ms := coalesce(configure.retention_ms, s.retention_ms);
   s.leader_lease_ms := coalesce(configure.leader_lease_ms, s.leader_lease_ms);
+  s.progress_log_bytes := coalesce(configure.progress_log_bytes, s.progress_log_bytes);
+  s.progress_chunk_bytes := coalesce(configure.progress_chunk_bytes, s.progress_chunk_bytes);
   -- Each setting within its range (awp._setting_ranges(), the same ranges as the CHECKs of awp.settings).
   FOR v IN SELECT r.setting, r.lo, r.hi, r.note, (to_jsonb(s)->>r.setting)::bigint AS value
              FROM awp._setting_ranges() r
@@ -44,11 +50,12 @@ BEGIN
   UPDATE awp.settings x
      SET lease_duration_ms = s.lease_duration_ms, heartbeat_interval_ms = s.heartbeat_interval_ms,
          offline_after_heartbeats = s.offline_after_heartbeats, dispatch_limit = s.dispatch_limit,
-         retention_ms = s.retention_ms, leader_lease_ms = s.leader_lease_ms;
+         retention_ms = s.retention_ms, leader_lease_ms = s.leader_lease_ms,
+         progress_log_bytes = s.progress_log_bytes, progress_chunk_bytes = s.progress_chunk_bytes;
   PERFORM awp._wake('awp_coordinator', 'configured');
   RETURN awp.get_settings();
 END $$;
-COMMENT ON FUNCTION awp.configure(integer, integer, integer, integer, bigint, integer) IS 'Changes settings (named arguments; null keeps a value); returns them as jsonb; AWREQ when invalid.';
+COMMENT ON FUNCTION awp.configure(integer, integer, integer, integer, bigint, integer, integer, integer) IS 'Changes settings (named arguments; null keeps a value); returns them as jsonb; AWREQ when invalid.';
 
 -- awp.get_settings(): the settings as jsonb.
 CREATE OR REPLACE FUNCTION awp.get_settings() RETURNS jsonb
@@ -58,7 +65,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
                             'offline_after_heartbeats', s.offline_after_heartbeats,
                             'dispatch_limit', s.dispatch_limit,
                             'retention_ms', s.retention_ms,
-                            'leader_lease_ms', s.leader_lease_ms)
+                            'leader_lease_ms', s.leader_lease_ms,
+                            'progress_log_bytes', s.progress_log_bytes,
+                            'progress_chunk_bytes', s.progress_chunk_bytes)
     FROM awp.settings s
 $$;
 COMMENT ON FUNCTION awp.get_settings() IS 'The current settings as jsonb.';

@@ -15,14 +15,16 @@ COMMENT ON FUNCTION awp.check_worker_session(text, text) IS 'The status of a val
 -- awp.get_task(run_id, task_key): one task (the columns of awp.run_tasks) with its attempts
 -- (the rows of awp.task_attempts, oldest first) as a jsonb array, then wait_reason and wait_detail
 -- (what holds it while it waits: awp.run_waits, docs/limits.md), its priority and its rate limits' buckets
--- (limits: name or name=key; NULL for none). AWNTF when unknown. Locks: none.
+-- (limits: name or name=key; NULL for none), then progress and progress_at: the latest progress value its latest
+-- attempt reported (docs/progress.md; NULL when none). AWNTF when unknown. Locks: none.
 CREATE OR REPLACE FUNCTION awp.get_task(p_run_id text, p_task_key text)
 RETURNS TABLE (task_key text, status text, attempts integer, ready_at timestamptz, executor text,
                action text, depends_on text[], max_attempts integer, timeout_ms integer,
                updated_at timestamptz, finished_at timestamptz, attempt_history jsonb,
                wait_reason text, wait_detail text, mapped_task text, item_index integer, item jsonb,
                item_count integer, instances_succeeded integer, skip_reason text, output jsonb, error_code text,
-               error_message text, child_run_id text, priority integer, limits text[])
+               error_message text, child_run_id text, priority integer, limits text[], progress jsonb,
+               progress_at timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_history jsonb;
@@ -33,8 +35,10 @@ BEGIN
   SELECT t.task_key, t.status, t.attempts, t.ready_at, t.executor, t.action, t.depends_on,
          t.max_attempts, t.timeout_ms, t.updated_at, t.finished_at, v_history, w.reason, w.detail,
          t.mapped_task, t.item_index, t.item, t.item_count, awp._instances_succeeded(p_run_id, t.task_key, t.item_count),
-         t.skip_reason, t.output, t.error_code, t.error_message, t.child_run_id, t.priority::integer, t.limit_buckets
+         t.skip_reason, t.output, t.error_code, t.error_message, t.child_run_id, t.priority::integer, t.limit_buckets,
+         g.progress, g.progress_at
     FROM awp.tasks t
+    LEFT JOIN awp.task_progress g ON g.run_id = t.run_id AND g.task_key = t.task_key AND g.attempt = t.attempts
     LEFT JOIN awp._task_waits(CASE WHEN t.status IN ('waiting_dependencies', 'waiting_retry', 'ready', 'queued')
                                         OR (t.status = 'running' AND t.executor IN ('signal', 'sleep'))
                                    THEN p_run_id END) w ON w.task_key = t.task_key

@@ -1,7 +1,8 @@
 -- Retention (docs/retention.md): delete what is older than a cutoff, in bounded batches.
 --   runs              terminal (finished_at set) and finished before the cutoff, with no pending or leased
---                     dispatch: the run with its tasks, dispatches, attempts, events, and the idempotency
---                     record that started it. Pending and running runs are never touched.
+--                     dispatch: the run with its tasks, dispatches, attempts, events, progress, log lines and
+--                     output chunks (awp.task_progress, awp.task_output, awp.run_outputs: docs/progress.md), and the
+--                     idempotency record that started it. Pending and running runs are never touched.
 --   workers           stopped or offline sessions that ended (stopped_at / offline_at) before the cutoff and
 --                     that nothing references any more (no dispatch, no attempt: their runs were pruned
 --                     first). Active and draining workers are never touched.
@@ -16,7 +17,7 @@
 -- Locks, in this order, each batch in the caller's transaction: the transaction-level advisory lock
 -- hashtext('awp.prune') (concurrent prunes run one after the other), then idempotency records and run
 -- rows with FOR UPDATE SKIP LOCKED (a run that another transaction holds is left for the next batch),
--- then the run's dispatches, tasks, attempts and events (nobody else locks them once the run is
+-- then the run's dispatches, tasks, attempts, events and outputs (nobody else locks them once the run is
 -- terminal), then worker rows with FOR UPDATE SKIP LOCKED. Nothing here ever waits for a worker or run
 -- lock, so the project's order (settings, worker, schedule, run, dispatch, task) cannot deadlock
 -- with it, and a batch holds its locks only for its own short duration.
@@ -89,6 +90,9 @@ BEGIN
     GET DIAGNOSTICS n_tasks = ROW_COUNT;
     DELETE FROM awp.events e WHERE e.run_id = ANY (v_runs);
     GET DIAGNOSTICS n_events = ROW_COUNT;
+    DELETE FROM awp.task_output o WHERE o.run_id = ANY (v_runs);
+    DELETE FROM awp.task_progress g WHERE g.run_id = ANY (v_runs);
+    DELETE FROM awp.run_outputs o WHERE o.run_id = ANY (v_runs);
     DELETE FROM awp.idempotency_keys k USING awp.runs r
      WHERE r.run_id = ANY (v_runs) AND k.scope = 'runs' AND k.idempotency_key = r.idempotency_key
        AND k.response->>'run_id' = r.run_id;

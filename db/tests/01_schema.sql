@@ -174,11 +174,11 @@ SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_stri
                ('list_workers', ARRAY['timestamptz', 'text', 'integer']),
                ('get_worker', ARRAY['text']),
                ('coordinator_tick', ARRAY['boolean', 'bigint']),
-               ('configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer']),
+               ('configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer', 'integer', 'integer']),
                ('prune', ARRAY['interval'])) AS x(f, args);
 
 SELECT function_returns('awp', 'coordinator_tick', ARRAY['boolean', 'bigint'], 'jsonb', 'coordinator_tick returns jsonb');
-SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer'], 'jsonb', 'configure returns jsonb');
+SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer', 'integer', 'integer'], 'jsonb', 'configure returns jsonb');
 SELECT function_returns('awp', 'prune', ARRAY['interval'], 'jsonb', 'prune returns jsonb');
 SELECT function_returns('awp', 'start_run', ARRAY['text', 'integer', 'text', 'jsonb'], 'text', 'start_run returns the run id');
 SELECT function_returns('awp', 'complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb'], 'boolean', 'complete_task returns applied');
@@ -234,9 +234,9 @@ SELECT is((tests.out_columns('awp.list_workers(timestamptz, text, integer)'))[1:
 SELECT is(tests.out_columns('awp.drain_worker(text, text)'), tests.out_columns('awp.get_worker(text)'),
           'drain_worker returns the worker summary row');
 SELECT is((SELECT array_agg(n ORDER BY i) FROM pg_proc p, unnest(p.proargnames) WITH ORDINALITY a(n, i)
-            WHERE p.oid = 'awp.configure(integer, integer, integer, integer, bigint, integer)'::regprocedure),
+            WHERE p.oid = 'awp.configure(integer, integer, integer, integer, bigint, integer, integer, integer)'::regprocedure),
           ARRAY['lease_duration_ms', 'heartbeat_interval_ms', 'offline_after_heartbeats', 'dispatch_limit', 'retention_ms',
-                'leader_lease_ms'],
+                'leader_lease_ms', 'progress_log_bytes', 'progress_chunk_bytes'],
           'configure has the fixed argument names');
 SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.start_run(text, integer, text, jsonb)'::regprocedure),
           3::smallint, 'start_run: version, idempotency_key and input are optional');

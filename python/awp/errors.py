@@ -24,6 +24,7 @@ SQLSTATE_ERRORS: dict[str, tuple[int, str]] = {
     "AWCNF": (409, "result_conflict"),
     "AWIDM": (409, "idempotency_conflict"),
     "AWSIG": (409, "signal_not_waiting"),
+    "AWBIG": (413, "payload_too_large"),
 }
 
 # Codes the gateway itself answers with (python/awp/openapi.yaml), by HTTP status.

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from awp import gateway, parsing, results
+from awp import gateway, parsing, progress, results
 from awp.cli_retention import parse_duration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +52,18 @@ CHECKS = [
     ("input_bytes", "awp.schedules", "schedule_input_size", r"CHECK \(\(octet_length\(\(input\)::text\) <= (\d+)\)\)"),
     ("error_code_chars", "awp.dispatches", "attempt_error_code_length", r"CHECK \(\(length\(error_code\) <= (\d+)\)\)"),
     (
+        "progress_bytes",
+        "awp.task_progress",
+        "task_progress_value_size",
+        r"CHECK \(\(octet_length\(\(progress\)::text\) <= (\d+)\)\)",
+    ),
+    (
+        "progress_entry_bytes",
+        "awp.task_output",
+        "task_output_entry_size",
+        r"CHECK \(\(octet_length\(body\) <= (\d+)\)\)",
+    ),
+    (
         "error_message_bytes",
         "awp.dispatches",
         "attempt_error_message_length",
@@ -78,6 +90,10 @@ def test_the_python_constants_equal_the_database_limits(conn: psycopg.Connection
     assert db["batch_results"] == gateway.MAX_BATCH
     assert db["batch_runs"] == gateway.MAX_BATCH_RUNS
     assert db["heartbeat_list"] == gateway.MAX_PENDING_CLAIMS
+    assert db["progress_bytes"] == progress.MAX_PROGRESS_BYTES
+    assert db["progress_entry_bytes"] == progress.MAX_ENTRY_BYTES
+    assert db["progress_entries"] == progress.MAX_ENTRIES
+    assert db["batch_results"] == progress.MAX_BATCH_LEASES
     # The gateway's pages are smaller on purpose (python/awp/parsing.py); the SQL API's bound must admit them.
     assert 1 <= parsing.PAGE_LIMIT_DEFAULT <= parsing.PAGE_LIMIT_MAX <= db["page_rows"]
 

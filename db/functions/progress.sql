@@ -1,0 +1,324 @@
+-- Live progress, logs and partial output of a running task (docs/progress.md; migration 0022). A worker reports,
+-- for a lease it holds, the latest progress value (latest wins), log lines and output chunks (awp.report_progress,
+-- POST /workers/{worker_id}/leases/{dispatch_id}/progress; awp.report_progress_many for several leases at once).
+-- Readers: awp.task_logs, awp.run_stream (GET /runs/{id}/stream), awp.get_task (the latest progress).
+-- A write is fenced like a completion and never locks the run, its dispatches or its tasks: it locks the run's row
+-- of awp.run_outputs (its sequence counter) and its attempt's row of awp.task_progress, for one short transaction.
+
+-- awp._check_progress_write(progress, logs, chunks): AWREQ when none of the three is given or a line or chunk is
+-- null; AWBIG (413) when the progress value is over awp._limit_progress_bytes(), a line or chunk over
+-- awp._limit_progress_entry_bytes(), or the lines and chunks together more than awp._limit_progress_entries();
+-- each message names the limit. Locks: none.
+CREATE OR REPLACE FUNCTION awp._check_progress_write(p_progress jsonb, p_logs text[], p_chunks text[]) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_bytes   integer;
+  v_entries integer := coalesce(cardinality(p_logs), 0) + coalesce(cardinality(p_chunks), 0);
+BEGIN
+  IF p_progress IS NULL AND p_logs IS NULL AND p_chunks IS NULL THEN
+    PERFORM awp._raise_invalid_request('nothing to report', 'give progress, logs or chunks');
+  END IF;
+  IF array_position(p_logs, NULL) IS NOT NULL OR array_position(p_chunks, NULL) IS NOT NULL THEN
+    PERFORM awp._raise_invalid_request('invalid logs or chunks', 'logs and chunks must be arrays of strings');
+  END IF;
+  v_bytes := octet_length(p_progress::text);
+  IF v_bytes > awp._limit_progress_bytes() THEN
+    PERFORM awp._raise_too_large('progress too large',
+      format('progress is %s bytes, over the %s-byte limit', v_bytes, awp._limit_progress_bytes()));
+  END IF;
+  IF v_entries > awp._limit_progress_entries() THEN
+    PERFORM awp._raise_too_large('too many entries',
+      format('%s log lines and chunks in one write, over the limit of %s', v_entries, awp._limit_progress_entries()));
+  END IF;
+  SELECT max(octet_length(x)) INTO v_bytes
+    FROM (SELECT unnest(p_logs) UNION ALL SELECT unnest(p_chunks)) e(x);
+  IF v_bytes > awp._limit_progress_entry_bytes() THEN
+    PERFORM awp._raise_too_large('log line or chunk too large',
+      format('a log line or chunk is %s bytes, over the %s-byte limit', v_bytes, awp._limit_progress_entry_bytes()));
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._check_progress_write(jsonb, text[], text[]) IS 'Validates a progress write''s shape (AWREQ) and sizes (AWBIG).';
+
+-- awp._progress_lease(worker_id, dispatch_id, lease_token): the dispatch when this worker may still write its
+-- progress: it holds the lease (awp._holds_lease, the ownership test of a completion), the dispatch is leased, its
+-- attempt deadline and lease have not passed, and its run is running without a cancellation request. AWLST
+-- otherwise, naming why (the reasons awp.complete_task gives). A heartbeat renews the lease as before; a progress
+-- write does not. Locks: none (one plain read of the dispatch and its run; the lease's state at that read decides).
+CREATE OR REPLACE FUNCTION awp._progress_lease(p_worker_id text, p_dispatch_id text, p_lease_token text)
+RETURNS awp.dispatches
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  d      awp.dispatches;
+  r      awp.runs;
+  v_now  timestamptz := awp._now();
+BEGIN
+  SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
+  IF NOT FOUND OR NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN
+    PERFORM awp._raise_lease_lost('the dispatch is not leased to this worker with this lease token');
+  END IF;
+  SELECT * INTO r FROM awp.runs x WHERE x.run_id = d.run_id;
+  IF d.status <> 'leased' THEN
+    PERFORM awp._raise_lease_lost(format('the dispatch is %s', d.status));
+  ELSIF v_now >= d.attempt_deadline THEN
+    PERFORM awp._raise_lease_lost('the attempt deadline has passed');
+  ELSIF v_now >= d.lease_expires_at THEN
+    PERFORM awp._raise_lease_lost('the lease has expired');
+  ELSIF r.cancel_requested_at IS NOT NULL OR r.status <> 'running' THEN
+    PERFORM awp._raise_lease_lost(format('the run is %s%s', r.status,
+                                         CASE WHEN r.cancel_requested_at IS NOT NULL THEN ' (cancel requested)' ELSE '' END));
+  END IF;
+  RETURN d;
+END $$;
+COMMENT ON FUNCTION awp._progress_lease(text, text, text) IS 'The dispatch whose progress this worker may write with this lease token; AWLST otherwise.';
+
+-- awp._truncate_output(attempt row, kind, excess): drops the oldest entries of one kind ('log' or 'chunk') of an
+-- attempt until at least `excess` bytes are gone, and counts them on its awp.task_progress row (the attempt is then
+-- truncated). Locks: the attempt's awp.task_progress row (already held by the caller) and the rows deleted.
+CREATE OR REPLACE FUNCTION awp._truncate_output(p awp.task_progress, p_kind text, p_excess bigint) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_n     bigint;
+  v_bytes bigint;
+BEGIN
+  WITH old AS (
+    SELECT o.seq, sum(o.bytes) OVER (ORDER BY o.seq) - o.bytes AS before
+      FROM awp.task_output o
+     WHERE o.run_id = p.run_id AND o.task_key = p.task_key AND o.attempt = p.attempt AND o.kind = p_kind
+  ), gone AS (
+    DELETE FROM awp.task_output o USING old
+     WHERE o.run_id = p.run_id AND o.seq = old.seq AND old.before < p_excess
+    RETURNING o.bytes
+  )
+  SELECT count(*), coalesce(sum(gone.bytes), 0) INTO v_n, v_bytes FROM gone;
+  UPDATE awp.task_progress t
+     SET log_bytes = t.log_bytes - CASE p_kind WHEN 'log' THEN v_bytes ELSE 0 END,
+         logs_dropped = t.logs_dropped + CASE p_kind WHEN 'log' THEN v_n ELSE 0 END,
+         chunk_bytes = t.chunk_bytes - CASE p_kind WHEN 'chunk' THEN v_bytes ELSE 0 END,
+         chunks_dropped = t.chunks_dropped + CASE p_kind WHEN 'chunk' THEN v_n ELSE 0 END
+   WHERE t.dispatch_id = p.dispatch_id;
+END $$;
+COMMENT ON FUNCTION awp._truncate_output(awp.task_progress, text, bigint) IS 'Drops an attempt''s oldest log lines or chunks past its bound and counts them.';
+
+-- awp._write_progress(worker_id, dispatch_id, lease_token, progress, logs, chunks): one fenced write (sizes first,
+-- then the lease: awp._progress_lease); nothing is written when either refuses. The run's next sequence numbers go
+-- to the log lines in order, then the chunks in order, then the progress value (latest wins). Past the attempt's
+-- bound (settings progress_log_bytes, progress_chunk_bytes) the oldest entries of that kind are dropped.
+-- Returns {"seq": the last sequence number given (null when nothing was written), "truncated": whether this
+-- attempt has dropped entries, "run_id"}.
+-- Locks: the run's awp.run_outputs row (its writers queue there, one short transaction each), then the attempt's
+-- awp.task_progress row. Never the run, a dispatch, a task or a worker row.
+CREATE OR REPLACE FUNCTION awp._write_progress(p_worker_id text, p_dispatch_id text, p_lease_token text,
+                                               p_progress jsonb, p_logs text[], p_chunks text[])
+RETURNS jsonb
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  d       awp.dispatches;
+  p       awp.task_progress;
+  s       awp.settings := awp._settings();
+  v_now   timestamptz;
+  v_logs  integer := coalesce(cardinality(p_logs), 0);
+  v_count integer := coalesce(cardinality(p_logs), 0) + coalesce(cardinality(p_chunks), 0)
+                     + CASE WHEN p_progress IS NULL THEN 0 ELSE 1 END;
+  v_last  bigint;
+BEGIN
+  PERFORM awp._check_progress_write(p_progress, p_logs, p_chunks);
+  d := awp._progress_lease(p_worker_id, p_dispatch_id, p_lease_token);
+  IF v_count = 0 THEN
+    RETURN jsonb_build_object('seq', NULL, 'truncated', false, 'run_id', d.run_id);
+  END IF;
+  v_now := awp._now();
+  INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (d.run_id, v_count)
+  ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq + excluded.last_seq
+  RETURNING o.last_seq INTO v_last;
+
+  INSERT INTO awp.task_output (run_id, seq, task_key, attempt, kind, body, bytes, created_at)
+  SELECT d.run_id, v_last - v_count + e.n, d.task_key, d.attempt, e.kind, e.body, octet_length(e.body), v_now
+    FROM (SELECT 'log' AS kind, l.body, l.n FROM unnest(p_logs) WITH ORDINALITY AS l(body, n)
+          UNION ALL
+          SELECT 'chunk', c.body, v_logs + c.n FROM unnest(p_chunks) WITH ORDINALITY AS c(body, n)) e;
+
+  INSERT INTO awp.task_progress AS t (dispatch_id, run_id, task_key, attempt, progress, progress_seq, progress_at,
+                                      log_bytes, chunk_bytes, updated_at)
+  VALUES (d.dispatch_id, d.run_id, d.task_key, d.attempt, p_progress,
+          CASE WHEN p_progress IS NOT NULL THEN v_last END, CASE WHEN p_progress IS NOT NULL THEN v_now END,
+          coalesce((SELECT sum(octet_length(x)) FROM unnest(p_logs) x), 0),
+          coalesce((SELECT sum(octet_length(x)) FROM unnest(p_chunks) x), 0), v_now)
+  ON CONFLICT (dispatch_id) DO UPDATE
+     SET progress = CASE WHEN excluded.progress_seq IS NULL THEN t.progress ELSE excluded.progress END,
+         progress_seq = coalesce(excluded.progress_seq, t.progress_seq),
+         progress_at = coalesce(excluded.progress_at, t.progress_at),
+         log_bytes = t.log_bytes + excluded.log_bytes,
+         chunk_bytes = t.chunk_bytes + excluded.chunk_bytes,
+         updated_at = excluded.updated_at
+  RETURNING t.* INTO p;
+
+  IF p.log_bytes > s.progress_log_bytes THEN
+    PERFORM awp._truncate_output(p, 'log', p.log_bytes - s.progress_log_bytes);
+  END IF;
+  IF p.chunk_bytes > s.progress_chunk_bytes THEN
+    PERFORM awp._truncate_output(p, 'chunk', p.chunk_bytes - s.progress_chunk_bytes);
+  END IF;
+  RETURN jsonb_build_object('seq', v_last, 'run_id', d.run_id, 'truncated',
+    p.logs_dropped + p.chunks_dropped > 0 OR p.log_bytes > s.progress_log_bytes OR p.chunk_bytes > s.progress_chunk_bytes);
+END $$;
+COMMENT ON FUNCTION awp._write_progress(text, text, text, jsonb, text[], text[]) IS 'One fenced progress write of a lease (progress, log lines, chunks), bounded per attempt.';
+
+-- awp.report_progress(worker_id, session_token, dispatch_id, lease_token, progress, logs, chunks): a running task's
+-- latest progress value (any JSON, latest wins, at most awp._limit_progress_bytes() bytes), log lines and output
+-- chunks (appended in order), any of the three (docs/progress.md). Fenced like awp.complete_task: AWSES (checked
+-- first), AWREQ (nothing given, a null line), AWBIG (a value over its limit), AWLST (unknown dispatch, another
+-- worker's, a wrong lease token, not leased any more, expired, past its attempt deadline, run canceled or not
+-- running); nothing is written when it raises. Returns {"seq", "truncated", "run_id"} (awp._write_progress).
+-- Locks: as awp._write_progress (no worker, run, dispatch or task lock).
+CREATE OR REPLACE FUNCTION awp.report_progress(p_worker_id text, p_session_token text, p_dispatch_id text,
+                                               p_lease_token text, p_progress jsonb DEFAULT NULL,
+                                               p_logs text[] DEFAULT NULL, p_chunks text[] DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM awp._session(p_worker_id, p_session_token, false);
+  RETURN awp._write_progress(p_worker_id, p_dispatch_id, p_lease_token, p_progress, p_logs, p_chunks);
+END $$;
+COMMENT ON FUNCTION awp.report_progress(text, text, text, text, jsonb, text[], text[]) IS 'A lease''s progress value, log lines and output chunks (fenced like complete; bounded per attempt); AWSES/AWREQ/AWBIG/AWLST.';
+
+-- awp.report_progress_many(worker_id, session_token, items): several leases' writes in one call, each on its own
+-- (a refused item writes nothing and does not spoil the others). items: an array of at most
+-- awp._limit_batch_results() objects {"dispatch_id", "lease_token", "progress"?, "logs"?: [text], "chunks"?: [text]}.
+-- One row per item, in order: dispatch_id, and either seq, truncated and run_id (as awp.report_progress) or error
+-- {sqlstate, message, detail} (AWLST, AWBIG, AWREQ). AWSES first; AWREQ for a malformed list.
+-- Locks: per item, as awp._write_progress.
+CREATE OR REPLACE FUNCTION awp.report_progress_many(p_worker_id text, p_session_token text, p_items jsonb)
+RETURNS TABLE (dispatch_id text, seq bigint, truncated boolean, run_id text, error jsonb)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  e       jsonb;
+  v_ans   jsonb;
+  v_state text;
+  v_msg   text;
+  v_det   text;
+BEGIN
+  PERFORM awp._session(p_worker_id, p_session_token, false);
+  IF jsonb_typeof(p_items) IS DISTINCT FROM 'array' OR jsonb_array_length(p_items) > awp._limit_batch_results()
+     OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) x
+                 WHERE jsonb_typeof(x) <> 'object'
+                    OR jsonb_typeof(x->'dispatch_id') IS DISTINCT FROM 'string'
+                    OR jsonb_typeof(x->'lease_token') IS DISTINCT FROM 'string'
+                    OR jsonb_typeof(coalesce(x->'logs', '[]')) <> 'array'
+                    OR jsonb_typeof(coalesce(x->'chunks', '[]')) <> 'array'
+                    OR x - '{dispatch_id,lease_token,progress,logs,chunks}'::text[] <> '{}'::jsonb) THEN
+    PERFORM awp._raise_invalid_request('invalid items',
+      format('items must be an array of at most %s {"dispatch_id", "lease_token", "progress"?, "logs"?, "chunks"?} objects',
+             awp._limit_batch_results()));
+  END IF;
+  FOR e IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
+    dispatch_id := e->>'dispatch_id';
+    BEGIN
+      v_ans := awp._write_progress(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress',
+                                   (SELECT array_agg(l ORDER BY n) FROM jsonb_array_elements_text(e->'logs') WITH ORDINALITY a(l, n)),
+                                   (SELECT array_agg(c ORDER BY n) FROM jsonb_array_elements_text(e->'chunks') WITH ORDINALITY a(c, n)));
+      seq := (v_ans->>'seq')::bigint;
+      truncated := (v_ans->>'truncated')::boolean;
+      run_id := v_ans->>'run_id';
+      error := NULL;
+    EXCEPTION WHEN SQLSTATE 'AWLST' OR SQLSTATE 'AWBIG' OR SQLSTATE 'AWREQ' THEN
+      GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_det = PG_EXCEPTION_DETAIL;
+      seq := NULL;
+      truncated := NULL;
+      run_id := NULL;
+      error := jsonb_build_object('sqlstate', v_state, 'message', v_msg, 'detail', v_det);
+    END;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION awp.report_progress_many(text, text, jsonb) IS 'Several leases'' progress writes in one call, each fenced on its own; per item its seq or its error; AWSES/AWREQ.';
+
+-- awp.task_logs(run_id, task_key, attempt, after_seq, limit): the log lines and output chunks one attempt kept (the
+-- task's latest attempt when attempt is NULL), after the run sequence number after_seq, oldest first, at most limit
+-- (1 to awp._limit_page_rows(), default that). Returns {"run_id", "task_key", "attempt", "task_status", "progress",
+-- "progress_at", "truncated" (entries were dropped: the oldest first), "logs_dropped", "chunks_dropped", "items":
+-- [{"seq", "kind": "log"|"chunk", "text", "at"}], "next_after" (pass it as after_seq to read on), "more"}. AWNTF for
+-- an unknown run or task; AWREQ for a bad attempt, after_seq or limit. Locks: none.
+CREATE OR REPLACE FUNCTION awp.task_logs(p_run_id text, p_task_key text, p_attempt integer DEFAULT NULL,
+                                         p_after_seq bigint DEFAULT 0, p_limit integer DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  t         awp.tasks;
+  p         awp.task_progress;
+  v_attempt integer;
+  v_limit   integer := coalesce(p_limit, awp._limit_page_rows());
+  v_items   jsonb;
+BEGIN
+  PERFORM awp._check_page(p_limit);
+  SELECT * INTO t FROM awp.tasks x WHERE x.run_id = p_run_id AND x.task_key = p_task_key;
+  IF NOT FOUND THEN
+    PERFORM awp._require_run(p_run_id);
+    PERFORM awp._raise_not_found('task not found', format('run %s has no task %s', p_run_id, p_task_key));
+  END IF;
+  IF p_attempt IS NOT NULL AND p_attempt < 1 OR p_after_seq < 0 THEN
+    PERFORM awp._raise_invalid_request('invalid attempt or after', 'attempt must be 1 or more and after 0 or more');
+  END IF;
+  v_attempt := coalesce(p_attempt, t.attempts);
+  SELECT * INTO p FROM awp.task_progress x
+   WHERE x.run_id = p_run_id AND x.task_key = p_task_key AND x.attempt = v_attempt;
+  SELECT coalesce(jsonb_agg(jsonb_build_object('seq', o.seq, 'kind', o.kind, 'text', o.body, 'at', o.created_at)
+                            ORDER BY o.seq), '[]'::jsonb)
+    INTO v_items
+    FROM (SELECT * FROM awp.task_output x
+           WHERE x.run_id = p_run_id AND x.task_key = p_task_key AND x.attempt = v_attempt
+             AND x.seq > coalesce(p_after_seq, 0)
+           ORDER BY x.seq LIMIT v_limit) o;
+  RETURN jsonb_build_object(
+    'run_id', p_run_id, 'task_key', p_task_key, 'attempt', nullif(v_attempt, 0), 'task_status', t.status,
+    'progress', p.progress, 'progress_at', p.progress_at,
+    'truncated', coalesce(p.logs_dropped + p.chunks_dropped > 0, false),
+    'logs_dropped', coalesce(p.logs_dropped, 0), 'chunks_dropped', coalesce(p.chunks_dropped, 0),
+    'items', v_items,
+    'next_after', coalesce((v_items->-1->>'seq')::bigint, coalesce(p_after_seq, 0)),
+    'more', jsonb_array_length(v_items) = v_limit);
+END $$;
+COMMENT ON FUNCTION awp.task_logs(text, text, integer, bigint, integer) IS 'The log lines and output chunks an attempt kept, after a sequence number, with its latest progress and whether it was truncated; AWNTF when unknown.';
+
+-- awp.run_stream(run_id, after_event, after_output, limit): what GET /runs/{id}/stream sends next, in one call:
+-- {"status": the run's status, "events": [the run's events after the sequence after_event, each {"sequence",
+-- "entity_type", "entity_key", "from_status", "to_status", "reason", "at"}], "outputs": [log lines, chunks and
+-- progress values after the run sequence number after_output, each {"seq", "kind": "log"|"chunk"|"progress",
+-- "task_key", "attempt", "value", "at"}; a progress value appears once, at the sequence number of its latest
+-- write]}, each list in order and at most limit long (1 to awp._limit_page_rows(), default that). AWNTF for an
+-- unknown run. Locks: none.
+CREATE OR REPLACE FUNCTION awp.run_stream(p_run_id text, p_after_event bigint DEFAULT 0, p_after_output bigint DEFAULT 0,
+                                          p_limit integer DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_status  text;
+  v_limit   integer := coalesce(p_limit, awp._limit_page_rows());
+  v_events  jsonb;
+  v_outputs jsonb;
+BEGIN
+  PERFORM awp._check_page(p_limit);
+  SELECT r.status INTO v_status FROM awp.runs r WHERE r.run_id = p_run_id;
+  IF NOT FOUND THEN
+    PERFORM awp._raise_not_found('run not found', format('no run %s', p_run_id));
+  END IF;
+  SELECT coalesce(jsonb_agg(jsonb_build_object('sequence', e.sequence, 'entity_type', e.entity_type,
+                                               'entity_key', e.entity_key, 'from_status', e.from_status,
+                                               'to_status', e.to_status, 'reason', e.reason, 'at', e.occurred_at)
+                            ORDER BY e.sequence), '[]'::jsonb)
+    INTO v_events
+    FROM (SELECT * FROM awp.events x WHERE x.run_id = p_run_id AND x.sequence > coalesce(p_after_event, 0)
+           ORDER BY x.sequence LIMIT v_limit) e;
+  SELECT coalesce(jsonb_agg(jsonb_build_object('seq', o.seq, 'kind', o.kind, 'task_key', o.task_key,
+                                               'attempt', o.attempt, 'value', o.value, 'at', o.at)
+                            ORDER BY o.seq), '[]'::jsonb)
+    INTO v_outputs
+    FROM (SELECT x.* FROM (
+            SELECT t.seq, t.kind, t.task_key, t.attempt, to_jsonb(t.body) AS value, t.created_at AS at
+              FROM awp.task_output t WHERE t.run_id = p_run_id AND t.seq > coalesce(p_after_output, 0)
+            UNION ALL
+            SELECT g.progress_seq, 'progress', g.task_key, g.attempt, g.progress, g.progress_at
+              FROM awp.task_progress g WHERE g.run_id = p_run_id AND g.progress_seq > coalesce(p_after_output, 0)) x
+           ORDER BY x.seq LIMIT v_limit) o;
+  RETURN jsonb_build_object('status', v_status, 'events', v_events, 'outputs', v_outputs);
+END $$;
+COMMENT ON FUNCTION awp.run_stream(text, bigint, bigint, integer) IS 'A run''s status, events and task outputs (log lines, chunks, progress) after two cursors, for its event stream; AWNTF when unknown.';
