@@ -29,6 +29,9 @@ MIN_TOKEN_LENGTH = 32
 DEFAULT_HEAD_TIMEOUT_MS = 10_000
 DEFAULT_BODY_TIMEOUT_MS = 30_000
 DEFAULT_KEEPALIVE_TIMEOUT_MS = 75_000
+DEFAULT_STREAM_LIMIT = 100
+DEFAULT_STREAM_POLL_MS = 250
+DEFAULT_STREAM_WRITE_TIMEOUT_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,11 @@ class GatewayConfig:
     body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
     keepalive_timeout_ms: int = DEFAULT_KEEPALIVE_TIMEOUT_MS
     auth_backoff_max_ms: int = DEFAULT_MAX_DELAY_MS  # the longest delay of a failed authentication (0: none)
+    # GET /runs/{id}/stream (docs/progress.md): open streams at most (beyond: 503), how often one polls the database
+    # when nothing woke it, and how long a write to a client that does not read may take before the stream ends.
+    stream_limit: int = DEFAULT_STREAM_LIMIT
+    stream_poll_ms: int = DEFAULT_STREAM_POLL_MS
+    stream_write_timeout_ms: int = DEFAULT_STREAM_WRITE_TIMEOUT_MS
 
     def check(self) -> None:
         """Raise ValueError when a secret is empty, shorter than MIN_TOKEN_LENGTH, or two secrets are equal."""
@@ -91,6 +99,10 @@ class GatewayConfig:
             raise ValueError("the head, body and keep-alive timeouts must be at least 1 ms")
         if self.auth_backoff_max_ms < 0:
             raise ValueError("the authentication back-off cannot be negative")
+        if self.stream_limit < 0 or self.stream_poll_ms < 10 or self.stream_write_timeout_ms < 100:
+            raise ValueError(
+                "the stream limit cannot be negative, the stream poll is at least 10 ms, its write timeout 100 ms"
+            )
 
 
 CONFIG = web.AppKey("config", GatewayConfig)

@@ -6,6 +6,7 @@ machine: ``--gateway`` / ``AWP_GATEWAY_URL`` and ``--token`` / ``AWP_OPERATOR_TO
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from rich.text import Text
 
 from awp import eventloop
 from awp.client import Client, ClientError, GatewayError, TlsVerifyError, TransportError
+from awp.statuses import TASK_DONE
 from awp.terminal import (
     WatchTimeout,
     cancel_message,
@@ -43,6 +45,8 @@ DEFAULT_GATEWAY = "http://127.0.0.1:8080"
 EXIT_WAIT_TIMEOUT = 124  # `awp run start --wait --timeout`: still running when the time was up (as timeout(1))
 
 T = TypeVar("T")
+FOLLOW_INTERVAL_S = 0.3  # awp run logs --follow asks for news this often
+SHOW_PROGRESS = 20  # awp run show: the latest progress of at most this many running tasks
 
 
 # What to do about an error, by the gateway's error code: each CLI error names its fix (AWP issue 41).
@@ -536,14 +540,17 @@ def run_list(client: Client, as_json: bool, workflow_id: str | None, status: str
 def run_show(client: Client, as_json: bool, run_id: str) -> None:
     """A run and its tasks."""
 
-    async def go(c: Client) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    async def go(c: Client) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
         info, tasks = await c.get_run(run_id), await c.run_tasks(run_id)
         failed = [await c.get_task(run_id, str(t["task_key"])) for t in tasks if t.get("status") == "failed"]
-        return info, tasks, failed
+        # The latest progress of the running tasks (docs/progress.md), of the first SHOW_PROGRESS of them.
+        running = [str(t["task_key"]) for t in tasks if t.get("status") == "running"][:SHOW_PROGRESS]
+        progress = {key: p for key in running if (p := (await c.get_task(run_id, key)).get("progress")) is not None}
+        return info, tasks, failed, progress
 
-    info, tasks, failed = _run(_with(client, go))
+    info, tasks, failed, progress = _run(_with(client, go))
     if as_json:
-        _echo_json({"run": info, "tasks": tasks})
+        _echo_json({"run": info, "tasks": tasks, "progress": progress})
         return
     console = _console()
     console.print(run_header(info))
@@ -557,6 +564,8 @@ def run_show(client: Client, as_json: bool, run_id: str) -> None:
     console.print(task_table(tasks))
     for line in wait_lines(tasks):  # what holds the waiting tasks, one line per reason (docs/limits.md)
         console.print(line, crop=False, soft_wrap=True)
+    for key, value in progress.items():
+        console.print(Text(f"progress {key}: " + preview(value, width)), crop=False, soft_wrap=True)
     for t in failed:
         line = Text(f"{t.get('task_key')} failed: ", style="red")
         if t.get("error_code"):  # settled by the database (docs/dynamic.md): a for_each, a child run
@@ -626,6 +635,72 @@ def run_events(client: Client, as_json: bool, run_id: str, after_sequence: int) 
         if e.get("reason"):
             line.append(f"  ({e.get('reason')})", style="dim")
         console.print(line, crop=False, soft_wrap=True)
+
+
+@run.command("logs")
+@click.argument("run_id")
+@click.argument("task_key")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the task ends.")
+@click.option("--attempt", type=click.IntRange(1), default=None, help="An attempt [default: the latest].")
+@click.option("--after", type=click.IntRange(0), default=0, help="Only what came after this sequence number.")
+@gateway_options
+def run_logs(
+    client: Client, as_json: bool, run_id: str, task_key: str, follow: bool, attempt: int | None, after: int
+) -> None:
+    """A task's log lines and output chunks (docs/progress.md); with --follow, live until the task ends."""
+    _run(_with(client, lambda c: follow_logs(c, run_id, task_key, attempt, after, follow, as_json)))
+
+
+async def follow_logs(
+    c: Client, run_id: str, task_key: str, attempt: int | None, after: int, follow: bool, as_json: bool
+) -> None:
+    """Print log lines (one per line), chunks (as they come, no newline added) and progress changes (to stderr;
+    in --json, every item as one JSON line); follow the latest attempt until the task is done."""
+    shown_attempt: int | None = None
+    progress: Any = None
+    open_chunk = False
+    while True:
+        page = await c.task_logs(run_id, task_key, after=after, attempt=attempt)
+        if page.get("attempt") != shown_attempt:
+            if shown_attempt is not None:  # a retry: its output starts from the beginning
+                after, open_chunk = 0, _end_chunk(open_chunk)
+                page = await c.task_logs(run_id, task_key, after=0, attempt=page.get("attempt"))
+                click.echo(f"--- attempt {page.get('attempt')} ---", err=True)
+            shown_attempt = page.get("attempt")
+            if page.get("truncated") and after == 0:
+                click.echo(
+                    f"[{page.get('logs_dropped')} earlier lines and {page.get('chunks_dropped')} chunks dropped]",
+                    err=True,
+                )
+        for item in page.get("items") or []:
+            if as_json:
+                click.echo(json.dumps(item, default=str))
+            elif item.get("kind") == "chunk":
+                sys.stdout.write(str(item.get("text")))
+                sys.stdout.flush()
+                open_chunk = True
+            else:
+                open_chunk = _end_chunk(open_chunk)
+                click.echo(str(item.get("text")))
+        after = int(page.get("next_after") or after)
+        if page.get("progress") is not None and page.get("progress") != progress:
+            progress = page.get("progress")
+            if follow and not as_json:
+                click.echo(f"[progress] {json.dumps(progress)}", err=True)
+        if page.get("more"):
+            continue
+        if not follow or page.get("task_status") in TASK_DONE:
+            _end_chunk(open_chunk)
+            return
+        await asyncio.sleep(FOLLOW_INTERVAL_S)
+
+
+def _end_chunk(open_chunk: bool) -> bool:
+    """End the line of the chunks printed so far (a log line or the end follows); always False."""
+    if open_chunk:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    return False
 
 
 @run.command("signal")

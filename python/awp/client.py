@@ -302,6 +302,55 @@ class Client:
         )
         return list(answer.get("results") or []), list(answer.get("leases") or [])
 
+    async def report_progress(
+        self,
+        worker_id: str,
+        session_token: str,
+        dispatch_id: str,
+        lease_token: str,
+        progress: Any = None,
+        logs: list[str] | None = None,
+        chunks: list[str] | None = None,
+        *,
+        with_progress: bool = False,
+    ) -> dict[str, Any]:
+        """POST .../leases/{dispatch_id}/progress (docs/progress.md): {"seq", "truncated"}. ``progress`` is sent
+        when not None, or when ``with_progress`` (to send a JSON null)."""
+        body: dict[str, Any] = {"lease_token": lease_token}
+        if progress is not None or with_progress:
+            body["progress"] = progress
+        if logs is not None:
+            body["logs"] = logs
+        if chunks is not None:
+            body["chunks"] = chunks
+        path = f"/workers/{_q(worker_id)}/leases/{_q(dispatch_id)}/progress"
+        return await self.request("POST", path, body, token=session_token, headers=self._worker_headers())
+
+    async def report_progress_many(
+        self, worker_id: str, session_token: str, items: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """POST /workers/{id}/progress: several leases' writes; per item {dispatch_id, seq, truncated} or
+        {dispatch_id, error: {code, message}}, in order."""
+        answer = await self.request(
+            "POST",
+            f"/workers/{_q(worker_id)}/progress",
+            {"items": items},
+            token=session_token,
+            headers=self._worker_headers(),
+        )
+        return list(answer.get("items") or [])
+
+    async def task_logs(
+        self, run_id: str, task_key: str, after: int = 0, attempt: int | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
+        """GET /runs/{id}/tasks/{key}/logs (docs/progress.md)."""
+        params: dict[str, Any] = {"after": after}
+        if attempt is not None:
+            params["attempt"] = attempt
+        if limit is not None:
+            params["limit"] = limit
+        return await self.request("GET", f"/runs/{_q(run_id)}/tasks/{_q(task_key)}/logs", params=params)
+
     async def drain(self, worker_id: str, session_token: str) -> dict[str, Any]:
         return await self.request(
             "POST", f"/workers/{_q(worker_id)}/drain", {}, token=session_token, headers=self._worker_headers()

@@ -615,6 +615,52 @@ class Database:
     async def get_worker(self, worker_id: str) -> Row:
         return await self._row("SELECT * FROM awp.get_worker(%s)", (worker_id,))
 
+    # -- live progress, logs and partial output (docs/progress.md) ---------------------------------
+
+    async def report_progress(
+        self,
+        worker_id: str,
+        session_token: str,
+        dispatch_id: str,
+        lease_token: str,
+        progress: Any,
+        has_progress: bool,
+        logs: list[str] | None,
+        chunks: list[str] | None,
+    ) -> dict[str, Any]:
+        """awp.report_progress: {"seq", "truncated"}; ``progress`` is passed when ``has_progress`` (JSON null too)."""
+        return await self._value(
+            "SELECT awp.report_progress(%s, %s, %s, %s, %s, %s::text[], %s::text[]) AS answer",
+            (
+                worker_id,
+                session_token,
+                dispatch_id,
+                lease_token,
+                _jsonb(progress) if has_progress else None,
+                logs,
+                chunks,
+            ),
+        )
+
+    async def report_progress_many(self, worker_id: str, session_token: str, items: list[dict[str, Any]]) -> list[Row]:
+        return await self._rows(
+            "SELECT * FROM awp.report_progress_many(%s, %s, %s)", (worker_id, session_token, _jsonb(items))
+        )
+
+    async def task_logs(
+        self, run_id: str, task_key: str, attempt: int | None, after_seq: int, limit: int | None
+    ) -> dict[str, Any]:
+        return await self._value(
+            "SELECT awp.task_logs(%s, %s, %s::integer, %s::bigint, %s::integer) AS logs",
+            (run_id, task_key, attempt, after_seq, limit),
+        )
+
+    async def run_stream(self, run_id: str, after_event: int, after_output: int, limit: int) -> dict[str, Any]:
+        return await self._value(
+            "SELECT awp.run_stream(%s, %s::bigint, %s::bigint, %s::integer) AS s",
+            (run_id, after_event, after_output, limit),
+        )
+
     # -- dashboard sessions -----------------------------------------------------------------------
 
     async def ui_session_revoked(self, session_id: str) -> bool:

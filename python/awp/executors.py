@@ -5,6 +5,7 @@
   (``temporary`` | ``permanent``), ``fail_attempts`` (fail while attempt <= N), ``output``, ``echo``
   (``true``: the output is ``{"task", "run_input", "upstream"[, "item", "item_index"][, "output"]}``, what the task
   received; item and item_index in an instance of a for_each task).
+  ``logs`` (a count: that many log lines through ``ctx.log``, docs/progress.md; for the benchmark's A/B).
 - ``python``: the action names a handler registered with ``@awp.handlers.handler`` in a module the worker
   imported (``--handlers``). Never an import path, a file or a shell command.
 
@@ -38,6 +39,7 @@ from awp.results import check_result as check_result  # re-exported: the check l
 log = logging.getLogger(__name__)
 
 HANDLER_THREAD_PREFIX = "awp-handler"
+MOCK_MAX_LOGS = 10_000  # the mock executor's ``logs`` at most
 
 
 class Executor(Protocol):
@@ -53,6 +55,10 @@ class MockExecutor:
 
     async def execute(self, action: str, input: Any, ctx: Context) -> Result:
         spec = input if isinstance(input, dict) else {}
+        logs = spec.get("logs")
+        if isinstance(logs, int) and not isinstance(logs, bool) and logs > 0:
+            for i in range(min(logs, MOCK_MAX_LOGS)):
+                ctx.log(f"{ctx.task_key}: line {i + 1} of {logs}")
         sleep_ms = spec.get("sleep_ms", 0)
         if isinstance(sleep_ms, int | float) and sleep_ms > 0:
             await asyncio.sleep(sleep_ms / 1000.0)

@@ -23,7 +23,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 HandlerFunc = Callable[[Any, "Context"], Any] | Callable[[Any, "Context"], Awaitable[Any]]
 
@@ -36,6 +36,16 @@ class PermanentError(Exception):
     def __init__(self, message: str = "", error_code: str = "permanent_error") -> None:
         super().__init__(message)
         self.error_code = error_code
+
+
+class OutputSink(Protocol):
+    """Where a handler's progress, log lines and chunks go (the worker's :class:`awp.progress.LeaseOutput`)."""
+
+    def progress(self, value: Any) -> None: ...
+
+    def log(self, line: Any) -> None: ...
+
+    def emit(self, chunk: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,11 @@ class Context:
     task this one depends on to that task's output (``None`` when it returned none); ``{}`` for a root task.
     ``item`` and ``item_index``: in an instance of a ``for_each`` task, its element of the list and its index
     (docs/dynamic.md); ``None`` otherwise.
+
+    Live output (docs/progress.md), callable from a sync or an async handler, never blocking: ``progress(value)``
+    (any JSON value, at most 16 KiB; the latest wins), ``log(line)`` (a text line, appended) and ``emit(chunk)``
+    (partial output in order, e.g. model tokens). The worker sends them in batches, a few times a second, and
+    the rest before it reports the result. Outside a worker (no sink) they do nothing.
     """
 
     run_id: str
@@ -66,6 +81,22 @@ class Context:
     upstream: dict[str, Any] = field(default_factory=dict)
     item: Any = None
     item_index: int | None = None
+    _output: OutputSink | None = None
+
+    def progress(self, value: Any) -> None:
+        """Report the task's progress: any JSON value (latest wins); ValueError over 16 KiB of JSON."""
+        if self._output is not None:
+            self._output.progress(value)
+
+    def log(self, line: Any) -> None:
+        """Append a log line (text; a line over 64 KiB is cut)."""
+        if self._output is not None:
+            self._output.log(line)
+
+    def emit(self, chunk: Any) -> None:
+        """Append a chunk of partial output (text, or any JSON value sent as its JSON text), in order."""
+        if self._output is not None:
+            self._output.emit(chunk)
 
     @property
     def idempotency_key(self) -> str:

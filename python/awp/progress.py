@@ -122,47 +122,55 @@ class LeaseOutput:
         with self._lock:
             return not self.fenced and (self._progress is not _UNSET or bool(self._entries))
 
-    def take(self, budget: int) -> dict[str, Any] | None:
-        """The next write of this lease, at most ``budget`` bytes of entries (at least one entry), or None."""
+    def take(self, budget: int) -> list[dict[str, Any]]:
+        """The next writes of this lease, at most ``budget`` bytes of entries (at least one entry): one write per
+        run of log lines followed by chunks (the database numbers a write's lines before its chunks), the progress
+        value on the last; none when nothing is pending."""
         with self._lock:
             if self.fenced:
-                return None
-            item: dict[str, Any] = {"dispatch_id": self.dispatch_id, "lease_token": self.lease_token}
-            if self._progress is not _UNSET:
-                item["progress"] = self._progress
-                self._progress = _UNSET
+                return []
+            progress = self._progress
+            self._progress = _UNSET
+            items: list[dict[str, Any]] = []
             logs: list[str] = []
             chunks: list[str] = []
-            used = 0
-            n = 0
+            used = n = 0
             for kind, text, size in self._entries:
                 if n and (used + size > budget or n >= MAX_ENTRIES):
                     break
-                if kind == "log":
-                    if chunks:  # a line after a chunk waits for the next write: each list keeps its order
-                        break
-                    logs.append(text)
-                else:
-                    chunks.append(text)
+                if kind == "log" and chunks:  # a line after chunks starts the next write: the order is kept
+                    items.append(self._item(logs, chunks))
+                    logs, chunks = [], []
+                (logs if kind == "log" else chunks).append(text)
                 used += size
                 n += 1
             del self._entries[:n]
             self._bytes -= used
+        if logs or chunks or (progress is not _UNSET and not items):
+            items.append(self._item(logs, chunks))
+        if progress is not _UNSET:
+            items[-1]["progress"] = progress
+        return items
+
+    def _item(self, logs: list[str], chunks: list[str]) -> dict[str, Any]:
+        item: dict[str, Any] = {"dispatch_id": self.dispatch_id, "lease_token": self.lease_token}
         if logs:
             item["logs"] = logs
         if chunks:
             item["chunks"] = chunks
-        return item if len(item) > 2 else None
+        return item
 
-    def restore(self, item: dict[str, Any]) -> None:
-        """Put back a write that got no answer (it is sent again, before anything newer)."""
+    def restore(self, writes: list[dict[str, Any]]) -> None:
+        """Put back writes that got no answer (they are sent again, before anything newer)."""
         with self._lock:
             if self.fenced:
                 return
-            if "progress" in item and self._progress is _UNSET:
-                self._progress = item["progress"]
-            back = [("log", t, len(t.encode())) for t in item.get("logs", [])]
-            back += [("chunk", t, len(t.encode())) for t in item.get("chunks", [])]
+            back: list[tuple[str, str, int]] = []
+            for item in writes:
+                if "progress" in item and self._progress is _UNSET:
+                    self._progress = item["progress"]
+                back += [("log", t, len(t.encode())) for t in item.get("logs", [])]
+                back += [("chunk", t, len(t.encode())) for t in item.get("chunks", [])]
             self._entries[:0] = back
             self._bytes += sum(size for _, _, size in back)
 
@@ -274,48 +282,51 @@ class ProgressSender:
 
     async def _send(self, outs: list[LeaseOutput]) -> None:
         items: list[dict[str, Any]] = []
-        sent: list[LeaseOutput] = []
+        taken: list[tuple[LeaseOutput, list[dict[str, Any]]]] = []
         budget = MAX_REQUEST_BYTES
         for out in outs:
-            item = out.take(max(1, budget // max(1, len(outs))))
-            if item is None:
+            writes = out.take(max(1, budget // max(1, len(outs))))
+            if not writes or len(items) + len(writes) > MAX_BATCH_LEASES:
+                if writes:
+                    out.restore(writes)
                 continue
-            items.append(item)
-            sent.append(out)
+            items += writes
+            taken.append((out, writes))
             out.in_flight = True
             out.last_sent = time.monotonic()
         if not items:
             return
         self.requests += 1
+        answers: list[dict[str, Any]] = []
         try:
             answers = await self.client.report_progress_many(self._worker_id(), self._session_token(), items)
         except GatewayError as e:
-            log.warning("progress of %d lease(s) not sent: %s", len(items), e)
-            if not e.retryable:
-                for out in sent:
+            log.warning("progress of %d lease(s) not sent: %s", len(taken), e)
+            for out, writes in taken:
+                if e.retryable:
+                    out.restore(writes)
+                else:
                     out.fence()
-            else:
-                for out, item in zip(sent, items, strict=True):
-                    out.restore(item)
+            if e.retryable:
                 await asyncio.sleep(min(1.0, e.retry_after_s or 0.5))
-            answers = []
         except ClientError as e:
-            log.warning("progress of %d lease(s) not sent: %s", len(items), e)
-            for out, item in zip(sent, items, strict=True):
-                out.restore(item)
+            log.warning("progress of %d lease(s) not sent: %s", len(taken), e)
+            for out, writes in taken:
+                out.restore(writes)
             await asyncio.sleep(0.5)
-            answers = []
         finally:
-            for out in sent:
+            for out, _ in taken:
                 out.in_flight = False
-        for out, answer in zip(sent, answers, strict=False):
+        by_lease = {out.dispatch_id: out for out, _ in taken}
+        for answer in answers:
             error = answer.get("error")
-            if error is not None:
+            refused = by_lease.get(str(answer.get("dispatch_id")))
+            if error is not None and refused is not None and not refused.fenced:
                 log.warning(
-                    "lease %s: progress refused (%s: %s)", out.dispatch_id, error.get("code"), error.get("message")
+                    "lease %s: progress refused (%s: %s)", refused.dispatch_id, error.get("code"), error.get("message")
                 )
                 if error.get("code") == "lease_lost":
-                    out.fence()
-        for out in sent:
+                    refused.fence()
+        for out, _ in taken:
             if out.finishing and not out.pending():
                 out.idle.set()

@@ -29,6 +29,8 @@ from awp.appstate import (
     DEFAULT_BODY_TIMEOUT_MS,
     DEFAULT_HEAD_TIMEOUT_MS,
     DEFAULT_KEEPALIVE_TIMEOUT_MS,
+    DEFAULT_STREAM_LIMIT,
+    DEFAULT_STREAM_POLL_MS,
     MIN_TOKEN_LENGTH,
     GatewayConfig,
 )
@@ -221,6 +223,22 @@ async def run_server(
     show_default=True,
     help="The longest delay of a 401 answer to a source that keeps failing authentication (0: no delay).",
 )
+@click.option(
+    "--stream-limit",
+    envvar="AWP_STREAM_LIMIT",
+    type=click.IntRange(0, 100_000),
+    default=DEFAULT_STREAM_LIMIT,
+    show_default=True,
+    help="Open GET /runs/{id}/stream event streams this gateway serves at most; beyond it 503 + Retry-After.",
+)
+@click.option(
+    "--stream-poll-ms",
+    envvar="AWP_STREAM_POLL_MS",
+    type=click.IntRange(10, 60_000),
+    default=DEFAULT_STREAM_POLL_MS,
+    show_default=True,
+    help="How often an event stream reads the database for news (at once for writes this gateway accepted).",
+)
 @click.option("--shutdown-timeout", type=float, default=10.0, show_default=True, help="Seconds to finish requests.")
 def serve(
     host: str,
@@ -246,6 +264,8 @@ def serve(
     body_timeout_ms: int,
     keepalive_timeout_ms: int,
     auth_backoff_max_ms: int,
+    stream_limit: int,
+    stream_poll_ms: int,
     shutdown_timeout: float,
 ) -> None:
     """Run the control plane: the HTTP gateway and a (standby) coordinator."""
@@ -284,6 +304,8 @@ def serve(
         body_timeout_ms=body_timeout_ms,
         keepalive_timeout_ms=keepalive_timeout_ms,
         auth_backoff_max_ms=auth_backoff_max_ms,
+        stream_limit=stream_limit,
+        stream_poll_ms=stream_poll_ms,
     )
     if group_lanes > pool_size:
         raise click.BadParameter("at most --pool-size (a lane's call takes a connection)", param_hint="--group-lanes")

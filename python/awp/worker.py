@@ -43,6 +43,7 @@ from awp.client import Client, ClientError, GatewayError, TlsVerifyError, Transp
 from awp.executors import HANDLER_THREAD_PREFIX, Executor, build_executors
 from awp.handlers import Context, registered_actions
 from awp.parsing import BODY_LIMIT
+from awp.progress import ProgressSender
 from awp.results import check_result, failure, refuses_result, rejected
 
 log = logging.getLogger("awp.worker")
@@ -234,6 +235,8 @@ class Worker:
         self._dropped: dict[str, list[Any]] = {}
         self._heartbeats_ok = 0  # successful heartbeats so far (a held result waits for one after an outage)
         self._heartbeat_ok = asyncio.Event()  # set (and replaced) at each successful heartbeat
+        # Live output of the handlers (ctx.progress / ctx.log / ctx.emit; docs/progress.md), batched per worker.
+        self.output = ProgressSender(self.client, lambda: self.worker_id, lambda: self.session_token)
 
     @property
     def batching(self) -> bool:
@@ -250,6 +253,7 @@ class Worker:
             code = await self._run()
         finally:
             self._exiting = True
+            await self.output.close()
             await self.client.close()
         self._log_summary(code)
         return code
@@ -520,6 +524,7 @@ class Worker:
             item=lease.get("item"),
             item_index=lease.get("item_index"),
             _deadline_fn=lambda: ex.deadline,
+            _output=(output := self.output.open(ex.dispatch_id, ex.lease_token)),
         )
         work = asyncio.create_task(executor.execute(ctx.action, lease.get("input"), ctx))
         aborted: asyncio.Task[Any] | None = None
@@ -551,8 +556,10 @@ class Worker:
                 else:  # registered before _execute frees the lease's slot: the hung handler keeps it
                     self._handler_hung(ex, work)
         if ex.abort_reason is not None:
+            self.output.discard(output)
             log.warning("lease %s: %s; execution cancelled, not completing", ex.describe(), ex.abort_reason)
             return None
+        await self.output.finish(output)  # the task's last output goes before its result (docs/progress.md)
         try:
             result = work.result()
         except asyncio.CancelledError:

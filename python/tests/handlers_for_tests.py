@@ -78,3 +78,32 @@ async def slow_first(input: Any, ctx: Context) -> dict[str, Any]:
     if ctx.attempt == 1:
         await asyncio.sleep(float(input.get("seconds", 60)))
     return {"attempt": ctx.attempt}
+
+
+@handler("test-stream")
+async def stream(input: Any, ctx: Context) -> dict[str, Any]:
+    """Live output (docs/progress.md): ``chunks`` chunks ``"<i>@<time.time()>;"`` ``interval_ms`` apart, a log line
+    every ``log_every`` chunks and the progress {"done": i} after each; then the count."""
+    import asyncio
+
+    n, interval = int(input.get("chunks", 200)), float(input.get("interval_ms", 10)) / 1000
+    log_every = int(input.get("log_every", 10))
+    for i in range(n):
+        ctx.emit(f"{i}@{time.time():.6f};")
+        if i % log_every == 0:
+            ctx.log(f"line {i}")
+        ctx.progress({"done": i + 1, "of": n})
+        await asyncio.sleep(interval)
+    return {"chunks": n}
+
+
+@handler("test-log-forever")
+def log_forever(input: Any, ctx: Context) -> str:
+    """A sync handler that logs a line every ``interval_ms`` for ``seconds`` (it cannot be interrupted)."""
+    interval, end = float(input.get("interval_ms", 50)) / 1000, time.monotonic() + float(input.get("seconds", 10))
+    i = 0
+    while time.monotonic() < end:
+        ctx.log(f"tick {i}")
+        i += 1
+        time.sleep(interval)
+    return f"{i} lines"
