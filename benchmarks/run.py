@@ -86,6 +86,7 @@ import many_runs
 import pacing
 import peer_procrastinate
 import procs
+import progress_cost
 import psycopg
 import reference
 import report
@@ -1005,6 +1006,29 @@ def run_step_only(
     return 1 if results["problems"] else 0
 
 
+def run_progress_only(
+    plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, out: Path, when: dt.datetime
+) -> int:
+    """``--progress-only``: step 11 alone (``progress_cost.py``), on its own gateway and workers; prints its table and
+    writes ``progress-<plan>-<time>.json`` (``latest.*`` are left as they are)."""
+    b = Bench(dsn, datadir, workdir, reaper)
+    results: dict[str, Any] = {"plan": asdict(plan), "machine": machine()}
+    b.gateway.start()
+    try:
+        results["progress"] = progress_cost.measure(b, plan)
+    finally:
+        b.pool.resize(0)
+        b.gateway.stop()
+        b.conn.close()
+    results["started_at"] = when.isoformat(timespec="seconds")
+    print(progress_cost.table(results["progress"]))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"progress-{plan.name}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    log.info("written %s", path)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="reduced sizes (about three minutes)")
@@ -1039,9 +1063,15 @@ def main() -> int:
         help="only step 11 (issue 40, pacing.py: max_in_flight and per_window under load), printed with its "
         "targets and written to pacing-<plan>-<time>.json",
     )
+    parser.add_argument(
+        "--progress-only",
+        action="store_true",
+        help="only step 11 (issue 45, progress_cost.py: tasks logging 10 lines against none), printed with its "
+        "target and written to progress-<plan>-<time>.json",
+    )
     args = parser.parse_args()
-    if args.io_only + args.many_runs_only + args.dynamic_only + args.pacing_only > 1:
-        parser.error("--io-only, --many-runs-only, --dynamic-only and --pacing-only: one at a time")
+    if args.io_only + args.many_runs_only + args.dynamic_only + args.pacing_only + args.progress_only > 1:
+        parser.error("--io-only, --many-runs-only, --dynamic-only, --pacing-only and --progress-only: one at a time")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     plan = QUICK if args.quick else FULL
     if args.repeats:
@@ -1073,7 +1103,7 @@ def main() -> int:
                 enable_pg_stat_statements(server)
             dsn = fresh_database(server, database_name("bench"))
             peer_db = database_name("bench_procrastinate")
-            alone = args.io_only or args.many_runs_only or args.dynamic_only or args.pacing_only
+            alone = args.io_only or args.many_runs_only or args.dynamic_only or args.pacing_only or args.progress_only
             # empty: the peer applies its own schema (not needed for --io-only, --many-runs-only, --dynamic-only)
             peer_dsn = None if alone else server.create_database(peer_db)
             # The plain-SQL reference runs in a database of its own: run in AWP's database, its 300,000-row
@@ -1088,6 +1118,8 @@ def main() -> int:
                 elif args.dynamic_only or args.pacing_only:
                     step = "dynamic" if args.dynamic_only else "pacing"
                     alone_code = run_step_only(step, plan, dsn, datadir, workdir, reaper, args.out, when)
+                elif args.progress_only:
+                    alone_code = run_progress_only(plan, dsn, datadir, workdir, reaper, args.out, when)
                 else:
                     results = run_plan(plan, dsn, datadir, workdir, reaper, args.profile, peer_dsn, ref_dsn)
             finally:

@@ -99,16 +99,19 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._truncate_output(awp.task_progress, text, bigint) IS 'Drops an attempt''s oldest log lines or chunks past its bound and counts them.';
 
--- awp._write_progress(worker_id, dispatch_id, lease_token, progress, logs, chunks): one fenced write (sizes first,
--- then the lease: awp._progress_lease); nothing is written when either refuses. The run's next sequence numbers go
--- to the log lines in order, then the chunks in order, then the progress value (latest wins). Past the attempt's
--- bound (settings progress_log_bytes, progress_chunk_bytes) the oldest entries of that kind are dropped.
--- Returns {"seq": the last sequence number given (null when nothing was written), "truncated": whether this
--- attempt has dropped entries, "run_id"}.
+-- awp._write_progress(worker_id, dispatch_id, lease_token, progress, logs, chunks, offset): one fenced write (sizes
+-- first, then the lease: awp._progress_lease); nothing is written when either refuses. offset (optional): how many
+-- lines and chunks the worker sent for this attempt before this write; the ones the attempt already has (a write
+-- sent again after a lost answer) are skipped, so a write with its offset is applied once. The run's next sequence
+-- numbers go to the (new) log lines in order, then the chunks in order, then the progress value (latest wins). Past
+-- the attempt's bound (settings progress_log_bytes, progress_chunk_bytes) the oldest entries of that kind are
+-- dropped. Returns {"seq": the last sequence number given (null when nothing was written), "truncated": whether
+-- this attempt has dropped entries, "run_id"}.
 -- Locks: the run's awp.run_outputs row (its writers queue there, one short transaction each), then the attempt's
 -- awp.task_progress row. Never the run, a dispatch, a task or a worker row.
 CREATE OR REPLACE FUNCTION awp._write_progress(p_worker_id text, p_dispatch_id text, p_lease_token text,
-                                               p_progress jsonb, p_logs text[], p_chunks text[])
+                                               p_progress jsonb, p_logs text[], p_chunks text[],
+                                               p_offset bigint DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -117,18 +120,36 @@ DECLARE
   s       awp.settings := awp._settings();
   v_now   timestamptz;
   v_logs  integer := coalesce(cardinality(p_logs), 0);
-  v_count integer := coalesce(cardinality(p_logs), 0) + coalesce(cardinality(p_chunks), 0)
-                     + CASE WHEN p_progress IS NULL THEN 0 ELSE 1 END;
+  v_sent  integer := coalesce(cardinality(p_logs), 0) + coalesce(cardinality(p_chunks), 0);
+  v_have  bigint;
+  v_skip  integer := 0;
+  v_count integer;
   v_last  bigint;
 BEGIN
   PERFORM awp._check_progress_write(p_progress, p_logs, p_chunks);
+  IF p_offset < 0 THEN
+    PERFORM awp._raise_invalid_request('invalid offset', 'offset must be 0 or more');
+  END IF;
   d := awp._progress_lease(p_worker_id, p_dispatch_id, p_lease_token);
+  -- The run's counter row first: the writers of one run (and the repeats of one write) queue here.
+  INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (d.run_id, 0)
+  ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq;
+  SELECT x.entries INTO v_have FROM awp.task_progress x WHERE x.dispatch_id = d.dispatch_id;
+  v_have := coalesce(v_have, 0);
+  IF p_offset IS NOT NULL THEN
+    v_skip := greatest(0, least(v_sent, v_have - p_offset))::integer;   -- the ones this attempt already has
+    IF v_skip > 0 THEN
+      p_chunks := p_chunks[greatest(1, v_skip - v_logs + 1):];
+      p_logs := p_logs[v_skip + 1:];
+      v_logs := coalesce(cardinality(p_logs), 0);
+    END IF;
+  END IF;
+  v_count := v_sent - v_skip + CASE WHEN p_progress IS NULL THEN 0 ELSE 1 END;
   IF v_count = 0 THEN
     RETURN jsonb_build_object('seq', NULL, 'truncated', false, 'run_id', d.run_id);
   END IF;
   v_now := awp._now();
-  INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (d.run_id, v_count)
-  ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq + excluded.last_seq
+  UPDATE awp.run_outputs o SET last_seq = o.last_seq + v_count WHERE o.run_id = d.run_id
   RETURNING o.last_seq INTO v_last;
 
   INSERT INTO awp.task_output (run_id, seq, task_key, attempt, kind, body, bytes, created_at)
@@ -138,17 +159,19 @@ BEGIN
           SELECT 'chunk', c.body, v_logs + c.n FROM unnest(p_chunks) WITH ORDINALITY AS c(body, n)) e;
 
   INSERT INTO awp.task_progress AS t (dispatch_id, run_id, task_key, attempt, progress, progress_seq, progress_at,
-                                      log_bytes, chunk_bytes, updated_at)
+                                      log_bytes, chunk_bytes, entries, updated_at)
   VALUES (d.dispatch_id, d.run_id, d.task_key, d.attempt, p_progress,
           CASE WHEN p_progress IS NOT NULL THEN v_last END, CASE WHEN p_progress IS NOT NULL THEN v_now END,
           coalesce((SELECT sum(octet_length(x)) FROM unnest(p_logs) x), 0),
-          coalesce((SELECT sum(octet_length(x)) FROM unnest(p_chunks) x), 0), v_now)
+          coalesce((SELECT sum(octet_length(x)) FROM unnest(p_chunks) x), 0),
+          greatest(v_have, coalesce(p_offset, v_have)) + v_sent - v_skip, v_now)
   ON CONFLICT (dispatch_id) DO UPDATE
      SET progress = CASE WHEN excluded.progress_seq IS NULL THEN t.progress ELSE excluded.progress END,
          progress_seq = coalesce(excluded.progress_seq, t.progress_seq),
          progress_at = coalesce(excluded.progress_at, t.progress_at),
          log_bytes = t.log_bytes + excluded.log_bytes,
          chunk_bytes = t.chunk_bytes + excluded.chunk_bytes,
+         entries = excluded.entries,
          updated_at = excluded.updated_at
   RETURNING t.* INTO p;
 
@@ -161,29 +184,31 @@ BEGIN
   RETURN jsonb_build_object('seq', v_last, 'run_id', d.run_id, 'truncated',
     p.logs_dropped + p.chunks_dropped > 0 OR p.log_bytes > s.progress_log_bytes OR p.chunk_bytes > s.progress_chunk_bytes);
 END $$;
-COMMENT ON FUNCTION awp._write_progress(text, text, text, jsonb, text[], text[]) IS 'One fenced progress write of a lease (progress, log lines, chunks), bounded per attempt.';
+COMMENT ON FUNCTION awp._write_progress(text, text, text, jsonb, text[], text[], bigint) IS 'One fenced progress write of a lease (progress, log lines, chunks), bounded per attempt, applied once with its offset.';
 
--- awp.report_progress(worker_id, session_token, dispatch_id, lease_token, progress, logs, chunks): a running task's
+-- awp.report_progress(worker_id, session_token, dispatch_id, lease_token, progress, logs, chunks, offset): a running task's
 -- latest progress value (any JSON, latest wins, at most awp._limit_progress_bytes() bytes), log lines and output
 -- chunks (appended in order), any of the three (docs/progress.md). Fenced like awp.complete_task: AWSES (checked
 -- first), AWREQ (nothing given, a null line), AWBIG (a value over its limit), AWLST (unknown dispatch, another
 -- worker's, a wrong lease token, not leased any more, expired, past its attempt deadline, run canceled or not
--- running); nothing is written when it raises. Returns {"seq", "truncated", "run_id"} (awp._write_progress).
+-- running); nothing is written when it raises. offset: see awp._write_progress (a repeated write is applied once). Returns {"seq", "truncated", "run_id"} (awp._write_progress).
 -- Locks: as awp._write_progress (no worker, run, dispatch or task lock).
 CREATE OR REPLACE FUNCTION awp.report_progress(p_worker_id text, p_session_token text, p_dispatch_id text,
                                                p_lease_token text, p_progress jsonb DEFAULT NULL,
-                                               p_logs text[] DEFAULT NULL, p_chunks text[] DEFAULT NULL)
+                                               p_logs text[] DEFAULT NULL, p_chunks text[] DEFAULT NULL,
+                                               p_offset bigint DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM awp._session(p_worker_id, p_session_token, false);
-  RETURN awp._write_progress(p_worker_id, p_dispatch_id, p_lease_token, p_progress, p_logs, p_chunks);
+  RETURN awp._write_progress(p_worker_id, p_dispatch_id, p_lease_token, p_progress, p_logs, p_chunks, p_offset);
 END $$;
-COMMENT ON FUNCTION awp.report_progress(text, text, text, text, jsonb, text[], text[]) IS 'A lease''s progress value, log lines and output chunks (fenced like complete; bounded per attempt); AWSES/AWREQ/AWBIG/AWLST.';
+COMMENT ON FUNCTION awp.report_progress(text, text, text, text, jsonb, text[], text[], bigint) IS 'A lease''s progress value, log lines and output chunks (fenced like complete; bounded per attempt); AWSES/AWREQ/AWBIG/AWLST.';
 
 -- awp.report_progress_many(worker_id, session_token, items): several leases' writes in one call, each on its own
 -- (a refused item writes nothing and does not spoil the others). items: an array of at most
--- awp._limit_batch_results() objects {"dispatch_id", "lease_token", "progress"?, "logs"?: [text], "chunks"?: [text]}.
+-- awp._limit_batch_results() objects {"dispatch_id", "lease_token", "progress"?, "logs"?: [text], "chunks"?: [text],
+-- "offset"?: integer}.
 -- One row per item, in order: dispatch_id, and either seq, truncated and run_id (as awp.report_progress) or error
 -- {sqlstate, message, detail} (AWLST, AWBIG, AWREQ). AWSES first; AWREQ for a malformed list.
 -- Locks: per item, as awp._write_progress.
@@ -205,9 +230,10 @@ BEGIN
                     OR jsonb_typeof(x->'lease_token') IS DISTINCT FROM 'string'
                     OR jsonb_typeof(coalesce(x->'logs', '[]')) <> 'array'
                     OR jsonb_typeof(coalesce(x->'chunks', '[]')) <> 'array'
-                    OR x - '{dispatch_id,lease_token,progress,logs,chunks}'::text[] <> '{}'::jsonb) THEN
+                    OR coalesce(x->>'offset', '0') !~ '^[0-9]{1,18}$'
+                    OR x - '{dispatch_id,lease_token,progress,logs,chunks,offset}'::text[] <> '{}'::jsonb) THEN
     PERFORM awp._raise_invalid_request('invalid items',
-      format('items must be an array of at most %s {"dispatch_id", "lease_token", "progress"?, "logs"?, "chunks"?} objects',
+      format('items must be an array of at most %s {"dispatch_id", "lease_token", "progress"?, "logs"?, "chunks"?, "offset"?} objects',
              awp._limit_batch_results()));
   END IF;
   FOR e IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
@@ -215,7 +241,8 @@ BEGIN
     BEGIN
       v_ans := awp._write_progress(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress',
                                    (SELECT array_agg(l ORDER BY n) FROM jsonb_array_elements_text(e->'logs') WITH ORDINALITY a(l, n)),
-                                   (SELECT array_agg(c ORDER BY n) FROM jsonb_array_elements_text(e->'chunks') WITH ORDINALITY a(c, n)));
+                                   (SELECT array_agg(c ORDER BY n) FROM jsonb_array_elements_text(e->'chunks') WITH ORDINALITY a(c, n)),
+                                   (e->>'offset')::bigint);
       seq := (v_ans->>'seq')::bigint;
       truncated := (v_ans->>'truncated')::boolean;
       run_id := v_ans->>'run_id';

@@ -7,7 +7,8 @@
 --                     progress values (contiguous per run; the cursor of GET /runs/{id}/stream). Its row lock is the
 --                     only lock a progress write shares with other writers of the same run, for one short transaction.
 -- awp.task_progress: one row per attempt that reported anything: the latest progress value (latest wins) and its
---                     sequence number, the bytes kept and the entries dropped per kind.
+--                     sequence number, the bytes kept and the entries dropped per kind, and `entries`, the lines and
+--                     chunks received so far (a write that gives its offset is applied once: a retry skips them).
 -- awp.task_output:   the log lines and chunks kept, by (run, sequence). No foreign key to runs (like awp.events: a
 --                     foreign key would take a share lock on the run row, which completions lock for update); pruned
 --                     with the run by awp._prune_batch.
@@ -23,7 +24,7 @@ ALTER TABLE awp.settings
 CREATE TABLE awp.run_outputs (
   run_id   text PRIMARY KEY,
   last_seq bigint NOT NULL,
-  CONSTRAINT run_output_seq_positive CHECK (last_seq >= 1)
+  CONSTRAINT run_output_seq_not_negative CHECK (last_seq >= 0)
 );
 
 CREATE TABLE awp.task_progress (
@@ -38,9 +39,10 @@ CREATE TABLE awp.task_progress (
   chunk_bytes   bigint NOT NULL DEFAULT 0,
   logs_dropped  bigint NOT NULL DEFAULT 0,
   chunks_dropped bigint NOT NULL DEFAULT 0,
+  entries       bigint NOT NULL DEFAULT 0,
   updated_at    timestamptz NOT NULL,
   CONSTRAINT task_progress_counts CHECK (log_bytes >= 0 AND chunk_bytes >= 0 AND logs_dropped >= 0
-                                         AND chunks_dropped >= 0),
+                                         AND chunks_dropped >= 0 AND entries >= 0),
   CONSTRAINT task_progress_value_size CHECK (octet_length(progress::text) <= 16384)
 );
 CREATE UNIQUE INDEX task_progress_attempt_uq ON awp.task_progress (run_id, task_key, attempt);

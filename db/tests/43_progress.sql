@@ -5,7 +5,7 @@
 -- awp.prune deletes it with the run.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(55);
+SELECT plan(61);
 
 SELECT tests.freeze('2030-01-01 00:00:00+00') AS t0 \gset
 SELECT * FROM tests.register_worker('w1', '{mock}', 8) \gset w1_
@@ -111,6 +111,19 @@ SELECT is(ARRAY[(awp.task_logs(:'run', 'a')->>'logs_dropped')::int, (awp.task_lo
 SELECT is(awp.task_logs(:'run', 'a')->>'truncated', 'true', 'task_logs marks the attempt truncated');
 SELECT is((SELECT log_bytes FROM awp.task_progress WHERE dispatch_id = :'a2_dispatch_id'), 800::bigint,
           'the bytes kept stay within the bound');
+
+-- A write with its offset is applied once: a repeat (its answer was lost) skips what the attempt already has.
+SELECT is(awp.report_progress(:'w1_worker_id', :'w1_token', :'b_id', :'b_tok', p_logs => '{o1,o2}', p_chunks => '{o3}', p_offset => 0)->>'truncated',
+          'false', 'a first write with offset 0');
+SELECT is(awp.report_progress(:'w1_worker_id', :'w1_token', :'b_id', :'b_tok', p_logs => '{o1,o2}', p_chunks => '{o3}', p_offset => 0)->'seq',
+          'null'::jsonb, 'its repeat writes nothing');
+SELECT ok((awp.report_progress(:'w1_worker_id', :'w1_token', :'b_id', :'b_tok', p_chunks => '{o3,o4}', p_offset => 2)->>'seq') IS NOT NULL,
+          'an overlapping write keeps only its new entries');
+SELECT is((SELECT array_agg(x->>'text' ORDER BY (x->>'seq')::int) FROM jsonb_array_elements(awp.task_logs(:'run', 'b')->'items') x),
+          ARRAY['o1', 'o2', 'o3', 'o4'], 'each entry once, in order');
+SELECT is((SELECT entries FROM awp.task_progress WHERE dispatch_id = :'b_id'), 4::bigint, 'the attempt counts the entries it received');
+SELECT throws_ok(format($$SELECT awp.report_progress(%L, %L, %L, %L, '1', p_offset => -1)$$, :'w1_worker_id', :'w1_token', :'b_id', :'b_tok'),
+                 'AWREQ', 'invalid offset', 'a negative offset is AWREQ');
 
 -- Several leases at once: each item on its own.
 SELECT results_eq(format($$SELECT dispatch_id, seq IS NOT NULL, error->>'sqlstate'

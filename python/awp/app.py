@@ -16,7 +16,7 @@ from awp.gateway import ROUTES
 from awp.metrics import Metrics
 from awp.middleware import api_middleware
 from awp.parsing import WORKFLOW_BODY_LIMIT
-from awp.streams import STREAMS, StreamHub
+from awp.streams import setup_streams
 from awp.ui import setup_ui
 
 
@@ -43,7 +43,7 @@ def create_app(config: GatewayConfig) -> web.Application:
     app[DB].groups.on_group = app[METRICS].observe_group
     app[LISTENER] = DispatchListener(config.database_url)
     app[OPENAPI] = load_openapi()
-    app[STREAMS] = StreamHub(config.stream_limit)  # the routes of python/awp/streams.py register with the import
+    setup_streams(app, config)
     if config.coordinator:
         metrics = app[METRICS]
         app[COORDINATOR] = Coordinator(

@@ -3,6 +3,7 @@ app), the typed keys of what the application holds, and the worker protocol head
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -105,6 +106,41 @@ class GatewayConfig:
             )
 
 
+class StreamHub:
+    """This gateway's open streams: their count (at most ``limit``) and the wake-up of a run's streams when this
+    gateway accepted a write for that run."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+
+    def acquire(self) -> bool:
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def release(self) -> None:
+        self.open -= 1
+
+    def subscribe(self, run_id: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._waiters.setdefault(run_id, set()).add(event)
+        return event
+
+    def unsubscribe(self, run_id: str, event: asyncio.Event) -> None:
+        waiters = self._waiters.get(run_id)
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
+                del self._waiters[run_id]
+
+    def wake(self, run_id: str | None) -> None:
+        for event in self._waiters.get(run_id or "", ()):
+            event.set()
+
+
 CONFIG = web.AppKey("config", GatewayConfig)
 DB = web.AppKey("db", Database)
 LISTENER = web.AppKey("listener", DispatchListener)
@@ -112,3 +148,4 @@ METRICS = web.AppKey("metrics", Metrics)
 COORDINATOR = web.AppKey("coordinator", Coordinator)
 OPENAPI = web.AppKey("openapi", bytes)
 AUTH_FAILURES = web.AppKey("auth_failures", AuthFailures)
+STREAMS = web.AppKey("streams", StreamHub)

@@ -265,10 +265,14 @@ class Client:
         result: dict[str, Any],
         claim_slots: int | None = None,
         claim_seq: int | None = None,
+        live_output: list[dict[str, Any]] | None = None,
     ) -> tuple[bool, list[dict[str, Any]]]:
         """(applied, new leases); with ``claim_slots`` the gateway also claims that many in the same call
-        (``claim_seq`` numbering that claim)."""
+        (``claim_seq`` numbering that claim); ``live_output``: the lease's last progress writes (docs/progress.md),
+        written before the result."""
         body: dict[str, Any] = {"lease_token": lease_token, "result": result}
+        if live_output:
+            body["live_output"] = live_output
         if claim_slots is not None:
             body["claim_slots"] = claim_slots
         if claim_seq is not None:

@@ -627,19 +627,14 @@ class Database:
         has_progress: bool,
         logs: list[str] | None,
         chunks: list[str] | None,
+        offset: int | None = None,
     ) -> dict[str, Any]:
-        """awp.report_progress: {"seq", "truncated"}; ``progress`` is passed when ``has_progress`` (JSON null too)."""
+        """awp.report_progress: {"seq", "truncated", "run_id"}; ``progress`` is passed when ``has_progress`` (JSON
+        null too)."""
+        progress_arg = _jsonb(progress) if has_progress else None
         return await self._value(
-            "SELECT awp.report_progress(%s, %s, %s, %s, %s, %s::text[], %s::text[]) AS answer",
-            (
-                worker_id,
-                session_token,
-                dispatch_id,
-                lease_token,
-                _jsonb(progress) if has_progress else None,
-                logs,
-                chunks,
-            ),
+            "SELECT awp.report_progress(%s, %s, %s, %s, %s, %s::text[], %s::text[], %s::bigint) AS answer",
+            (worker_id, session_token, dispatch_id, lease_token, progress_arg, logs, chunks, offset),
         )
 
     async def report_progress_many(self, worker_id: str, session_token: str, items: list[dict[str, Any]]) -> list[Row]:

@@ -20,7 +20,18 @@ import psycopg
 import psycopg_pool
 from aiohttp import web
 
-from awp.appstate import API, CONFIG, COORDINATOR, DB, LISTENER, METRICS, OPENAPI, PROTOCOL_HEADER, PROTOCOL_VERSION
+from awp.appstate import (
+    API,
+    CONFIG,
+    COORDINATOR,
+    DB,
+    LISTENER,
+    METRICS,
+    OPENAPI,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    STREAMS,
+)
 from awp.auth import Access, Role, authorize, bearer_token, role_of
 from awp.db import PoolSaturated
 from awp.errors import SQLSTATE_ERRORS, ApiError, from_sqlstate, join_message
@@ -46,6 +57,7 @@ from awp.parsing import (
     parse_key,
     path_int,
     path_param,
+    progress_write,
     query_int,
     query_str,
 )
@@ -560,13 +572,38 @@ async def heartbeat(request: web.Request) -> web.Response:
     return json_response({"leases": rows, "worker_status": worker_status})
 
 
-def _parse_complete(body: dict[str, Any]) -> tuple[str, dict[str, Any], int | None, int | None]:
-    only_fields(body, required=("lease_token", "result"), optional=("claim_slots", "claim_seq"))
+def _live_output(body: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """A result's ``live_output``: the lease's last progress writes, sent with its result (docs/progress.md)."""
+    writes = body.get("live_output", [])
+    if not isinstance(writes, list) or len(writes) > MAX_BATCH:
+        raise bad_request(f"{where}live_output must be an array of at most {MAX_BATCH} progress writes")
+    for i, write in enumerate(writes):
+        if not isinstance(write, dict):
+            raise bad_request(f"{where}live_output[{i}] must be an object {{progress?, logs?, chunks?, offset?}}")
+        only_fields(write, optional=("progress", "logs", "chunks", "offset"))
+        progress_write(write, f"{where}live_output[{i}].")
+    return writes
+
+
+async def write_progress(
+    request: web.Request, worker_id: str, token: str, items: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Progress writes of several leases (awp.report_progress_many; each answered on its own), and a wake-up of this
+    gateway's event streams of their runs."""
+    rows = await request.app[DB].report_progress_many(worker_id, token, items)
+    hub = request.app[STREAMS]
+    for run_id in {row["run_id"] for row in rows if row.get("run_id")}:
+        hub.wake(run_id)
+    return rows
+
+
+def _parse_complete(body: dict[str, Any]) -> tuple[str, dict[str, Any], int | None, int | None, list[dict[str, Any]]]:
+    only_fields(body, required=("lease_token", "result"), optional=("claim_slots", "claim_seq", "live_output"))
     lease_token = as_str(body["lease_token"], "lease_token")
     claim_slots = as_int(body["claim_slots"], "claim_slots", 0, 1000) if "claim_slots" in body else None
     result = body["result"]
     _check_result_shape(result)
-    return lease_token, result, claim_slots, _claim_seq(body)
+    return lease_token, result, claim_slots, _claim_seq(body), _live_output(body, "")
 
 
 def _check_result_shape(result: Any) -> None:
@@ -583,9 +620,15 @@ def _check_result_shape(result: Any) -> None:
 
 @route("POST", API + "/workers/{worker_id}/leases/{dispatch_id}/complete", Access.WORKER)
 async def complete(request: web.Request) -> web.Response:
-    worker_id, token, (lease_token, result, claim_slots, claim_seq) = await worker_request(request, _parse_complete)
+    worker_id, token, (lease_token, result, claim_slots, claim_seq, live) = await worker_request(
+        request, _parse_complete
+    )
     dispatch_id = path_param(request, "dispatch_id")
     db, metrics = request.app[DB], request.app[METRICS]
+    if live:  # the lease's last output goes in before its result (docs/progress.md); a refused write is dropped
+        await write_progress(
+            request, worker_id, token, [{**w, "dispatch_id": dispatch_id, "lease_token": lease_token} for w in live]
+        )
     if claim_slots is None:
         applied = await db.complete_task(worker_id, token, dispatch_id, lease_token, result)
         metrics.completions.labels(str(bool(applied)).lower()).inc()
@@ -614,13 +657,14 @@ def _parse_completions(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int,
     for item in items:
         if not isinstance(item, dict):
             raise bad_request("each result must be an object {dispatch_id, lease_token, result}")
-        only_fields(item, required=("dispatch_id", "lease_token", "result"))
+        only_fields(item, required=("dispatch_id", "lease_token", "result"), optional=("live_output",))
         dispatch_id = as_str(item["dispatch_id"], "dispatch_id")
         if dispatch_id in seen:
             raise bad_request(f"dispatch {dispatch_id} appears twice")
         seen.add(dispatch_id)
         as_str(item["lease_token"], "lease_token")
         _check_result_shape(item["result"])
+        _live_output(item, f"results[{dispatch_id}].")
     claim_slots = as_int(body["claim_slots"], "claim_slots", 0, 1000) if "claim_slots" in body else 0
     return items, claim_slots, _claim_seq(body)
 
@@ -631,6 +675,13 @@ async def complete_many(request: web.Request) -> web.Response:
     its own (``applied`` or the error complete would give), a bad one does not spoil the others."""
     worker_id, token, (items, claim_slots, claim_seq) = await worker_request(request, _parse_completions)
     db, metrics = request.app[DB], request.app[METRICS]
+    live = [
+        {**w, "dispatch_id": item["dispatch_id"], "lease_token": item["lease_token"]}
+        for item in items
+        for w in item.pop("live_output", ())
+    ]
+    if live:  # the leases' last output goes in before their results (docs/progress.md)
+        await write_progress(request, worker_id, token, live)
     answer = await db.complete_tasks(worker_id, token, items, claim_slots, claim_seq)
     results = []
     for item in answer["results"]:

@@ -100,6 +100,18 @@ def as_int(value: Any, name: str, lo: int, hi: int) -> int:
     return value
 
 
+def progress_write(body: dict[str, Any], where: str = "") -> bool:
+    """Check the fields of a progress write (docs/progress.md) in ``body``: logs and chunks arrays of strings, offset
+    an integer of 0 or more; whether any of progress, logs and chunks is given. Sizes are the database's to check."""
+    for name in ("logs", "chunks"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(x, str) for x in value)):
+            raise bad_request(f"{where}{name} must be an array of strings")
+    if "offset" in body:
+        as_int(body["offset"], f"{where}offset", 0, 2**62)
+    return "progress" in body or body.get("logs") is not None or body.get("chunks") is not None
+
+
 def as_str(value: Any, name: str, max_len: int = 1024) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= max_len:
         raise bad_request(f"{name} must be a string of 1-{max_len} characters")

@@ -4,8 +4,10 @@ A handler calls ``ctx.progress(value)``, ``ctx.log(line)`` and ``ctx.emit(chunk)
 each lease's reports gather in a :class:`LeaseOutput` (thread-safe: a sync handler runs in a thread), and one
 :class:`ProgressSender` per worker sends them: every lease with something new at most once per ``interval_s``
 (a few calls a second per lease, whatever the handler does), all due leases in one request
-(``POST /workers/{id}/progress``), and whatever is left before the lease's result is reported (``finish``), so a
-task's logs are complete once it shows as done. A lease the gateway answers ``lease_lost`` for is fenced off: its
+(``POST /workers/{id}/progress``); whatever is left goes with the lease's result (``finish``: the completion
+request carries it as ``live_output``, written before the result), so a task's logs are complete once it shows as
+done, without a round trip of their own. Each write carries its offset (the lines and chunks sent before it): one
+sent again after a lost answer is applied once. A lease the gateway answers ``lease_lost`` for is fenced off: its
 output is dropped and nothing more is sent for it.
 
 Sizes are the database's limits (``awp._limit_progress_*()``, python/tests/test_limits.py): a log line over
@@ -36,6 +38,7 @@ MAX_REQUEST_BYTES = 512 * 1024  # lines and chunks of one request (the gateway's
 MAX_PENDING_BYTES = 4 * 1024 * 1024  # unsent lines and chunks one lease keeps; past it the oldest are dropped
 INTERVAL_S = 0.2  # a lease's writes are at least this far apart (at most 5 a second)
 FINISH_TIMEOUT_S = 5.0  # how long a lease's result waits for its last output to be sent
+FINAL_BYTES = 64 * 1024  # a lease's last writes ride on its completion request up to this size
 CUT_MARK = " …[cut]"
 
 _UNSET: Any = object()
@@ -73,8 +76,11 @@ class LeaseOutput:
         self._bytes = 0
         self.dropped = 0  # entries dropped by this worker (over MAX_PENDING_BYTES while the gateway lagged)
         self.fenced = False  # the gateway answered lease_lost: nothing more is sent
+        self.taken = 0  # lines and chunks taken for sending so far (the offset of the next write)
         self.last_sent = float("-inf")
         self.finishing = False
+        self.settled = asyncio.Event()  # set while no write of this lease is in flight
+        self.settled.set()
         self.idle = asyncio.Event()  # set while nothing is pending or in flight
         self.idle.set()
         self.in_flight = False
@@ -118,6 +124,10 @@ class LeaseOutput:
 
     # -- the sender's side (the event loop) ----------------------------------------------------------------
 
+    def pending_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
     def pending(self) -> bool:
         with self._lock:
             return not self.fenced and (self._progress is not _UNSET or bool(self._entries))
@@ -135,25 +145,29 @@ class LeaseOutput:
             logs: list[str] = []
             chunks: list[str] = []
             used = n = 0
+            first = self.taken
             for kind, text, size in self._entries:
                 if n and (used + size > budget or n >= MAX_ENTRIES):
                     break
                 if kind == "log" and chunks:  # a line after chunks starts the next write: the order is kept
-                    items.append(self._item(logs, chunks))
+                    items.append(self._item(logs, chunks, first))
+                    first += len(logs) + len(chunks)
                     logs, chunks = [], []
                 (logs if kind == "log" else chunks).append(text)
                 used += size
                 n += 1
             del self._entries[:n]
             self._bytes -= used
+            self.taken += n
         if logs or chunks or (progress is not _UNSET and not items):
-            items.append(self._item(logs, chunks))
+            items.append(self._item(logs, chunks, first))
         if progress is not _UNSET:
             items[-1]["progress"] = progress
         return items
 
-    def _item(self, logs: list[str], chunks: list[str]) -> dict[str, Any]:
-        item: dict[str, Any] = {"dispatch_id": self.dispatch_id, "lease_token": self.lease_token}
+    def _item(self, logs: list[str], chunks: list[str], offset: int) -> dict[str, Any]:
+        """One write; ``offset``: the lines and chunks taken before it (the database applies a repeat once)."""
+        item: dict[str, Any] = {"dispatch_id": self.dispatch_id, "lease_token": self.lease_token, "offset": offset}
         if logs:
             item["logs"] = logs
         if chunks:
@@ -173,6 +187,7 @@ class LeaseOutput:
                 back += [("chunk", t, len(t.encode())) for t in item.get("chunks", [])]
             self._entries[:0] = back
             self._bytes += sum(size for _, _, size in back)
+            self.taken -= len(back)
 
     def fence(self) -> None:
         with self._lock:
@@ -226,15 +241,24 @@ class ProgressSender:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(self._wakeup.set)
 
-    async def finish(self, out: LeaseOutput) -> None:
-        """Send what is left of a lease's output (at once, not waiting for its interval), then forget it."""
+    async def finish(self, out: LeaseOutput) -> list[dict[str, Any]]:
+        """A lease's last writes, for its completion request to carry (``live_output``: no round trip of their own),
+        once its write in flight (if any) is answered; what is over ``FINAL_BYTES`` is sent first, at once. Then the
+        lease is forgotten."""
         try:
-            if out.pending() or out.in_flight:
+            if out.pending_bytes() > FINAL_BYTES:
                 out.finishing = True
                 out.idle.clear()
                 self._wakeup.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(out.idle.wait(), FINISH_TIMEOUT_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(out.settled.wait(), FINISH_TIMEOUT_S)
+            if out.in_flight:
+                return []
+            return [
+                {k: v for k, v in w.items() if k not in ("dispatch_id", "lease_token")} for w in out.take(FINAL_BYTES)
+            ]
         finally:
             self.discard(out)
 
@@ -293,6 +317,7 @@ class ProgressSender:
             items += writes
             taken.append((out, writes))
             out.in_flight = True
+            out.settled.clear()
             out.last_sent = time.monotonic()
         if not items:
             return
@@ -317,6 +342,7 @@ class ProgressSender:
         finally:
             for out, _ in taken:
                 out.in_flight = False
+                out.settled.set()
         by_lease = {out.dispatch_id: out for out, _ in taken}
         for answer in answers:
             error = answer.get("error")

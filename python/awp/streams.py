@@ -21,12 +21,12 @@ import psycopg
 import psycopg_pool
 from aiohttp import web
 
-from awp.appstate import API, CONFIG, DB
+from awp.appstate import API, CONFIG, DB, STREAMS, GatewayConfig, StreamHub
 from awp.auth import Access
 from awp.errors import SQLSTATE_ERRORS, ApiError, join_message
-from awp.gateway import route, worker_request
+from awp.gateway import route, worker_request, write_progress
 from awp.jsonio import dumps, json_response
-from awp.parsing import as_str, bad_request, only_fields, path_param, query_int
+from awp.parsing import as_str, bad_request, only_fields, path_param, progress_write, query_int
 from awp.statuses import RUN_TERMINAL
 
 log = logging.getLogger(__name__)
@@ -39,74 +39,38 @@ KEEPALIVE_S = 15.0  # a comment line this often keeps proxies from closing a qui
 EVENT_ID = re.compile(r"^(\d{1,18})-(\d{1,18})$")
 
 
-class StreamHub:
-    """This gateway's open streams: their count (at most ``limit``) and the wake-up of a run's streams when this
-    gateway accepted a write for that run."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.open = 0
-        self._waiters: dict[str, set[asyncio.Event]] = {}
-
-    def acquire(self) -> bool:
-        if self.open >= self.limit:
-            return False
-        self.open += 1
-        return True
-
-    def release(self) -> None:
-        self.open -= 1
-
-    def subscribe(self, run_id: str) -> asyncio.Event:
-        event = asyncio.Event()
-        self._waiters.setdefault(run_id, set()).add(event)
-        return event
-
-    def unsubscribe(self, run_id: str, event: asyncio.Event) -> None:
-        waiters = self._waiters.get(run_id)
-        if waiters is not None:
-            waiters.discard(event)
-            if not waiters:
-                del self._waiters[run_id]
-
-    def wake(self, run_id: str | None) -> None:
-        for event in self._waiters.get(run_id or "", ()):
-            event.set()
-
-
-STREAMS = web.AppKey("streams", StreamHub)
+def setup_streams(app: web.Application, config: GatewayConfig) -> None:
+    """This gateway's stream count and wake-ups (its routes are in :data:`awp.gateway.ROUTES` once this module is
+    imported, as :mod:`awp.app` does)."""
+    app[STREAMS] = StreamHub(config.stream_limit)
 
 
 # worker writes
 
 
-def _strings(body: dict[str, Any], name: str) -> list[str] | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-        raise bad_request(f"{name} must be an array of strings")
-    return value
-
-
-def _parse_progress(body: dict[str, Any]) -> tuple[str, Any, bool, list[str] | None, list[str] | None]:
-    only_fields(body, required=("lease_token",), optional=("progress", "logs", "chunks"))
+def _parse_progress(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    only_fields(body, required=("lease_token",), optional=("progress", "logs", "chunks", "offset"))
     lease_token = as_str(body["lease_token"], "lease_token")
-    logs, chunks = _strings(body, "logs"), _strings(body, "chunks")
-    if "progress" not in body and logs is None and chunks is None:
+    if not progress_write(body):
         raise bad_request("give progress, logs or chunks")
-    return lease_token, body.get("progress"), "progress" in body, logs, chunks
+    return lease_token, body
 
 
 @route("POST", API + "/workers/{worker_id}/leases/{dispatch_id}/progress", Access.WORKER)
 async def report_progress(request: web.Request) -> web.Response:
     """A lease's progress value, log lines and output chunks (awp.report_progress): fenced like complete."""
-    worker_id, token, (lease_token, progress, has_progress, logs, chunks) = await worker_request(
-        request, _parse_progress
-    )
+    worker_id, token, (lease_token, body) = await worker_request(request, _parse_progress)
     dispatch_id = path_param(request, "dispatch_id")
     answer = await request.app[DB].report_progress(
-        worker_id, token, dispatch_id, lease_token, progress, has_progress, logs, chunks
+        worker_id,
+        token,
+        dispatch_id,
+        lease_token,
+        body.get("progress"),
+        "progress" in body,
+        body.get("logs"),
+        body.get("chunks"),
+        body.get("offset"),
     )
     request.app[STREAMS].wake(answer.get("run_id"))
     return json_response({"seq": answer["seq"], "truncated": answer["truncated"]})
@@ -117,14 +81,13 @@ def _parse_progress_many(body: dict[str, Any]) -> list[dict[str, Any]]:
     items = body["items"]
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_LEASES:
         raise bad_request(f"items must be an array of 1-{MAX_BATCH_LEASES} objects")
-    for item in items:
+    for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise bad_request("each item must be an object {dispatch_id, lease_token, progress?, logs?, chunks?}")
-        only_fields(item, required=("dispatch_id", "lease_token"), optional=("progress", "logs", "chunks"))
+        only_fields(item, required=("dispatch_id", "lease_token"), optional=("progress", "logs", "chunks", "offset"))
         as_str(item["dispatch_id"], "dispatch_id")
         as_str(item["lease_token"], "lease_token")
-        _strings(item, "logs")
-        _strings(item, "chunks")
+        progress_write(item, f"items[{i}].")
     return items
 
 
@@ -132,7 +95,7 @@ def _parse_progress_many(body: dict[str, Any]) -> list[dict[str, Any]]:
 async def report_progress_many(request: web.Request) -> web.Response:
     """Several leases' writes in one request (the worker's batcher), each fenced on its own."""
     worker_id, token, items = await worker_request(request, _parse_progress_many)
-    rows = await request.app[DB].report_progress_many(worker_id, token, items)
+    rows = await write_progress(request, worker_id, token, items)
     answers = []
     for row in rows:
         error = row["error"]
@@ -144,9 +107,6 @@ async def report_progress_many(request: web.Request) -> web.Response:
         answers.append(
             {"dispatch_id": row["dispatch_id"], "error": {"code": code, "status": status, "message": message}}
         )
-    hub = request.app[STREAMS]
-    for run_id in {row["run_id"] for row in rows if row.get("run_id")}:
-        hub.wake(run_id)
     return json_response({"items": answers})
 
 

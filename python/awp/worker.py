@@ -144,6 +144,7 @@ class Execution:
         self.aborted = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.settled = False  # the server acknowledged its result (else, once it ends, it is reported dropped)
+        self.live_output: list[dict[str, Any]] = []  # its last progress writes, sent with its result (docs/progress.md)
 
     def set_margin(self, margin_ms: int) -> None:
         """Apply the safety margin once, at claim time (the caller caps it at half the lease)."""
@@ -170,6 +171,8 @@ def _batch_size(results: list[tuple[Execution, dict[str, Any], Any]]) -> int:
     total = 0
     for n, (ex, result, _) in enumerate(results[:MAX_BATCH]):
         total += len(json.dumps(result, separators=(",", ":"))) + len(ex.dispatch_id) + len(ex.lease_token) + 64
+        if ex.live_output:  # its last progress writes ride along (docs/progress.md)
+            total += len(json.dumps(ex.live_output, separators=(",", ":")))
         if n and total > MAX_BATCH_BYTES:
             return n
     return min(len(results), MAX_BATCH)
@@ -559,7 +562,7 @@ class Worker:
             self.output.discard(output)
             log.warning("lease %s: %s; execution cancelled, not completing", ex.describe(), ex.abort_reason)
             return None
-        await self.output.finish(output)  # the task's last output goes before its result (docs/progress.md)
+        ex.live_output = await self.output.finish(output)  # sent with the result, written before it (docs/progress.md)
         try:
             result = work.result()
         except asyncio.CancelledError:
@@ -635,6 +638,7 @@ class Worker:
                     result,
                     claim_slots=claim_slots if claim_slots else None,
                     claim_seq=seq,
+                    live_output=ex.live_output,
                 )
             except TransportError as e:
                 reason, outage = str(e), True
@@ -729,9 +733,12 @@ class Worker:
                     item[2].set_result([])
                 if not pending:
                     return
-                items = [
+                items: list[dict[str, Any]] = [
                     {"dispatch_id": ex.dispatch_id, "lease_token": ex.lease_token, "result": r} for ex, r, _ in pending
                 ]
+                for body, (ex, _, _) in zip(items, pending, strict=True):
+                    if ex.live_output:  # its last progress writes (docs/progress.md)
+                        body["live_output"] = ex.live_output
                 seq = self._claim_begin() if claim_slots else None
                 try:
                     answers, leases = await self.client.complete_many(

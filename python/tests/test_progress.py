@@ -207,12 +207,24 @@ def test_the_progress_route_is_fenced_like_complete_and_refuses_bad_input(gw: Se
     assert httpx.get(gw.api(f"/runs/{run_id}/tasks/a/logs?after=x"), headers=gw.auth("viewer")).status_code == 400
     assert httpx.get(gw.api(f"/runs/{run_id}/tasks/nope/logs"), headers=gw.auth("viewer")).status_code == 404
     assert httpx.get(gw.api(f"/runs/{run_id}/tasks/a/logs")).status_code == 401
+    # A write with its offset is applied once (a repeat after a lost answer writes nothing).
+    once = {"lease_token": lease["lease_token"], "logs": ["d"], "offset": 3}
+    assert post(once).json()["seq"] == 5
+    assert post(once).json() == {"seq": None, "truncated": False}
+    assert post({**once, "offset": -1}).status_code == 400
+    # The last writes ride on the completion (live_output), written before the result.
     done = httpx.post(
         gw.api(f"/workers/{worker_id}/leases/{lease['dispatch_id']}/complete"),
-        json={"lease_token": lease["lease_token"], "result": {"kind": "success"}},
+        json={
+            "lease_token": lease["lease_token"],
+            "result": {"kind": "success"},
+            "live_output": [{"logs": ["d", "final"], "offset": 3}],
+        },
         headers=headers,
     )
     assert done.status_code == 200, done.text
+    final = httpx.get(gw.api(f"/runs/{run_id}/tasks/a/logs"), headers=gw.auth("viewer")).json()
+    assert [x["text"] for x in final["items"]] == ["a", "b", "c", "d", "final"]
     late = post({"lease_token": lease["lease_token"], "logs": ["late"]})
     assert (late.status_code, late.json()["error"]["code"]) == (409, "lease_lost"), "a completed lease writes nothing"
     logs = httpx.get(gw.api(f"/runs/{run_id}/tasks/a/logs"), headers=gw.auth("viewer")).json()

@@ -947,6 +947,9 @@ async def run_changes(request: web.Request, session: Session | None) -> web.Stre
     return _json(answer)
 
 
+LOG_TAIL_PAGE = 500  # entries the task panel's log tail asks for at once
+
+
 def _json(value: Any) -> web.Response:
     return web.Response(text=dumps(value), content_type="application/json", headers={"Cache-Control": "no-store"})
 
@@ -957,6 +960,16 @@ async def task_part(request: web.Request, session: Session | None) -> web.Stream
     ipage = _page_number(request.query.get("ipage"))
     context = await _task_context(request.app[DB], run_id, task_key, ipage, request.query)
     return render(request, "_task.html", session=session, **context)
+
+
+@ui_route("GET", "/ui/runs/{run_id}/tasks/{task_key}/logs", kind="part")
+async def task_logs_part(request: web.Request, session: Session | None) -> web.StreamResponse:
+    """The task panel's live log tail (docs/progress.md): ``awp.task_logs`` after ``after``, as JSON."""
+    run_id, task_key = request.match_info["run_id"], request.match_info["task_key"]
+    after = request.query.get("after", "0")
+    if not after.isascii() or not after.isdigit() or len(after) > 18:
+        raise ApiError.of(400, "after must be a sequence number")
+    return _json(await request.app[DB].task_logs(run_id, task_key, None, int(after), LOG_TAIL_PAGE))
 
 
 @ui_route("POST", "/ui/runs/{run_id}/cancel")

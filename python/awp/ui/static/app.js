@@ -374,6 +374,7 @@
         const head = $(".drawer-head", panel);
         if (notice && head && !$("[data-signal-notice]", panel)) head.after(notice);
         panel.hidden = false;
+        startLogTail();
         if (focus) {
           const heading = $(focus, panel) || $("#task-h", panel);
           if (heading) heading.focus();
@@ -407,6 +408,59 @@
     }
 
     if (openKey) selectNode(openKey);
+
+    // ---- the task panel's live output (docs/progress.md; templates/_task.html, views.task_logs_part) ----------
+    // The log tail of the open task's latest attempt and its latest progress: read from the start when the panel
+    // is (re)drawn, then every 500 ms while the task runs; at most LOG_TAIL lines are kept on the page.
+    const LOG_TAIL = 500;
+    let tailRun = 0; // the panel drawing the current tail belongs to; an older loop stops
+    function startLogTail() {
+      const box = $("[data-live-output]", panel);
+      if (!box) return;
+      const mine = ++tailRun;
+      const tail = $("[data-log-tail]", box);
+      const empty = $("[data-log-empty]", box);
+      const progress = $("[data-progress]", box);
+      let after = 0;
+      let attempt = null;
+      let running = box.dataset.running === "yes";
+      async function step() {
+        if (mine !== tailRun || !document.contains(box)) return;
+        let delay = 500;
+        try {
+          const url = `${runPath}/tasks/${encodeURIComponent(box.dataset.liveOutput)}/logs?after=${after}`;
+          const response = await fetch(url, { cache: "no-store", credentials: "same-origin" });
+          if (response.status === 401) return signedOut();
+          if (response.ok) {
+            const page = await response.json();
+            if (mine !== tailRun) return;
+            if (attempt !== null && page.attempt !== attempt) tail.textContent = ""; // a new attempt: its own tail
+            attempt = page.attempt;
+            let text = "";
+            for (const item of page.items) text += item.kind === "log" ? `${item.text}\n` : item.text;
+            if (text) {
+              tail.textContent += text;
+              const lines = tail.textContent.split("\n");
+              if (lines.length > LOG_TAIL) tail.textContent = lines.slice(-LOG_TAIL).join("\n");
+              tail.scrollTop = tail.scrollHeight;
+            }
+            empty.hidden = tail.textContent.length > 0;
+            if (page.progress !== null && page.progress !== undefined) {
+              progress.textContent = JSON.stringify(page.progress);
+              progress.hidden = false;
+            }
+            after = page.next_after;
+            running = page.task_status === "running";
+            if (page.more) delay = 0;
+          }
+        } catch (err) {
+          delay = 3000;
+        }
+        if (running || delay === 0) setTimeout(step, document.hidden ? 2000 : delay);
+      }
+      step();
+    }
+    startLogTail();
 
     // ---- Approve / Reject of a task waiting for a signal (templates/_task.html, views.signal_task) -----------
     // The first step only asks: it is shown in place, nothing is posted. The second posts its form with

@@ -1,0 +1,113 @@
+"""The dashboard's task panel shows a running task's log tail and latest progress live (docs/progress.md;
+python/awp/ui/templates/_task.html, static/app.js, views.task_logs_part) in Debian's Chromium against a real
+``awp serve`` and a real ``awp worker`` running a python handler that logs, emits and reports progress for a few
+seconds: lines appear in the open panel while the task still runs, in order, and the progress follows. Every page is
+watched as in python/tests/test_ui.py: a request to another origin, a console error or an uncaught exception fails
+the test."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from test_ui import (
+    VIEWPORT,
+    Watch,
+    browser,  # noqa: F401 (the module's Chromium, a fixture)
+    sign_in,
+)
+from worker_support import Workers, drained_workers
+
+from awp_testing.gateway import ServeProcess, serve, wait_until
+
+TEST_HANDLERS = "python/tests/handlers_for_tests.py"
+
+
+@pytest.fixture(scope="module")
+def gw(db_dsn: str) -> Iterator[ServeProcess]:
+    with serve(db_dsn, coordinator_interval_ms=100) as process:
+        yield process
+
+
+@pytest.fixture
+def workers(gw: ServeProcess) -> Iterator[Workers]:
+    yield from drained_workers(gw)
+
+
+def task_status(db_dsn: str, run_id: str, key: str) -> str:
+    with psycopg.connect(db_dsn) as c:
+        row = c.execute("SELECT status FROM awp.tasks WHERE run_id = %s AND task_key = %s", (run_id, key)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def test_the_task_panel_shows_the_log_tail_and_progress_live(
+    gw: ServeProcess,
+    workers: Workers,
+    browser: Any,  # noqa: F811 (the fixture)
+    db_dsn: str,
+) -> None:
+    workers.start("ui-progress-w", executors="python", extra=["--handlers", TEST_HANDLERS])
+    definition = {
+        "id": "ui-progress",
+        "tasks": [
+            {
+                "key": "gen",
+                "executor": "python",
+                "action": "test-stream",
+                "input": {"chunks": 80, "interval_ms": 100, "log_every": 4},
+                "timeout_ms": 60000,
+            }
+        ],
+    }
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute("SELECT * FROM awp.create_workflow_version(%s)", (json.dumps(definition),))
+        row = c.execute("SELECT awp.start_run('ui-progress')").fetchone()
+    assert row is not None
+    run_id = str(row[0])
+    wait_until(lambda: task_status(db_dsn, run_id, "gen") == "running", 15, 0.05, "the task runs")
+
+    context = browser.new_context(viewport=VIEWPORT, base_url=gw.base_url)
+    watch = Watch(gw.base_url)
+    context.on("request", lambda r: watch.requests.append(r.url))
+    page = context.new_page()
+
+    def console_error(m: Any) -> None:
+        if m.type == "error":
+            watch.errors.append(f"{page.url}: {m.text}")
+
+    page.on("console", console_error)
+    page.on("pageerror", lambda e: watch.errors.append(f"{page.url}: uncaught {e}"))
+    page.set_default_timeout(15_000)
+    try:
+        sign_in(page, gw.tokens.viewer)
+        page.goto(f"/ui/runs/{run_id}")
+        page.locator('#dag [data-task-key="gen"]').click()
+        panel = page.locator("#task-panel")
+        tail = panel.locator("[data-log-tail]")
+        tail.filter(has_text="line 0").wait_for()
+        first = tail.inner_text()
+        assert task_status(db_dsn, run_id, "gen") == "running", "the first line showed while the task ran"
+        # More lines arrive in the open panel while the task still runs (no reload, no click).
+        grown = wait_until(
+            lambda: (t := tail.inner_text()).count("line ") > first.count("line ") and t, 10, 0.05, "more"
+        )
+        assert task_status(db_dsn, run_id, "gen") == "running", "the tail grew while the task ran"
+        assert grown.startswith(first)
+        progress = panel.locator("[data-progress]")
+        assert progress.is_visible() and '"of":80' in progress.inner_text().replace(" ", "")
+        wait_until(lambda: task_status(db_dsn, run_id, "gen") == "succeeded", 30, 0.1, "the task ends")
+        tail.filter(has_text="line 76").wait_for()
+        text = tail.inner_text()
+        lines = [f"line {i}" for i in range(0, 80, 4)]
+        positions = [text.find(line + "\n") if line != "line 76" else text.find(line) for line in lines]
+        assert all(p >= 0 for p in positions) and positions == sorted(positions), text[-500:]
+        page.locator("#task-panel [data-progress]").filter(has_text='"done": 80').or_(
+            page.locator("#task-panel [data-progress]").filter(has_text='"done":80')
+        ).wait_for()
+    finally:
+        context.close()
+    watch.check(gw.log_tail(60) if watch.errors else "")
