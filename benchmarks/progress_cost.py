@@ -1,4 +1,4 @@
-"""``make bench`` step 11 (live output, docs/progress.md; AWP issue 45): the hot path's cost of ``ctx.log``. One run
+"""``make bench`` step 12 (live output, docs/progress.md; AWP issue 45): the hot path's cost of ``ctx.log``. One run
 of N mock tasks whose every task logs 10 lines (mock input ``"logs": 10``: ten ``ctx.log`` calls, sent by the worker's
 batcher, the rest before the task's result) against the same run logging none, on the same workers, repetitions
 alternating (none, logs, logs, none, ...: this machine's speed drifts within minutes). Two shapes: 4 workers x 1
@@ -38,7 +38,7 @@ def _shape(b: Any, n: int, workers: int, conc: int, repeats: int) -> dict[str, A
     finally:
         b.pool.resize(0)
     kept = b.conn.execute(
-        "SELECT count(*) FROM awp.task_output WHERE run_id = ANY(%s) AND kind = 'log'", [run_ids]
+        "SELECT sum(cardinality(entries)) FROM awp.task_output WHERE run_id = ANY(%s) AND kind = 'log'", [run_ids]
     ).fetchone()[0]
     none = b.summary(f"{shape}, no logs", reps["none"], 1, n)
     logs = b.summary(f"{shape}, {LINES} log lines per task", reps["logs"], 1, n)
@@ -65,7 +65,7 @@ def _shape(b: Any, n: int, workers: int, conc: int, repeats: int) -> dict[str, A
 
 
 def measure(b: Any, plan: Any) -> dict[str, Any]:
-    """Step 11: {"shapes": [per shape: none, logs, pairs, ratio, lines kept], "target": 0.9}."""
+    """Step 12: {"shapes": [per shape: none, logs, pairs, ratio, lines kept], "target": 0.9}."""
     n = plan.single_tasks
     shapes = [
         _shape(b, n, plan.peer_workers, 1, plan.side_repeats),
@@ -75,7 +75,7 @@ def measure(b: Any, plan: Any) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
-    """A plain-text table of step 11 (printed by ``--progress-only``)."""
+    """A plain-text table of step 12 (printed by ``--progress-only``)."""
     out = [f"Live output (issue 45): every task logs {results['lines']} lines vs none, repetitions alternating"]
     for s in results["shapes"]:
         med = {k: s[k]["tasks_per_s"]["median"] for k in ("none", "logs")}

@@ -47,6 +47,9 @@ One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated databas
 11. rate limits (issue 40, ``pacing.py``): a run of 2,000 tasks behind max_in_flight 50 on 200 slots, sampled: exactly
    50 in flight; a per_window limit of 100 per second: at most 100 starts in any second, and at most 101/s over
    20 s (``--quick``: 1,000 tasks, 5 s).
+12. live output (issue 45, ``progress_cost.py``): one run whose every task logs 10 lines (``ctx.log``) against the
+   same run logging none, 4 workers x 1 and 4 x concurrency 16, repetitions alternating: target >= 0.9 x;
+   ``--progress-only`` runs just this one (about 3 minutes; ``--quick``: 1).
 
 Every AWP scenario ends with ``awp.check_invariants()`` (whole database; step 9: over its own runs, 1,000 a call, as
 a whole-database call costs runs x tasks there); violations are reported per scenario and make the exit status 1
@@ -750,6 +753,7 @@ def problems(results: dict[str, Any]) -> list[str]:
         *(results.get("many_runs") or {}).values(),
         *(v for k, v in (results.get("dynamic") or {}).items() if k in ("static", "for_each")),
         *(results.get("pacing") or {}).values(),
+        *(s[k] for s in (results.get("progress") or {}).get("shapes", []) for k in ("none", "logs")),
     ]
     for s in scenarios:
         if s.get("status") == "failed":
@@ -913,6 +917,8 @@ def run_plan(
         results["many_runs"] = many_runs.measure(b, plan)
         results["dynamic"] = dynamic.measure(b, plan)
         results["pacing"] = pacing.measure(b, plan)
+        results["progress"] = progress_cost.measure(b, plan)
+        log.info("%s", progress_cost.table(results["progress"]))
     finally:
         b.pool.resize(0)
         b.gateway.stop()
@@ -1009,7 +1015,7 @@ def run_step_only(
 def run_progress_only(
     plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, out: Path, when: dt.datetime
 ) -> int:
-    """``--progress-only``: step 11 alone (``progress_cost.py``), on its own gateway and workers; prints its table and
+    """``--progress-only``: step 12 alone (``progress_cost.py``), on its own gateway and workers; prints its table and
     writes ``progress-<plan>-<time>.json`` (``latest.*`` are left as they are)."""
     b = Bench(dsn, datadir, workdir, reaper)
     results: dict[str, Any] = {"plan": asdict(plan), "machine": machine()}
@@ -1066,7 +1072,7 @@ def main() -> int:
     parser.add_argument(
         "--progress-only",
         action="store_true",
-        help="only step 11 (issue 45, progress_cost.py: tasks logging 10 lines against none), printed with its "
+        help="only step 12 (issue 45, progress_cost.py: tasks logging 10 lines against none), printed with its "
         "target and written to progress-<plan>-<time>.json",
     )
     args = parser.parse_args()

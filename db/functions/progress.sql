@@ -5,91 +5,104 @@
 -- A write is fenced like a completion and never locks the run, its dispatches or its tasks: it locks the run's row
 -- of awp.run_outputs (its sequence counter) and its attempt's row of awp.task_progress, for one short transaction.
 
--- awp._check_progress_write(progress, logs, chunks): AWREQ when none of the three is given or a line or chunk is
--- null; AWBIG (413) when the progress value is over awp._limit_progress_bytes(), a line or chunk over
--- awp._limit_progress_entry_bytes(), or the lines and chunks together more than awp._limit_progress_entries();
--- each message names the limit. Locks: none.
-CREATE OR REPLACE FUNCTION awp._check_progress_write(p_progress jsonb, p_logs text[], p_chunks text[]) RETURNS void
+-- awp._progress_problem(worker_id, dispatch_id, lease_token, progress, logs, chunks, offset): why this progress write
+-- is refused, as ARRAY[sqlstate, message, detail], or NULL when it may be written. In this order: AWREQ when none of
+-- the three is given, a line or chunk is null or the offset is negative; AWBIG (413) when the progress value is over
+-- awp._limit_progress_bytes(), the lines and chunks together more than awp._limit_progress_entries(), or a line or
+-- chunk over awp._limit_progress_entry_bytes() (each message names the limit); then AWLST unless this worker may
+-- still write the dispatch's progress: it holds the lease (awp._holds_lease, the ownership test of a completion),
+-- the dispatch is leased, its attempt deadline and lease have not passed, and its run is running without a
+-- cancellation request (the reasons awp.complete_task gives). A progress write does not renew the lease; a
+-- heartbeat does. No exception: awp.report_progress_many answers each item without a subtransaction (more than 64
+-- in one transaction would slow every other session's snapshots). Locks: none (plain reads of the dispatch and
+-- its run; the lease's state at that read decides).
+CREATE OR REPLACE FUNCTION awp._progress_problem(p_worker_id text, p_dispatch_id text, p_lease_token text,
+                                                 p_progress jsonb, p_logs text[], p_chunks text[], p_offset bigint)
+RETURNS text[]
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_bytes   integer;
   v_entries integer := coalesce(cardinality(p_logs), 0) + coalesce(cardinality(p_chunks), 0);
+  d         awp.dispatches;
+  r         awp.runs;
+  v_now     timestamptz;
 BEGIN
   IF p_progress IS NULL AND p_logs IS NULL AND p_chunks IS NULL THEN
-    PERFORM awp._raise_invalid_request('nothing to report', 'give progress, logs or chunks');
-  END IF;
-  IF array_position(p_logs, NULL) IS NOT NULL OR array_position(p_chunks, NULL) IS NOT NULL THEN
-    PERFORM awp._raise_invalid_request('invalid logs or chunks', 'logs and chunks must be arrays of strings');
+    RETURN ARRAY['AWREQ', 'nothing to report', 'give progress, logs or chunks'];
+  ELSIF array_position(p_logs, NULL) IS NOT NULL OR array_position(p_chunks, NULL) IS NOT NULL THEN
+    RETURN ARRAY['AWREQ', 'invalid logs or chunks', 'logs and chunks must be arrays of strings'];
+  ELSIF p_offset < 0 THEN
+    RETURN ARRAY['AWREQ', 'invalid offset', 'offset must be 0 or more'];
   END IF;
   v_bytes := octet_length(p_progress::text);
   IF v_bytes > awp._limit_progress_bytes() THEN
-    PERFORM awp._raise_too_large('progress too large',
-      format('progress is %s bytes, over the %s-byte limit', v_bytes, awp._limit_progress_bytes()));
+    RETURN ARRAY['AWBIG', 'progress too large',
+                 format('progress is %s bytes, over the %s-byte limit', v_bytes, awp._limit_progress_bytes())];
+  ELSIF v_entries > awp._limit_progress_entries() THEN
+    RETURN ARRAY['AWBIG', 'too many entries',
+                 format('%s log lines and chunks in one write, over the limit of %s', v_entries,
+                        awp._limit_progress_entries())];
   END IF;
-  IF v_entries > awp._limit_progress_entries() THEN
-    PERFORM awp._raise_too_large('too many entries',
-      format('%s log lines and chunks in one write, over the limit of %s', v_entries, awp._limit_progress_entries()));
-  END IF;
-  SELECT max(octet_length(x)) INTO v_bytes
-    FROM (SELECT unnest(p_logs) UNION ALL SELECT unnest(p_chunks)) e(x);
+  SELECT max(octet_length(x)) INTO v_bytes FROM (SELECT unnest(p_logs) UNION ALL SELECT unnest(p_chunks)) e(x);
   IF v_bytes > awp._limit_progress_entry_bytes() THEN
-    PERFORM awp._raise_too_large('log line or chunk too large',
-      format('a log line or chunk is %s bytes, over the %s-byte limit', v_bytes, awp._limit_progress_entry_bytes()));
+    RETURN ARRAY['AWBIG', 'log line or chunk too large',
+                 format('a log line or chunk is %s bytes, over the %s-byte limit', v_bytes,
+                        awp._limit_progress_entry_bytes())];
   END IF;
-END $$;
-COMMENT ON FUNCTION awp._check_progress_write(jsonb, text[], text[]) IS 'Validates a progress write''s shape (AWREQ) and sizes (AWBIG).';
-
--- awp._progress_lease(worker_id, dispatch_id, lease_token): the dispatch when this worker may still write its
--- progress: it holds the lease (awp._holds_lease, the ownership test of a completion), the dispatch is leased, its
--- attempt deadline and lease have not passed, and its run is running without a cancellation request. AWLST
--- otherwise, naming why (the reasons awp.complete_task gives). A heartbeat renews the lease as before; a progress
--- write does not. Locks: none (one plain read of the dispatch and its run; the lease's state at that read decides).
-CREATE OR REPLACE FUNCTION awp._progress_lease(p_worker_id text, p_dispatch_id text, p_lease_token text)
-RETURNS awp.dispatches
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  d      awp.dispatches;
-  r      awp.runs;
-  v_now  timestamptz := awp._now();
-BEGIN
   SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
   IF NOT FOUND OR NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN
-    PERFORM awp._raise_lease_lost('the dispatch is not leased to this worker with this lease token');
+    RETURN ARRAY['AWLST', 'lease lost', 'the dispatch is not leased to this worker with this lease token'];
   END IF;
   SELECT * INTO r FROM awp.runs x WHERE x.run_id = d.run_id;
-  IF d.status <> 'leased' THEN
-    PERFORM awp._raise_lease_lost(format('the dispatch is %s', d.status));
-  ELSIF v_now >= d.attempt_deadline THEN
-    PERFORM awp._raise_lease_lost('the attempt deadline has passed');
-  ELSIF v_now >= d.lease_expires_at THEN
-    PERFORM awp._raise_lease_lost('the lease has expired');
-  ELSIF r.cancel_requested_at IS NOT NULL OR r.status <> 'running' THEN
-    PERFORM awp._raise_lease_lost(format('the run is %s%s', r.status,
-                                         CASE WHEN r.cancel_requested_at IS NOT NULL THEN ' (cancel requested)' ELSE '' END));
-  END IF;
-  RETURN d;
+  v_now := awp._now();
+  RETURN CASE
+    WHEN d.status <> 'leased' THEN ARRAY['AWLST', 'lease lost', format('the dispatch is %s', d.status)]
+    WHEN v_now >= d.attempt_deadline THEN ARRAY['AWLST', 'lease lost', 'the attempt deadline has passed']
+    WHEN v_now >= d.lease_expires_at THEN ARRAY['AWLST', 'lease lost', 'the lease has expired']
+    WHEN r.cancel_requested_at IS NOT NULL OR r.status <> 'running' THEN
+      ARRAY['AWLST', 'lease lost', format('the run is %s%s', r.status,
+            CASE WHEN r.cancel_requested_at IS NOT NULL THEN ' (cancel requested)' ELSE '' END)]
+  END;
 END $$;
-COMMENT ON FUNCTION awp._progress_lease(text, text, text) IS 'The dispatch whose progress this worker may write with this lease token; AWLST otherwise.';
+COMMENT ON FUNCTION awp._progress_problem(text, text, text, jsonb, text[], text[], bigint) IS 'Why a progress write is refused (AWREQ, AWBIG, AWLST as sqlstate, message, detail), or NULL.';
 
 -- awp._truncate_output(attempt row, kind, excess): drops the oldest entries of one kind ('log' or 'chunk') of an
--- attempt until at least `excess` bytes are gone, and counts them on its awp.task_progress row (the attempt is then
--- truncated). Locks: the attempt's awp.task_progress row (already held by the caller) and the rows deleted.
+-- attempt until at least `excess` bytes are gone (whole rows, then the leading entries of the next one), and counts
+-- them on its awp.task_progress row (the attempt is then truncated).
+-- Locks: the attempt's awp.task_progress row (already held by the caller) and the rows deleted or trimmed.
 CREATE OR REPLACE FUNCTION awp._truncate_output(p awp.task_progress, p_kind text, p_excess bigint) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_n     bigint;
-  v_bytes bigint;
+  o       record;
+  v_left  bigint := p_excess;
+  v_n     bigint := 0;
+  v_bytes bigint := 0;
+  v_k     integer;
+  v_cut   bigint;
 BEGIN
-  WITH old AS (
-    SELECT o.seq, sum(o.bytes) OVER (ORDER BY o.seq) - o.bytes AS before
-      FROM awp.task_output o
-     WHERE o.run_id = p.run_id AND o.task_key = p.task_key AND o.attempt = p.attempt AND o.kind = p_kind
-  ), gone AS (
-    DELETE FROM awp.task_output o USING old
-     WHERE o.run_id = p.run_id AND o.seq = old.seq AND old.before < p_excess
-    RETURNING o.bytes
-  )
-  SELECT count(*), coalesce(sum(gone.bytes), 0) INTO v_n, v_bytes FROM gone;
+  FOR o IN SELECT x.seq, x.entries, x.bytes FROM awp.task_output x
+            WHERE x.run_id = p.run_id AND x.task_key = p.task_key AND x.attempt = p.attempt AND x.kind = p_kind
+            ORDER BY x.seq
+  LOOP
+    EXIT WHEN v_left <= 0;
+    IF o.bytes <= v_left THEN
+      DELETE FROM awp.task_output x WHERE x.run_id = p.run_id AND x.seq = o.seq;
+      v_left := v_left - o.bytes;
+      v_n := v_n + cardinality(o.entries);
+      v_bytes := v_bytes + o.bytes;
+    ELSE   -- the fewest leading entries of this row that cover the rest
+      SELECT c.i, c.cum INTO v_k, v_cut
+        FROM (SELECT u.i, sum(octet_length(u.t)) OVER (ORDER BY u.i) AS cum
+                FROM unnest(o.entries) WITH ORDINALITY AS u(t, i)) c
+       WHERE c.cum >= v_left ORDER BY c.i LIMIT 1;
+      UPDATE awp.task_output x
+         SET entries = x.entries[v_k + 1:], first_seq = x.first_seq + v_k, bytes = x.bytes - v_cut
+       WHERE x.run_id = p.run_id AND x.seq = o.seq;
+      v_left := 0;
+      v_n := v_n + v_k;
+      v_bytes := v_bytes + v_cut;
+    END IF;
+  END LOOP;
   UPDATE awp.task_progress t
      SET log_bytes = t.log_bytes - CASE p_kind WHEN 'log' THEN v_bytes ELSE 0 END,
          logs_dropped = t.logs_dropped + CASE p_kind WHEN 'log' THEN v_n ELSE 0 END,
@@ -99,8 +112,9 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._truncate_output(awp.task_progress, text, bigint) IS 'Drops an attempt''s oldest log lines or chunks past its bound and counts them.';
 
--- awp._write_progress(worker_id, dispatch_id, lease_token, progress, logs, chunks, offset): one fenced write (sizes
--- first, then the lease: awp._progress_lease); nothing is written when either refuses. offset (optional): how many
+-- awp._write_progress(worker_id, dispatch_id, lease_token, progress, logs, chunks, offset, checked): one fenced write
+-- (awp._progress_problem, raised with its SQLSTATE unless the caller has checked it already: checked); nothing is
+-- written when it refuses. offset (optional): how many
 -- lines and chunks the worker sent for this attempt before this write; the ones the attempt already has (a write
 -- sent again after a lost answer) are skipped, so a write with its offset is applied once. The run's next sequence
 -- numbers go to the (new) log lines in order, then the chunks in order, then the progress value (latest wins). Past
@@ -111,7 +125,7 @@ COMMENT ON FUNCTION awp._truncate_output(awp.task_progress, text, bigint) IS 'Dr
 -- awp.task_progress row. Never the run, a dispatch, a task or a worker row.
 CREATE OR REPLACE FUNCTION awp._write_progress(p_worker_id text, p_dispatch_id text, p_lease_token text,
                                                p_progress jsonb, p_logs text[], p_chunks text[],
-                                               p_offset bigint DEFAULT NULL)
+                                               p_offset bigint DEFAULT NULL, p_checked boolean DEFAULT false)
 RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -125,12 +139,23 @@ DECLARE
   v_skip  integer := 0;
   v_count integer;
   v_last  bigint;
+  v_first bigint;
+  v_log_bytes   bigint;
+  v_chunk_bytes bigint;
+  v_problem     text[];
 BEGIN
-  PERFORM awp._check_progress_write(p_progress, p_logs, p_chunks);
-  IF p_offset < 0 THEN
-    PERFORM awp._raise_invalid_request('invalid offset', 'offset must be 0 or more');
+  IF NOT p_checked THEN
+    v_problem := awp._progress_problem(p_worker_id, p_dispatch_id, p_lease_token, p_progress, p_logs, p_chunks,
+                                       p_offset);
+    IF v_problem[1] = 'AWREQ' THEN
+      PERFORM awp._raise_invalid_request(v_problem[2], v_problem[3]);
+    ELSIF v_problem[1] = 'AWBIG' THEN
+      PERFORM awp._raise_too_large(v_problem[2], v_problem[3]);
+    ELSIF v_problem[1] = 'AWLST' THEN
+      PERFORM awp._raise_lease_lost(v_problem[3]);
+    END IF;
   END IF;
-  d := awp._progress_lease(p_worker_id, p_dispatch_id, p_lease_token);
+  SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
   -- The run's counter row first: the writers of one run (and the repeats of one write) queue here.
   INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (d.run_id, 0)
   ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq;
@@ -152,18 +177,25 @@ BEGIN
   UPDATE awp.run_outputs o SET last_seq = o.last_seq + v_count WHERE o.run_id = d.run_id
   RETURNING o.last_seq INTO v_last;
 
-  INSERT INTO awp.task_output (run_id, seq, task_key, attempt, kind, body, bytes, created_at)
-  SELECT d.run_id, v_last - v_count + e.n, d.task_key, d.attempt, e.kind, e.body, octet_length(e.body), v_now
-    FROM (SELECT 'log' AS kind, l.body, l.n FROM unnest(p_logs) WITH ORDINALITY AS l(body, n)
-          UNION ALL
-          SELECT 'chunk', c.body, v_logs + c.n FROM unnest(p_chunks) WITH ORDINALITY AS c(body, n)) e;
+  -- One row for the write's lines, one for its chunks: entries numbered from the first new sequence number.
+  v_log_bytes := coalesce((SELECT sum(octet_length(x)) FROM unnest(p_logs) x), 0);
+  v_chunk_bytes := coalesce((SELECT sum(octet_length(x)) FROM unnest(p_chunks) x), 0);
+  v_first := v_last - v_count + 1;
+  IF v_logs > 0 THEN
+    INSERT INTO awp.task_output (run_id, seq, first_seq, task_key, attempt, kind, entries, bytes, created_at)
+    VALUES (d.run_id, v_first + v_logs - 1, v_first, d.task_key, d.attempt, 'log', p_logs, v_log_bytes, v_now);
+  END IF;
+  IF cardinality(p_chunks) > 0 THEN
+    INSERT INTO awp.task_output (run_id, seq, first_seq, task_key, attempt, kind, entries, bytes, created_at)
+    VALUES (d.run_id, v_first + v_logs + cardinality(p_chunks) - 1, v_first + v_logs, d.task_key, d.attempt, 'chunk',
+            p_chunks, v_chunk_bytes, v_now);
+  END IF;
 
   INSERT INTO awp.task_progress AS t (dispatch_id, run_id, task_key, attempt, progress, progress_seq, progress_at,
                                       log_bytes, chunk_bytes, entries, updated_at)
   VALUES (d.dispatch_id, d.run_id, d.task_key, d.attempt, p_progress,
           CASE WHEN p_progress IS NOT NULL THEN v_last END, CASE WHEN p_progress IS NOT NULL THEN v_now END,
-          coalesce((SELECT sum(octet_length(x)) FROM unnest(p_logs) x), 0),
-          coalesce((SELECT sum(octet_length(x)) FROM unnest(p_chunks) x), 0),
+          v_log_bytes, v_chunk_bytes,
           greatest(v_have, coalesce(p_offset, v_have)) + v_sent - v_skip, v_now)
   ON CONFLICT (dispatch_id) DO UPDATE
      SET progress = CASE WHEN excluded.progress_seq IS NULL THEN t.progress ELSE excluded.progress END,
@@ -184,7 +216,7 @@ BEGIN
   RETURN jsonb_build_object('seq', v_last, 'run_id', d.run_id, 'truncated',
     p.logs_dropped + p.chunks_dropped > 0 OR p.log_bytes > s.progress_log_bytes OR p.chunk_bytes > s.progress_chunk_bytes);
 END $$;
-COMMENT ON FUNCTION awp._write_progress(text, text, text, jsonb, text[], text[], bigint) IS 'One fenced progress write of a lease (progress, log lines, chunks), bounded per attempt, applied once with its offset.';
+COMMENT ON FUNCTION awp._write_progress(text, text, text, jsonb, text[], text[], bigint, boolean) IS 'One fenced progress write of a lease (progress, log lines, chunks), bounded per attempt, applied once with its offset.';
 
 -- awp.report_progress(worker_id, session_token, dispatch_id, lease_token, progress, logs, chunks, offset): a running task's
 -- latest progress value (any JSON, latest wins, at most awp._limit_progress_bytes() bytes), log lines and output
@@ -211,16 +243,17 @@ COMMENT ON FUNCTION awp.report_progress(text, text, text, text, jsonb, text[], t
 -- "offset"?: integer}.
 -- One row per item, in order: dispatch_id, and either seq, truncated and run_id (as awp.report_progress) or error
 -- {sqlstate, message, detail} (AWLST, AWBIG, AWREQ). AWSES first; AWREQ for a malformed list.
+-- Each item is checked first (awp._progress_problem), so no item needs a subtransaction.
 -- Locks: per item, as awp._write_progress.
 CREATE OR REPLACE FUNCTION awp.report_progress_many(p_worker_id text, p_session_token text, p_items jsonb)
 RETURNS TABLE (dispatch_id text, seq bigint, truncated boolean, run_id text, error jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  e       jsonb;
-  v_ans   jsonb;
-  v_state text;
-  v_msg   text;
-  v_det   text;
+  e         jsonb;
+  v_ans     jsonb;
+  v_logs    text[];
+  v_chunks  text[];
+  v_problem text[];
 BEGIN
   PERFORM awp._session(p_worker_id, p_session_token, false);
   IF jsonb_typeof(p_items) IS DISTINCT FROM 'array' OR jsonb_array_length(p_items) > awp._limit_batch_results()
@@ -238,22 +271,23 @@ BEGIN
   END IF;
   FOR e IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
     dispatch_id := e->>'dispatch_id';
-    BEGIN
-      v_ans := awp._write_progress(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress',
-                                   (SELECT array_agg(l ORDER BY n) FROM jsonb_array_elements_text(e->'logs') WITH ORDINALITY a(l, n)),
-                                   (SELECT array_agg(c ORDER BY n) FROM jsonb_array_elements_text(e->'chunks') WITH ORDINALITY a(c, n)),
-                                   (e->>'offset')::bigint);
+    v_logs := (SELECT array_agg(l ORDER BY n) FROM jsonb_array_elements_text(e->'logs') WITH ORDINALITY a(l, n));
+    v_chunks := (SELECT array_agg(c ORDER BY n) FROM jsonb_array_elements_text(e->'chunks') WITH ORDINALITY a(c, n));
+    v_problem := awp._progress_problem(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress', v_logs,
+                                       v_chunks, (e->>'offset')::bigint);
+    IF v_problem IS NULL THEN
+      v_ans := awp._write_progress(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress', v_logs,
+                                   v_chunks, (e->>'offset')::bigint, true);
       seq := (v_ans->>'seq')::bigint;
       truncated := (v_ans->>'truncated')::boolean;
       run_id := v_ans->>'run_id';
       error := NULL;
-    EXCEPTION WHEN SQLSTATE 'AWLST' OR SQLSTATE 'AWBIG' OR SQLSTATE 'AWREQ' THEN
-      GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_det = PG_EXCEPTION_DETAIL;
+    ELSE
       seq := NULL;
       truncated := NULL;
       run_id := NULL;
-      error := jsonb_build_object('sqlstate', v_state, 'message', v_msg, 'detail', v_det);
-    END;
+      error := jsonb_build_object('sqlstate', v_problem[1], 'message', v_problem[2], 'detail', v_problem[3]);
+    END IF;
     RETURN NEXT;
   END LOOP;
 END $$;
@@ -288,13 +322,17 @@ BEGIN
   v_attempt := coalesce(p_attempt, t.attempts);
   SELECT * INTO p FROM awp.task_progress x
    WHERE x.run_id = p_run_id AND x.task_key = p_task_key AND x.attempt = v_attempt;
-  SELECT coalesce(jsonb_agg(jsonb_build_object('seq', o.seq, 'kind', o.kind, 'text', o.body, 'at', o.created_at)
-                            ORDER BY o.seq), '[]'::jsonb)
+  SELECT coalesce(jsonb_agg(jsonb_build_object('seq', e.seq, 'kind', e.kind, 'text', e.t, 'at', e.created_at)
+                            ORDER BY e.seq), '[]'::jsonb)
     INTO v_items
-    FROM (SELECT * FROM awp.task_output x
-           WHERE x.run_id = p_run_id AND x.task_key = p_task_key AND x.attempt = v_attempt
-             AND x.seq > coalesce(p_after_seq, 0)
-           ORDER BY x.seq LIMIT v_limit) o;
+    FROM (SELECT o.first_seq + u.i - 1 AS seq, o.kind, u.t, o.created_at
+            FROM (SELECT * FROM awp.task_output x   -- each row has an entry at least: limit rows hold limit entries
+                   WHERE x.run_id = p_run_id AND x.task_key = p_task_key AND x.attempt = v_attempt
+                     AND x.seq > coalesce(p_after_seq, 0)
+                   ORDER BY x.seq LIMIT v_limit) o
+            CROSS JOIN LATERAL unnest(o.entries) WITH ORDINALITY AS u(t, i)
+           WHERE o.first_seq + u.i - 1 > coalesce(p_after_seq, 0)
+           ORDER BY 1 LIMIT v_limit) e;
   RETURN jsonb_build_object(
     'run_id', p_run_id, 'task_key', p_task_key, 'attempt', nullif(v_attempt, 0), 'task_status', t.status,
     'progress', p.progress, 'progress_at', p.progress_at,
@@ -340,8 +378,12 @@ BEGIN
                             ORDER BY o.seq), '[]'::jsonb)
     INTO v_outputs
     FROM (SELECT x.* FROM (
-            SELECT t.seq, t.kind, t.task_key, t.attempt, to_jsonb(t.body) AS value, t.created_at AS at
-              FROM awp.task_output t WHERE t.run_id = p_run_id AND t.seq > coalesce(p_after_output, 0)
+            SELECT t.first_seq + u.i - 1 AS seq, t.kind, t.task_key, t.attempt, to_jsonb(u.e) AS value,
+                   t.created_at AS at
+              FROM (SELECT * FROM awp.task_output y WHERE y.run_id = p_run_id AND y.seq > coalesce(p_after_output, 0)
+                     ORDER BY y.seq LIMIT v_limit) t
+             CROSS JOIN LATERAL unnest(t.entries) WITH ORDINALITY AS u(e, i)
+             WHERE t.first_seq + u.i - 1 > coalesce(p_after_output, 0)
             UNION ALL
             SELECT g.progress_seq, 'progress', g.task_key, g.attempt, g.progress, g.progress_at
               FROM awp.task_progress g WHERE g.run_id = p_run_id AND g.progress_seq > coalesce(p_after_output, 0)) x

@@ -9,9 +9,11 @@
 -- awp.task_progress: one row per attempt that reported anything: the latest progress value (latest wins) and its
 --                     sequence number, the bytes kept and the entries dropped per kind, and `entries`, the lines and
 --                     chunks received so far (a write that gives its offset is applied once: a retry skips them).
--- awp.task_output:   the log lines and chunks kept, by (run, sequence). No foreign key to runs (like awp.events: a
---                     foreign key would take a share lock on the run row, which completions lock for update); pruned
---                     with the run by awp._prune_batch.
+-- awp.task_output:   the log lines and chunks kept: one row per write and kind (a write's lines, its chunks), its
+--                     entries numbered first_seq .. seq (one row per line made 10 lines per task cost as much as the
+--                     task's completion). No foreign key to runs (like awp.events: a foreign key would take a share
+--                     lock on the run row, which completions lock for update); pruned with the run by
+--                     awp._prune_batch.
 
 SET LOCAL ROLE awp_owner;
 
@@ -50,17 +52,17 @@ CREATE INDEX task_progress_seq_idx ON awp.task_progress (run_id, progress_seq) W
 
 CREATE TABLE awp.task_output (
   run_id     text NOT NULL,
-  seq        bigint NOT NULL,
+  seq        bigint NOT NULL,   -- the sequence number of its last entry
+  first_seq  bigint NOT NULL,   -- of its first: its entries are numbered first_seq .. seq
   task_key   text NOT NULL,
   attempt    integer NOT NULL,
   kind       text NOT NULL,
-  body       text NOT NULL,
-  bytes      integer NOT NULL,
+  entries    text[] NOT NULL,   -- the log lines (or chunks) of one write, in order
+  bytes      integer NOT NULL,  -- their UTF-8 bytes together
   created_at timestamptz NOT NULL,
   PRIMARY KEY (run_id, seq),
   CONSTRAINT task_output_kind_is_valid CHECK (kind IN ('log', 'chunk')),
-  CONSTRAINT task_output_bytes_counted CHECK (bytes = octet_length(body)),
-  CONSTRAINT task_output_entry_size CHECK (octet_length(body) <= 65536)
+  CONSTRAINT task_output_numbered CHECK (first_seq >= 1 AND seq - first_seq + 1 = cardinality(entries))
 );
 CREATE INDEX task_output_attempt_idx ON awp.task_output (run_id, task_key, attempt, seq);
 

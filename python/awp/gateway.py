@@ -626,9 +626,8 @@ async def complete(request: web.Request) -> web.Response:
     dispatch_id = path_param(request, "dispatch_id")
     db, metrics = request.app[DB], request.app[METRICS]
     if live:  # the lease's last output goes in before its result (docs/progress.md); a refused write is dropped
-        await write_progress(
-            request, worker_id, token, [{**w, "dispatch_id": dispatch_id, "lease_token": lease_token} for w in live]
-        )
+        writes = [{**w, "dispatch_id": dispatch_id, "lease_token": lease_token} for w in live]
+        await write_progress(request, worker_id, token, writes)
     if claim_slots is None:
         applied = await db.complete_task(worker_id, token, dispatch_id, lease_token, result)
         metrics.completions.labels(str(bool(applied)).lower()).inc()

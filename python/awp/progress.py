@@ -77,7 +77,8 @@ class LeaseOutput:
         self.dropped = 0  # entries dropped by this worker (over MAX_PENDING_BYTES while the gateway lagged)
         self.fenced = False  # the gateway answered lease_lost: nothing more is sent
         self.taken = 0  # lines and chunks taken for sending so far (the offset of the next write)
-        self.last_sent = float("-inf")
+        # The first write waits one interval too: what a short task reports goes with its result, no request of its own.
+        self.last_sent = time.monotonic()
         self.finishing = False
         self.settled = asyncio.Event()  # set while no write of this lease is in flight
         self.settled.set()
@@ -95,8 +96,10 @@ class LeaseOutput:
         with self._lock:
             if self.fenced:
                 return
+            first = self._progress is _UNSET and not self._entries
             self._progress = json.loads(text)
-        self._wake()
+        if first:  # the sender is woken once per batch: it then waits for this lease's interval itself
+            self._wake()
 
     def log(self, line: Any) -> None:
         text = line if isinstance(line, str) else str(line)
@@ -112,6 +115,7 @@ class LeaseOutput:
         with self._lock:
             if self.fenced:
                 return
+            first = self._progress is _UNSET and not self._entries
             for kind, text in entries:
                 size = len(text.encode())
                 self._entries.append((kind, text, size))
@@ -120,7 +124,8 @@ class LeaseOutput:
                 _, _, size = self._entries.pop(0)
                 self._bytes -= size
                 self.dropped += 1
-        self._wake()
+        if first:
+            self._wake()
 
     # -- the sender's side (the event loop) ----------------------------------------------------------------
 

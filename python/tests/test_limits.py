@@ -58,12 +58,6 @@ CHECKS = [
         r"CHECK \(\(octet_length\(\(progress\)::text\) <= (\d+)\)\)",
     ),
     (
-        "progress_entry_bytes",
-        "awp.task_output",
-        "task_output_entry_size",
-        r"CHECK \(\(octet_length\(body\) <= (\d+)\)\)",
-    ),
-    (
         "error_message_bytes",
         "awp.dispatches",
         "attempt_error_message_length",

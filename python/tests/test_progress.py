@@ -297,7 +297,8 @@ def test_awp_run_show_prints_the_latest_progress(gw: ServeProcess, workers: Work
 def output_rows(db_dsn: str, run_id: str, attempt: int) -> int:
     with psycopg.connect(db_dsn) as c:
         row = c.execute(
-            "SELECT count(*) FROM awp.task_output WHERE run_id = %s AND attempt = %s", (run_id, attempt)
+            "SELECT coalesce(sum(cardinality(entries)), 0) FROM awp.task_output WHERE run_id = %s AND attempt = %s",
+            (run_id, attempt),
         ).fetchone()
     return int(row[0]) if row else 0
 
