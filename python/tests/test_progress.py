@@ -12,6 +12,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -335,3 +336,56 @@ def test_a_worker_fenced_off_mid_stream_writes_nothing_more(gw: ServeProcess, wo
     assert wait_run(gw, run_id, 30)["status"] == "succeeded"
     assert output_rows(db_dsn, run_id, 1) == kept
     assert "lease_lost" in frozen.log() or "revoked" in frozen.log() or "not completing" in frozen.log()
+
+
+def test_a_client_that_does_not_read_holds_no_database_connection(gw: ServeProcess) -> None:
+    """Streams whose clients stop reading (their socket buffers full) wait on the socket, not on the database: the
+    request pool stays free (/health/ready) and the API answers at once."""
+    import socket
+
+    worker_id, headers = register(gw)
+    run_id = new_run(gw, "progress-slow", [{"key": "a", "executor": "mock"}])
+    claim = httpx.post(gw.api(f"/workers/{worker_id}/claims"), json={"slots": 1, "wait_ms": 5000}, headers=headers)
+    lease = claim.json()["leases"][0]
+    url = gw.api(f"/workers/{worker_id}/leases/{lease['dispatch_id']}/progress")
+    line = "x" * 1000
+
+    beating = threading.Event()
+
+    def heartbeats() -> None:  # the worker (heartbeats every 300 ms expected) and its 2 s lease stay alive
+        ref = {"dispatch_id": lease["dispatch_id"], "lease_token": lease["lease_token"]}
+        while not beating.wait(0.15):
+            httpx.post(gw.api(f"/workers/{worker_id}/heartbeat"), json={"leases": [ref]}, headers=headers)
+
+    beater = threading.Thread(target=heartbeats, daemon=True)
+    beater.start()
+    for _ in range(6):  # 2,400 lines of 1 KB: far more than the sockets hold
+        r = httpx.post(url, json={"lease_token": lease["lease_token"], "logs": [line] * 400}, headers=headers)
+        assert r.status_code == 200, r.text
+    socks = []
+    try:
+        for _ in range(STREAM_LIMIT):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", gw.port))
+            s.sendall(
+                f"GET /api/v1/runs/{run_id}/stream HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {gw.tokens.viewer}\r\n\r\n".encode()
+            )
+            socks.append(s)
+        for s in socks:  # each stream started (its head and first events came)
+            s.settimeout(5)
+            assert s.recv(1024).startswith(b"HTTP/1.1 200"), "the stream did not start"
+        time.sleep(1.0)  # the streams have written what the sockets take and wait to write more
+        started = time.monotonic()
+        run = httpx.get(gw.api(f"/runs/{run_id}"), headers=gw.auth("viewer"), timeout=5)
+        assert run.status_code == 200 and time.monotonic() - started < 2
+        ready = httpx.get(gw.url("/health/ready")).json()
+        assert ready["pools"]["requests"]["in_use"] == 0, ready
+        over = httpx.get(gw.api(f"/runs/{run_id}/stream"), headers=gw.auth("viewer"))
+        assert over.status_code == 503, "the slow streams are still open (and counted)"
+        assert httpx.get(gw.api(f"/runs/{run_id}"), headers=gw.auth("viewer")).json()["status"] == "running"
+    finally:
+        beating.set()
+        for s in socks:
+            s.close()
