@@ -979,25 +979,40 @@ def run_many_only(
     return 1 if results["problems"] else 0
 
 
-def run_step_only(
-    step: str, plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, out: Path, when: dt.datetime
-) -> int:
-    """``--dynamic-only`` (step 10, ``dynamic.py``) or ``--pacing-only`` (step 11, ``pacing.py``): that step alone,
-    on its own gateway and workers; prints its table and targets and writes ``<step>-<plan>-<time>.json``
-    (``latest.*`` are left as they are)."""
-    module, table, targets = {
-        "dynamic": (dynamic, report.dynamic_table, report.dynamic_targets),
-        "pacing": (pacing, report.pacing_table, report.pacing_targets),
-    }[step]
+def measure_alone(
+    plan: Plan,
+    dsn: str,
+    datadir: Path | None,
+    workdir: Path,
+    reaper: Reaper,
+    key: str,
+    measure: Callable[[Bench, Plan], dict[str, Any]],
+) -> dict[str, Any]:
+    """One step alone (``--dynamic-only``, ``--pacing-only``, ``--progress-only``) on its own gateway and workers:
+    {"plan", "machine", key: what ``measure`` returned}."""
     b = Bench(dsn, datadir, workdir, reaper)
     results: dict[str, Any] = {"plan": asdict(plan), "machine": machine()}
     b.gateway.start()
     try:
-        results[step] = module.measure(b, plan)
+        results[key] = measure(b, plan)
     finally:
         b.pool.resize(0)
         b.gateway.stop()
         b.conn.close()
+    return results
+
+
+def run_step_only(
+    step: str, plan: Plan, dsn: str, datadir: Path | None, workdir: Path, reaper: Reaper, out: Path, when: dt.datetime
+) -> int:
+    """``--dynamic-only`` (step 10, ``dynamic.py``) or ``--pacing-only`` (step 11, ``pacing.py``): that step alone
+    (``measure_alone``); prints its table and targets and writes ``<step>-<plan>-<time>.json`` (``latest.*`` are
+    left as they are)."""
+    module, table, targets = {
+        "dynamic": (dynamic, report.dynamic_table, report.dynamic_targets),
+        "pacing": (pacing, report.pacing_table, report.pacing_targets),
+    }[step]
+    results = measure_alone(plan, dsn, datadir, workdir, reaper, step, module.measure)
     results["started_at"] = when.isoformat(timespec="seconds")
     results["problems"] = problems(results)
     print(table(results).text())
@@ -1017,15 +1032,7 @@ def run_progress_only(
 ) -> int:
     """``--progress-only``: step 12 alone (``progress_cost.py``), on its own gateway and workers; prints its table and
     writes ``progress-<plan>-<time>.json`` (``latest.*`` are left as they are)."""
-    b = Bench(dsn, datadir, workdir, reaper)
-    results: dict[str, Any] = {"plan": asdict(plan), "machine": machine()}
-    b.gateway.start()
-    try:
-        results["progress"] = progress_cost.measure(b, plan)
-    finally:
-        b.pool.resize(0)
-        b.gateway.stop()
-        b.conn.close()
+    results = measure_alone(plan, dsn, datadir, workdir, reaper, "progress", progress_cost.measure)
     results["started_at"] = when.isoformat(timespec="seconds")
     print(progress_cost.table(results["progress"]))
     out.mkdir(parents=True, exist_ok=True)

@@ -8,16 +8,14 @@ the test."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from test_ui import (
-    VIEWPORT,
-    Watch,
     browser,  # noqa: F401 (the module's Chromium, a fixture)
-    sign_in,
+    open_ui,  # noqa: F401 (a signed-in page, checked at the end: a fixture)
 )
 from worker_support import Workers, drained_workers
 
@@ -47,7 +45,7 @@ def task_status(db_dsn: str, run_id: str, key: str) -> str:
 def test_the_task_panel_shows_the_log_tail_and_progress_live(
     gw: ServeProcess,
     workers: Workers,
-    browser: Any,  # noqa: F811 (the fixture)
+    open_ui: Callable[..., Any],  # noqa: F811 (the fixture)
     db_dsn: str,
 ) -> None:
     workers.start("ui-progress-w", executors="python", extra=["--handlers", TEST_HANDLERS])
@@ -70,44 +68,26 @@ def test_the_task_panel_shows_the_log_tail_and_progress_live(
     run_id = str(row[0])
     wait_until(lambda: task_status(db_dsn, run_id, "gen") == "running", 15, 0.05, "the task runs")
 
-    context = browser.new_context(viewport=VIEWPORT, base_url=gw.base_url)
-    watch = Watch(gw.base_url)
-    context.on("request", lambda r: watch.requests.append(r.url))
-    page = context.new_page()
-
-    def console_error(m: Any) -> None:
-        if m.type == "error":
-            watch.errors.append(f"{page.url}: {m.text}")
-
-    page.on("console", console_error)
-    page.on("pageerror", lambda e: watch.errors.append(f"{page.url}: uncaught {e}"))
-    page.set_default_timeout(15_000)
-    try:
-        sign_in(page, gw.tokens.viewer)
-        page.goto(f"/ui/runs/{run_id}")
-        page.locator('#dag [data-task-key="gen"]').click()
-        panel = page.locator("#task-panel")
-        tail = panel.locator("[data-log-tail]")
-        tail.filter(has_text="line 0").wait_for()
-        first = tail.inner_text()
-        assert task_status(db_dsn, run_id, "gen") == "running", "the first line showed while the task ran"
-        # More lines arrive in the open panel while the task still runs (no reload, no click).
-        grown = wait_until(
-            lambda: (t := tail.inner_text()).count("line ") > first.count("line ") and t, 10, 0.05, "more"
-        )
-        assert task_status(db_dsn, run_id, "gen") == "running", "the tail grew while the task ran"
-        assert grown.startswith(first)
-        progress = panel.locator("[data-progress]")
-        assert progress.is_visible() and '"of":80' in progress.inner_text().replace(" ", "")
-        wait_until(lambda: task_status(db_dsn, run_id, "gen") == "succeeded", 30, 0.1, "the task ends")
-        tail.filter(has_text="line 76").wait_for()
-        text = tail.inner_text()
-        lines = [f"line {i}" for i in range(0, 80, 4)]
-        positions = [text.find(line + "\n") if line != "line 76" else text.find(line) for line in lines]
-        assert all(p >= 0 for p in positions) and positions == sorted(positions), text[-500:]
-        page.locator("#task-panel [data-progress]").filter(has_text='"done": 80').or_(
-            page.locator("#task-panel [data-progress]").filter(has_text='"done":80')
-        ).wait_for()
-    finally:
-        context.close()
-    watch.check(gw.log_tail(60) if watch.errors else "")
+    page = open_ui("viewer")
+    page.goto(f"/ui/runs/{run_id}")
+    page.locator('#dag [data-task-key="gen"]').click()
+    panel = page.locator("#task-panel")
+    tail = panel.locator("[data-log-tail]")
+    tail.filter(has_text="line 0").wait_for()
+    first = tail.inner_text()
+    assert task_status(db_dsn, run_id, "gen") == "running", "the first line showed while the task ran"
+    # More lines arrive in the open panel while the task still runs (no reload, no click).
+    grown = wait_until(lambda: (t := tail.inner_text()).count("line ") > first.count("line ") and t, 10, 0.05, "more")
+    assert task_status(db_dsn, run_id, "gen") == "running", "the tail grew while the task ran"
+    assert grown.startswith(first)
+    progress = panel.locator("[data-progress]")
+    assert progress.is_visible() and '"of":80' in progress.inner_text().replace(" ", "")
+    wait_until(lambda: task_status(db_dsn, run_id, "gen") == "succeeded", 30, 0.1, "the task ends")
+    tail.filter(has_text="line 76").wait_for()
+    text = tail.inner_text()
+    lines = [f"line {i}" for i in range(0, 80, 4)]
+    positions = [text.find(line + "\n") if line != "line 76" else text.find(line) for line in lines]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), text[-500:]
+    page.locator("#task-panel [data-progress]").filter(has_text='"done": 80').or_(
+        page.locator("#task-panel [data-progress]").filter(has_text='"done":80')
+    ).wait_for()
