@@ -244,13 +244,16 @@ COMMENT ON FUNCTION awp.report_progress(text, text, text, text, jsonb, text[], t
 -- One row per item, in order: dispatch_id, and either seq, truncated and run_id (as awp.report_progress) or error
 -- {sqlstate, message, detail} (AWLST, AWBIG, AWREQ). AWSES first; AWREQ for a malformed list.
 -- Each item is checked first (awp._progress_problem), so no item needs a subtransaction.
--- Locks: per item, as awp._write_progress.
+-- Locks: per item, as awp._write_progress, the items taken in run_id order (the runs' awp.run_outputs rows in that
+-- order: no lock cycle between two batches).
 CREATE OR REPLACE FUNCTION awp.report_progress_many(p_worker_id text, p_session_token text, p_items jsonb)
 RETURNS TABLE (dispatch_id text, seq bigint, truncated boolean, run_id text, error jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   e         jsonb;
+  v_ord     bigint;
   v_ans     jsonb;
+  v_answers jsonb := '[]';
   v_logs    text[];
   v_chunks  text[];
   v_problem text[];
@@ -269,8 +272,12 @@ BEGIN
       format('items must be an array of at most %s {"dispatch_id", "lease_token", "progress"?, "logs"?, "chunks"?, "offset"?} objects',
              awp._limit_batch_results()));
   END IF;
-  FOR e IN SELECT x FROM jsonb_array_elements(p_items) x LOOP
-    dispatch_id := e->>'dispatch_id';
+  -- In the order of their runs (then as given): the runs' counter rows are locked in run_id order, so two
+  -- batches over the same runs never wait for each other in a cycle. Answered in the order given.
+  FOR e, v_ord IN SELECT x.e, x.o FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
+                    LEFT JOIN awp.dispatches d ON d.dispatch_id = x.e->>'dispatch_id'
+                   ORDER BY d.run_id NULLS FIRST, x.o
+  LOOP
     v_logs := (SELECT array_agg(l ORDER BY n) FROM jsonb_array_elements_text(e->'logs') WITH ORDINALITY a(l, n));
     v_chunks := (SELECT array_agg(c ORDER BY n) FROM jsonb_array_elements_text(e->'chunks') WITH ORDINALITY a(c, n));
     v_problem := awp._progress_problem(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress', v_logs,
@@ -278,18 +285,15 @@ BEGIN
     IF v_problem IS NULL THEN
       v_ans := awp._write_progress(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress', v_logs,
                                    v_chunks, (e->>'offset')::bigint, true);
-      seq := (v_ans->>'seq')::bigint;
-      truncated := (v_ans->>'truncated')::boolean;
-      run_id := v_ans->>'run_id';
-      error := NULL;
     ELSE
-      seq := NULL;
-      truncated := NULL;
-      run_id := NULL;
-      error := jsonb_build_object('sqlstate', v_problem[1], 'message', v_problem[2], 'detail', v_problem[3]);
+      v_ans := jsonb_build_object('error', jsonb_build_object('sqlstate', v_problem[1], 'message', v_problem[2],
+                                                              'detail', v_problem[3]));
     END IF;
-    RETURN NEXT;
+    v_answers := v_answers || jsonb_build_array(jsonb_build_object('o', v_ord, 'dispatch_id', e->>'dispatch_id') || v_ans);
   END LOOP;
+  RETURN QUERY
+  SELECT a->>'dispatch_id', (a->>'seq')::bigint, (a->>'truncated')::boolean, a->>'run_id', a->'error'
+    FROM jsonb_array_elements(v_answers) a ORDER BY (a->>'o')::bigint;
 END $$;
 COMMENT ON FUNCTION awp.report_progress_many(text, text, jsonb) IS 'Several leases'' progress writes in one call, each fenced on its own; per item its seq or its error; AWSES/AWREQ.';
 

@@ -389,3 +389,49 @@ def test_a_client_that_does_not_read_holds_no_database_connection(gw: ServeProce
         beating.set()
         for s in socks:
             s.close()
+
+
+def test_batches_over_the_same_runs_take_their_locks_in_run_order(db_dsn: str) -> None:
+    """awp.report_progress_many writes its items in run_id order: a batch that holds run 1's counter row while a
+    second batch (given run 2's lease first) waits for it can still write run 2 (no lock cycle, no deadlock)."""
+    from psycopg.types.json import Jsonb
+
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        c.execute(
+            "SELECT * FROM awp.create_workflow_version(%s)",
+            (json.dumps({"id": "progress-order", "tasks": [{"key": "a", "executor": "mock"}]}),),
+        )
+        runs = sorted(str(c.execute("SELECT awp.start_run('progress-order')").fetchone()[0]) for _ in range(2))  # type: ignore[index]
+        row = c.execute("SELECT worker_id, session_token FROM awp.register_worker('order', '{mock}', 10)").fetchone()
+        assert row is not None
+        worker, token = row
+        c.execute("SELECT awp.coordinator_tick()")
+        leases = {
+            r[0]: {"dispatch_id": r[1], "lease_token": r[2]}
+            for r in c.execute(
+                "SELECT run_id, dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 10)", (worker, token)
+            )
+        }
+    first, second = (leases[r] for r in runs)
+    sql = "SELECT dispatch_id, error FROM awp.report_progress_many(%s, %s, %s)"
+    with psycopg.connect(db_dsn) as t1, psycopg.connect(db_dsn) as t2:
+        t1.execute("SET lock_timeout = '10s'")
+        t2.execute("SET lock_timeout = '10s'")
+        t1.execute(sql, (worker, token, Jsonb([{**first, "logs": ["t1 on run 1"]}]))).fetchall()  # holds run 1's row
+        done: list[Any] = []
+
+        def other() -> None:  # run 2's lease first: written after run 1's, which waits for t1
+            rows = t2.execute(
+                sql, (worker, token, Jsonb([{**second, "logs": ["t2 on run 2"]}, {**first, "logs": ["t2 on run 1"]}]))
+            ).fetchall()
+            t2.commit()
+            done.append(rows)
+
+        waiter = threading.Thread(target=other)
+        waiter.start()
+        time.sleep(0.5)
+        assert not done, "the second batch waits for run 1's row"
+        t1.execute(sql, (worker, token, Jsonb([{**second, "logs": ["t1 on run 2"]}]))).fetchall()  # no deadlock
+        t1.commit()
+        waiter.join(15)
+        assert done and [r[1] for r in done[0]] == [None, None], done
