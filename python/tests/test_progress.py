@@ -6,6 +6,7 @@ mid-stream (frozen until its lease was reaped) writes nothing more."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -161,6 +162,27 @@ def test_stream_bad_input_and_the_stream_limit(gw: ServeProcess) -> None:
     httpx.post(gw.api(f"/runs/{run_id}/cancel"), headers=gw.auth("operator"), json={})
 
 
+@contextlib.contextmanager
+def kept_alive(gw: ServeProcess, worker_id: str, headers: dict[str, str], lease: dict[str, Any]) -> Iterator[None]:
+    """Heartbeats of a worker driven by hand, every 150 ms (this module's worker must beat every 300 ms, and its
+    lease lasts 2 s), for a test that may run slowly on a busy machine."""
+    stop = threading.Event()
+    ref = {"dispatch_id": lease["dispatch_id"], "lease_token": lease["lease_token"]}
+
+    def beat() -> None:
+        while not stop.wait(0.15):
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(gw.api(f"/workers/{worker_id}/heartbeat"), json={"leases": [ref]}, headers=headers)
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beater.join(5)
+
+
 def register(gw: ServeProcess) -> tuple[str, dict[str, str]]:
     r = httpx.post(
         gw.api("/workers/register"),
@@ -177,7 +199,13 @@ def test_the_progress_route_is_fenced_like_complete_and_refuses_bad_input(gw: Se
     claim = httpx.post(gw.api(f"/workers/{worker_id}/claims"), json={"slots": 1, "wait_ms": 5000}, headers=headers)
     lease = claim.json()["leases"][0]
     url = gw.api(f"/workers/{worker_id}/leases/{lease['dispatch_id']}/progress")
+    with kept_alive(gw, worker_id, headers, lease):
+        check_the_progress_route(gw, worker_id, headers, run_id, lease, url)
 
+
+def check_the_progress_route(
+    gw: ServeProcess, worker_id: str, headers: dict[str, str], run_id: str, lease: dict[str, Any], url: str
+) -> None:
     def post(body: Any, **kw: Any) -> httpx.Response:
         return httpx.post(url, json=body, headers=headers, **kw)
 
@@ -260,11 +288,11 @@ def test_awp_run_logs_follow_prints_lines_as_they_come(gw: ServeProcess, workers
         assert first == "tick 0\n", first + (proc.stderr.read() if proc.stderr else "")
         run = get_status(gw, run_id)
         assert run == "running", "the first line came while the task still ran"
-        out, err = proc.communicate(timeout=20)
+        out = proc.stdout.read()  # the same buffered reader as readline (communicate would skip what it holds)
         ended_at = time.monotonic()
+        assert proc.wait(20) == 0, proc.stderr.read() if proc.stderr else ""
     finally:
         proc.kill()
-    assert proc.returncode == 0, err
     lines = [first.rstrip("\n"), *out.splitlines()]
     assert lines == [f"tick {i}" for i in range(len(lines))] and len(lines) >= 20, lines
     assert ended_at - first_at > 1.5, "--follow printed lines over the task's life, and ended with it"
@@ -350,45 +378,36 @@ def test_a_client_that_does_not_read_holds_no_database_connection(gw: ServeProce
     url = gw.api(f"/workers/{worker_id}/leases/{lease['dispatch_id']}/progress")
     line = "x" * 1000
 
-    beating = threading.Event()
-
-    def heartbeats() -> None:  # the worker (heartbeats every 300 ms expected) and its 2 s lease stay alive
-        ref = {"dispatch_id": lease["dispatch_id"], "lease_token": lease["lease_token"]}
-        while not beating.wait(0.15):
-            httpx.post(gw.api(f"/workers/{worker_id}/heartbeat"), json={"leases": [ref]}, headers=headers)
-
-    beater = threading.Thread(target=heartbeats, daemon=True)
-    beater.start()
-    for _ in range(6):  # 2,400 lines of 1 KB: far more than the sockets hold
-        r = httpx.post(url, json={"lease_token": lease["lease_token"], "logs": [line] * 400}, headers=headers)
-        assert r.status_code == 200, r.text
-    socks = []
-    try:
-        for _ in range(STREAM_LIMIT):
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect(("127.0.0.1", gw.port))
-            s.sendall(
-                f"GET /api/v1/runs/{run_id}/stream HTTP/1.1\r\nHost: x\r\n"
-                f"Authorization: Bearer {gw.tokens.viewer}\r\n\r\n".encode()
-            )
-            socks.append(s)
-        for s in socks:  # each stream started (its head and first events came)
-            s.settimeout(5)
-            assert s.recv(1024).startswith(b"HTTP/1.1 200"), "the stream did not start"
-        time.sleep(1.0)  # the streams have written what the sockets take and wait to write more
-        started = time.monotonic()
-        run = httpx.get(gw.api(f"/runs/{run_id}"), headers=gw.auth("viewer"), timeout=5)
-        assert run.status_code == 200 and time.monotonic() - started < 2
-        ready = httpx.get(gw.url("/health/ready")).json()
-        assert ready["pools"]["requests"]["in_use"] == 0, ready
-        over = httpx.get(gw.api(f"/runs/{run_id}/stream"), headers=gw.auth("viewer"))
-        assert over.status_code == 503, "the slow streams are still open (and counted)"
-        assert httpx.get(gw.api(f"/runs/{run_id}"), headers=gw.auth("viewer")).json()["status"] == "running"
-    finally:
-        beating.set()
-        for s in socks:
-            s.close()
+    with kept_alive(gw, worker_id, headers, lease):
+        for _ in range(6):  # 2,400 lines of 1 KB: far more than the sockets hold
+            r = httpx.post(url, json={"lease_token": lease["lease_token"], "logs": [line] * 400}, headers=headers)
+            assert r.status_code == 200, r.text
+        socks = []
+        try:
+            for _ in range(STREAM_LIMIT):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.connect(("127.0.0.1", gw.port))
+                s.sendall(
+                    f"GET /api/v1/runs/{run_id}/stream HTTP/1.1\r\nHost: x\r\n"
+                    f"Authorization: Bearer {gw.tokens.viewer}\r\n\r\n".encode()
+                )
+                socks.append(s)
+            for s in socks:  # each stream started (its head and first events came)
+                s.settimeout(5)
+                assert s.recv(1024).startswith(b"HTTP/1.1 200"), "the stream did not start"
+            time.sleep(1.0)  # the streams have written what the sockets take and wait to write more
+            started = time.monotonic()
+            run = httpx.get(gw.api(f"/runs/{run_id}"), headers=gw.auth("viewer"), timeout=5)
+            assert run.status_code == 200 and time.monotonic() - started < 2
+            ready = httpx.get(gw.url("/health/ready")).json()
+            assert ready["pools"]["requests"]["in_use"] == 0, ready
+            over = httpx.get(gw.api(f"/runs/{run_id}/stream"), headers=gw.auth("viewer"))
+            assert over.status_code == 503, "the slow streams are still open (and counted)"
+            assert httpx.get(gw.api(f"/runs/{run_id}"), headers=gw.auth("viewer")).json()["status"] == "running"
+        finally:
+            for s in socks:
+                s.close()
 
 
 def test_batches_over_the_same_runs_take_their_locks_in_run_order(db_dsn: str) -> None:
