@@ -301,7 +301,8 @@ COMMENT ON FUNCTION awp.report_progress_many(text, text, jsonb) IS 'Several leas
 -- task's latest attempt when attempt is NULL), after the run sequence number after_seq, oldest first, at most limit
 -- (1 to awp._limit_page_rows(), default that). Returns {"run_id", "task_key", "attempt", "task_status", "progress",
 -- "progress_at", "truncated" (entries were dropped: the oldest first), "logs_dropped", "chunks_dropped", "items":
--- [{"seq", "kind": "log"|"chunk", "text", "at"}], "next_after" (pass it as after_seq to read on), "more"}. AWNTF for
+-- [{"seq", "kind": "log"|"chunk", "text", "at"}], "logs" and "chunks" (the texts of the items of each kind, in order),
+-- "next_after" (pass it as after_seq to read on), "more"}. AWNTF for
 -- an unknown run or task; AWREQ for a bad attempt, after_seq or limit. Locks: none.
 CREATE OR REPLACE FUNCTION awp.task_logs(p_run_id text, p_task_key text, p_attempt integer DEFAULT NULL,
                                          p_after_seq bigint DEFAULT 0, p_limit integer DEFAULT NULL)
@@ -343,6 +344,8 @@ BEGIN
     'truncated', coalesce(p.logs_dropped + p.chunks_dropped > 0, false),
     'logs_dropped', coalesce(p.logs_dropped, 0), 'chunks_dropped', coalesce(p.chunks_dropped, 0),
     'items', v_items,
+    'logs', coalesce((SELECT jsonb_agg(i->'text') FROM jsonb_array_elements(v_items) i WHERE i->>'kind' = 'log'), '[]'),
+    'chunks', coalesce((SELECT jsonb_agg(i->'text') FROM jsonb_array_elements(v_items) i WHERE i->>'kind' = 'chunk'), '[]'),
     'next_after', coalesce((v_items->-1->>'seq')::bigint, coalesce(p_after_seq, 0)),
     'more', jsonb_array_length(v_items) = v_limit);
 END $$;

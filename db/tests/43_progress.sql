@@ -5,7 +5,7 @@
 -- awp.prune deletes it with the run.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(61);
+SELECT plan(62);
 
 SELECT tests.freeze('2030-01-01 00:00:00+00') AS t0 \gset
 SELECT * FROM tests.register_worker('w1', '{mock}', 8) \gset w1_
@@ -35,6 +35,9 @@ SELECT is((SELECT array_agg(x->>'kind' || ':' || (x->>'text') ORDER BY (x->>'seq
              FROM jsonb_array_elements(awp.task_logs(:'run', 'a')->'items') x),
           ARRAY['log:one', 'log:two', 'chunk:tok1', 'log:three'], 'task_logs: lines and chunks in order');
 SELECT is(awp.task_logs(:'run', 'a', p_after_seq => 2)->'items'->0->>'text', 'tok1', 'task_logs after a sequence number');
+SELECT is(awp.task_logs(:'run', 'a') - '{items,progress_at,attempt,run_id,task_key,task_status,progress,next_after,more}'::text[],
+          '{"logs": ["one", "two", "three"], "chunks": ["tok1"], "truncated": false, "logs_dropped": 0, "chunks_dropped": 0}'::jsonb,
+          'task_logs: the texts of each kind, and no truncation');
 SELECT is(awp.task_logs(:'run', 'a', p_limit => 2)->>'next_after', '2', 'next_after: the last sequence number of the page');
 SELECT is(awp.task_logs(:'run', 'a', p_limit => 2)->>'more', 'true', 'more: a full page');
 SELECT is(awp.task_logs(:'run', 'a')->'progress', '{"pct": 10}'::jsonb, 'task_logs: the latest progress');

@@ -165,6 +165,8 @@ def stream_messages(run_id: str, batch: dict[str, Any], cursor: tuple[int, int])
             name = item["kind"]
             field = {"log": "line", "chunk": "chunk", "progress": "progress"}[name]
             data = {"task_key": item["task_key"], "attempt": item["attempt"], "seq": seq, field: item["value"]}
+            if name != "progress":
+                data["text"] = item["value"]
             data["at"] = item["at"]
         out.append(_sse(name, f"{after_event}-{after_output}", data))
     return out, (after_event, after_output)

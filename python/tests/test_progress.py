@@ -99,6 +99,7 @@ def test_a_client_follows_200_chunks_in_order_within_a_second_each(gw: ServeProc
                     index, _, emitted = part.partition("@")
                     chunks.append((int(index), float(emitted), received))
             elif event == "log":
+                assert data["text"] == data["line"]
                 lines.append(data["line"])
             elif event == "progress":
                 progress.append(data["progress"]["done"])
@@ -231,6 +232,7 @@ def check_the_progress_route(
     )
     logs = httpx.get(gw.api(f"/runs/{run_id}/tasks/a/logs"), headers=gw.auth("viewer")).json()
     assert [(x["kind"], x["text"]) for x in logs["items"]] == [("log", "a"), ("log", "b"), ("chunk", "c")]
+    assert (logs["logs"], logs["chunks"]) == (["a", "b"], ["c"])
     after = httpx.get(gw.api(f"/runs/{run_id}/tasks/a/logs?after=2"), headers=gw.auth("viewer")).json()
     assert [x["text"] for x in after["items"]] == ["c"]
     assert httpx.get(gw.api(f"/runs/{run_id}/tasks/a/logs?after=x"), headers=gw.auth("viewer")).status_code == 400
