@@ -417,7 +417,8 @@ class Worker:
                             raise SessionInvalid(e.message) from e
                         return
                     if isinstance(e, GatewayError) and e.code == "worker_draining":
-                        log.info("the gateway says this worker is draining (drained by an operator?): draining")
+                        if not self.stopping.is_set():  # not our own drain (SIGTERM): an operator's
+                            log.info("the gateway says this worker is draining (drained by an operator): draining")
                         self.stopping.set()
                         return
                     delay = backoff.next_delay(retry_after_of(e))
