@@ -964,10 +964,13 @@ COMMENT ON FUNCTION awp._group_path_or_nothing(jsonb, text[]) IS 'The group path
 -- item's 1-based position, error NULL), one row (item, error {"sqlstate", "message", "detail"}) per refused
 -- item, and one row (item, NULL, NULL) for an item that was applied but got no lease. Raises AWREQ for a
 -- malformed array. One revision of each run touched (one transaction).
+-- An item may carry "live_output", its lease's last progress writes (docs/progress.md): they are written first,
+-- fenced per write and dropped when refused (awp._write_live_output), so its output is stored before its result.
 -- A group of hot-path items is settled set-based first (awp._complete_and_refill_group, the group path: the same
 -- rows and events, one statement per table); any other group is rolled back to a subtransaction's start and its
 -- items are settled one by one.
--- Locks: the advisory locks of the items' runs in run_id order (as awp._queue_for_runs), then per item in
+-- Locks: the live output's (awp._write_live_output: the runs' awp.run_outputs rows in run_id order), then the
+-- advisory locks of the items' runs in run_id order (as awp._queue_for_runs), then per item in
 -- (worker_id, position) order its worker row and the locks of awp.complete_and_claim.
 CREATE OR REPLACE FUNCTION awp.complete_and_claim_many(p_items jsonb)
 RETURNS TABLE (item integer, error jsonb, lease awp.lease)
@@ -993,11 +996,15 @@ BEGIN
                     OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
                     OR jsonb_typeof(e->'slots') IS DISTINCT FROM 'number'
                     OR jsonb_typeof(e->'claim_seq') NOT IN ('number', 'null')
-                    OR e - '{worker_id,session_token,dispatch_id,lease_token,result,slots,claim_seq}'::text[]
-                       <> '{}'::jsonb) THEN   -- an unknown key (an expression: no query per item)
+                    OR e - '{worker_id,session_token,dispatch_id,lease_token,result,slots,claim_seq,live_output}'::text[]
+                       <> '{}'::jsonb   -- an unknown key (an expression: no query per item)
+                    OR (e ? 'live_output' AND NOT awp._live_output_ok(e->'live_output'))) THEN
     PERFORM awp._raise_invalid_request('invalid items',
       'items must be an array of 1-64 {"worker_id", "session_token", "dispatch_id", "lease_token": string, '
-      '"result": object, "slots": integer, "claim_seq": integer or null}');
+      '"result": object, "slots": integer, "claim_seq": integer or null, "live_output"?: array of progress writes}');
+  END IF;
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e WHERE e ? 'live_output') THEN
+    PERFORM awp._write_live_output(p_items);   -- the tasks' last output, before any run lock is taken
   END IF;
   FOR v_run IN   -- one primary-key probe per item (LIMIT 1 keeps it a probe, never a scan of the table)
     SELECT DISTINCT x.run_id
@@ -1068,7 +1075,8 @@ COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' com
 -- (never more than are free; none while draining). Returns
 --   {"results": [{"dispatch_id", "applied": true} | {"dispatch_id", "error": {"sqlstate", "message", "detail"}}],
 --    "leases": [lease objects: the columns of awp.lease]}
--- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array).
+-- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array). A result may carry
+-- "live_output", its lease's last progress writes: written first, as in awp.complete_and_claim_many.
 -- The common batch (every result a success of a dispatch that the worker holds, the worker active and asking for at
 -- least as many slots as it frees, and nothing pending to claim) is settled set-based first
 -- by the group path (awp._complete_and_refill_group, one worker's items): in the order given, each completion,
@@ -1080,8 +1088,8 @@ COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' com
 -- (awp.complete_and_claim each, in the order given: db/tests/32_batch_path.sql); the item loop writes the
 -- completions first, then the refills, then the claims (another order of the events, and a dependant made ready by
 -- a later result may be refilled before an earlier ready task).
--- Locks: the advisory locks of the items' runs in run_id order (awp._queue_for_runs, before the worker
--- row), then the worker row, then the runs of the items in run_id order (each as complete_task: Run,
+-- Locks: the live output's (awp._write_live_output), then the advisory locks of the items' runs in run_id order
+-- (awp._queue_for_runs, before the worker row), then the worker row, then the runs of the items in run_id order (each as complete_task: Run,
 -- then Dispatch, then Task), then as claim_tasks. Sorting by run keeps two batches that touch
 -- the same runs from deadlocking. The group path locks as awp._complete_and_refill_group says.
 CREATE OR REPLACE FUNCTION awp.complete_tasks(p_worker_id text, p_session_token text, p_results jsonb,
@@ -1106,13 +1114,19 @@ BEGIN
                  WHERE jsonb_typeof(e) <> 'object'
                     OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
                     OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
-                    OR e - '{dispatch_id,lease_token,result}'::text[] <> '{}'::jsonb)   -- an unknown key
+                    OR e - '{dispatch_id,lease_token,result,live_output}'::text[] <> '{}'::jsonb   -- an unknown key
+                    OR (e ? 'live_output' AND NOT awp._live_output_ok(e->'live_output')))
      OR (SELECT count(DISTINCT e->>'dispatch_id') FROM jsonb_array_elements(p_results) e) <> jsonb_array_length(p_results) THEN
     PERFORM awp._raise_invalid_request('invalid results',
-      format('results must be an array of 1-%s {"dispatch_id": string, "lease_token": string, "result": object} with distinct dispatch ids',
+      format('results must be an array of 1-%s {"dispatch_id": string, "lease_token": string, "result": object, "live_output"?: array of progress writes} with distinct dispatch ids',
              awp._limit_batch_results()));
   END IF;
   PERFORM awp._check_claim_seq(p_claim_seq);
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_results) e WHERE e ? 'live_output') THEN   -- before any run lock
+    PERFORM awp._write_live_output((SELECT jsonb_agg(e || jsonb_build_object('worker_id', p_worker_id,
+                                                                             'session_token', p_session_token))
+                                      FROM jsonb_array_elements(p_results) e WHERE e ? 'live_output'));
+  END IF;
   PERFORM awp._queue_for_runs(p_worker_id,
     ARRAY(SELECT e->>'dispatch_id' FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o) ORDER BY o),
     ARRAY(SELECT e->>'lease_token' FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o) ORDER BY o));

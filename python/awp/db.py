@@ -543,10 +543,13 @@ class Database:
         result: dict[str, Any],
         slots: int,
         claim_seq: int | None = None,
+        live_output: list[dict[str, Any]] | None = None,
     ) -> list[Row]:
         """``awp.complete_and_claim``, grouped with the other calls of the same run that arrive while one is in
-        flight (:mod:`awp.grouping`); an item the database refuses raises :class:`awp.grouping.ItemError`."""
-        args = {
+        flight (:mod:`awp.grouping`); an item the database refuses raises :class:`awp.grouping.ItemError`.
+        ``live_output``: the lease's last progress writes, written in the same transaction before the result
+        (``awp.complete_and_claim_many`` carries them: docs/progress.md)."""
+        args: dict[str, Any] = {
             "worker_id": worker_id,
             "session_token": session_token,
             "dispatch_id": dispatch_id,
@@ -555,6 +558,8 @@ class Database:
             "slots": slots,
             "claim_seq": claim_seq,
         }
+        if live_output:
+            args["live_output"] = live_output
         leases = await self.groups.complete_and_claim(args)
         self.groups.remember(leases)
         return leases

@@ -625,7 +625,7 @@ async def complete(request: web.Request) -> web.Response:
     )
     dispatch_id = path_param(request, "dispatch_id")
     db, metrics = request.app[DB], request.app[METRICS]
-    if live:  # the lease's last output goes in before its result (docs/progress.md); a refused write is dropped
+    if live and claim_slots is None:  # its last output goes in before its result (docs/progress.md), dropped if refused
         writes = [{**w, "dispatch_id": dispatch_id, "lease_token": lease_token} for w in live]
         await write_progress(request, worker_id, token, writes)
     if claim_slots is None:
@@ -633,10 +633,16 @@ async def complete(request: web.Request) -> web.Response:
         metrics.completions.labels(str(bool(applied)).lower()).inc()
         return json_response({"applied": applied})
     # Claim on complete (docs/protocol.md): the next leases ride on the completion (one round trip per task).
+    # With claim on complete the last output rides in the completion's own transaction, written before its result.
+    run_id = db.groups.run_of(dispatch_id) if live else None
     try:
-        leases = await db.complete_and_claim(worker_id, token, dispatch_id, lease_token, result, claim_slots, claim_seq)
+        leases = await db.complete_and_claim(
+            worker_id, token, dispatch_id, lease_token, result, claim_slots, claim_seq, live
+        )
     except ItemError as e:  # refused within a group of this run's calls (awp.grouping): its own call's error
         raise from_sqlstate(e.sqlstate, e.message, e.detail) from None
+    if run_id is not None:
+        request.app[STREAMS].wake(run_id)  # its streams read the last output now (else at their next poll)
     metrics.completions.labels("true").inc()
     if claim_slots:
         metrics.claims.labels("leased" if leases else "empty").inc()
@@ -674,14 +680,11 @@ async def complete_many(request: web.Request) -> web.Response:
     its own (``applied`` or the error complete would give), a bad one does not spoil the others."""
     worker_id, token, (items, claim_slots, claim_seq) = await worker_request(request, _parse_completions)
     db, metrics = request.app[DB], request.app[METRICS]
-    live = [
-        {**w, "dispatch_id": item["dispatch_id"], "lease_token": item["lease_token"]}
-        for item in items
-        for w in item.pop("live_output", ())
-    ]
-    if live:  # the leases' last output goes in before their results (docs/progress.md)
-        await write_progress(request, worker_id, token, live)
+    # The leases' last output (live_output) is written in the completions' transaction, before their results.
+    live_runs = {db.groups.run_of(item["dispatch_id"]) for item in items if item.get("live_output")}
     answer = await db.complete_tasks(worker_id, token, items, claim_slots, claim_seq)
+    for run_id in live_runs - {None}:
+        request.app[STREAMS].wake(run_id)
     results = []
     for item in answer["results"]:
         error = item.get("error")

@@ -262,6 +262,78 @@ def check_the_progress_route(
     assert "late" not in [x["text"] for x in logs["items"]]
 
 
+def test_live_output_rides_in_the_completion_with_claim_and_in_batches(gw: ServeProcess) -> None:
+    # With claim on complete and on the batch route the last output is written in the completion's own transaction
+    # (awp.complete_and_claim_many / awp.complete_tasks, db/tests/46_live_output.sql), before the result.
+    worker_id, headers = register(gw)
+    run_id = new_run(gw, "progress-ride", [{"key": k, "executor": "mock"} for k in ("a", "b", "c", "d")])
+    claim = httpx.post(gw.api(f"/workers/{worker_id}/claims"), json={"slots": 1, "wait_ms": 5000}, headers=headers)
+    first = claim.json()["leases"][0]
+    done = httpx.post(
+        gw.api(f"/workers/{worker_id}/leases/{first['dispatch_id']}/complete"),
+        json={
+            "lease_token": first["lease_token"],
+            "result": {"kind": "success"},
+            "claim_slots": 1,
+            "live_output": [{"logs": ["one"], "progress": {"pct": 100}}, {"chunks": ["tok"]}],
+        },
+        headers=headers,
+    )
+    assert done.status_code == 200, done.text
+    second = done.json()["leases"][0]
+    logs = httpx.get(gw.api(f"/runs/{run_id}/tasks/{first['task_key']}/logs"), headers=gw.auth("viewer")).json()
+    assert (logs["task_status"], logs["logs"], logs["chunks"], logs["progress"]) == (
+        "succeeded",
+        ["one"],
+        ["tok"],
+        {"pct": 100},
+    ), logs
+    # A wrong lease token with output: lease_lost, and its output is not written.
+    lost = httpx.post(
+        gw.api(f"/workers/{worker_id}/leases/{second['dispatch_id']}/complete"),
+        json={
+            "lease_token": "wrong",
+            "result": {"kind": "success"},
+            "claim_slots": 1,
+            "live_output": [{"logs": ["x"]}],
+        },
+        headers=headers,
+    )
+    assert (lost.status_code, lost.json()["error"]["code"]) == (409, "lease_lost"), lost.text
+    bad = httpx.post(
+        gw.api(f"/workers/{worker_id}/leases/{second['dispatch_id']}/complete"),
+        json={"lease_token": second["lease_token"], "result": {"kind": "success"}, "claim_slots": 1, "live_output": {}},
+        headers=headers,
+    )
+    assert bad.status_code == 400, bad.text
+    # The batch route: one result with output, one refused.
+    batch = httpx.post(
+        gw.api(f"/workers/{worker_id}/completions"),
+        json={
+            "results": [
+                {
+                    "dispatch_id": second["dispatch_id"],
+                    "lease_token": second["lease_token"],
+                    "result": {"kind": "success"},
+                    "live_output": [{"logs": ["two", "three"]}],
+                },
+                {
+                    "dispatch_id": "dsp_nope",
+                    "lease_token": "t",
+                    "result": {"kind": "success"},
+                    "live_output": [{"logs": ["never"]}],
+                },
+            ],
+            "claim_slots": 0,
+        },
+        headers=headers,
+    )
+    assert batch.status_code == 200, batch.text
+    assert [("error" in r) for r in batch.json()["results"]] == [False, True], batch.text
+    logs = httpx.get(gw.api(f"/runs/{run_id}/tasks/{second['task_key']}/logs"), headers=gw.auth("viewer")).json()
+    assert (logs["task_status"], logs["logs"]) == ("succeeded", ["two", "three"]), logs
+
+
 def cli_env(gw: ServeProcess) -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("AWP_")},

@@ -1,0 +1,104 @@
+-- A task's last output riding on its completion (docs/progress.md, Batching): awp.complete_and_claim_many and
+-- awp.complete_tasks take "live_output" per item and write it in the completion's own transaction, before the result
+-- (awp._write_live_output): fenced per write like awp.report_progress (a refused item's or a wrong session's output
+-- is not written), applied once with its offset, malformed ones refused (AWREQ) with nothing written or settled, and
+-- the grouped path (two workers' items settled set-based) writes both.
+BEGIN;
+\ir _fixtures.sql.inc
+SELECT plan(21);
+
+SELECT * FROM tests.register_worker('w1', '{mock}', 4) \gset w1_
+SELECT * FROM tests.register_worker('w2', '{mock}', 4) \gset w2_
+SELECT tests.make_run('wf', jsonb_build_array(tests.task('a'), tests.task('b'), tests.task('c'), tests.task('d'),
+                                              tests.task('e'), tests.task('f'))) AS run \gset
+SELECT tests.dispatch_all();
+CREATE TEMP TABLE l AS SELECT * FROM awp.claim_tasks(:'w1_worker_id', :'w1_token', 4);
+INSERT INTO l SELECT * FROM awp.claim_tasks(:'w2_worker_id', :'w2_token', 2);
+SELECT dispatch_id AS a_id, lease_token AS a_tok FROM l WHERE task_key = 'a' \gset
+SELECT dispatch_id AS b_id, lease_token AS b_tok FROM l WHERE task_key = 'b' \gset
+SELECT dispatch_id AS c_id, lease_token AS c_tok FROM l WHERE task_key = 'c' \gset
+SELECT dispatch_id AS d_id, lease_token AS d_tok FROM l WHERE task_key = 'd' \gset
+SELECT dispatch_id AS e_id, lease_token AS e_tok FROM l WHERE task_key = 'e' \gset
+SELECT dispatch_id AS f_id, lease_token AS f_tok FROM l WHERE task_key = 'f' \gset
+SELECT is((SELECT array_agg(worker_id ORDER BY task_key) FROM awp.dispatches WHERE run_id = :'run'),
+          ARRAY[:'w1_worker_id', :'w1_worker_id', :'w1_worker_id', :'w1_worker_id', :'w2_worker_id', :'w2_worker_id'],
+          'setup: a-d leased to w1, e-f to w2');
+CREATE FUNCTION tests.outputs() RETURNS bigint LANGUAGE sql AS $$
+  SELECT (SELECT count(*) FROM awp.task_output) + (SELECT count(*) FROM awp.task_progress)
+         + (SELECT coalesce(sum(last_seq), 0) FROM awp.run_outputs)
+$$;
+CREATE FUNCTION tests.item(p_worker text, p_token text, p_dispatch text, p_lease text, p_live jsonb,
+                           p_slots integer DEFAULT 0) RETURNS jsonb LANGUAGE sql AS $$
+  SELECT jsonb_build_object('worker_id', p_worker, 'session_token', p_token, 'dispatch_id', p_dispatch,
+                            'lease_token', p_lease, 'result', tests.result(), 'slots', p_slots, 'claim_seq', NULL,
+                            'live_output', p_live)
+$$;
+
+-- 1. One item: its lines, chunks and progress are stored, then its result.
+SELECT is((SELECT array_agg(coalesce(m.error->>'sqlstate', 'ok')) FROM awp.complete_and_claim_many(jsonb_build_array(
+             tests.item(:'w1_worker_id', :'w1_token', :'a_id', :'a_tok',
+                        '[{"logs": ["one", "two"], "chunks": ["tok"], "progress": {"pct": 100}}]'))) m),
+          '{ok}'::text[], 'complete_and_claim_many: an item with live_output is applied');
+SELECT is(awp.task_logs(:'run', 'a')->'logs', '["one", "two"]'::jsonb, 'its log lines are stored');
+SELECT is(awp.task_logs(:'run', 'a')->'chunks', '["tok"]'::jsonb, 'its chunks are stored');
+SELECT is(awp.task_logs(:'run', 'a')->'progress', '{"pct": 100}'::jsonb, 'its progress is stored');
+SELECT is(tests.task_status(:'run', 'a'), 'succeeded', 'and its result settled');
+
+-- 2. Refusals write nothing: a wrong lease token, a wrong session (each answered on its own item).
+SELECT tests.outputs() AS before \gset
+SELECT is((SELECT array_agg(coalesce(m.error->>'sqlstate', 'ok') ORDER BY m.item)
+             FROM awp.complete_and_claim_many(jsonb_build_array(
+               tests.item(:'w1_worker_id', :'w1_token', :'b_id', 'wrong', '[{"logs": ["x"]}]'),
+               tests.item(:'w1_worker_id', 'bad', :'c_id', :'c_tok', '[{"logs": ["y"]}]'))) m),
+          '{AWLST,AWSES}'::text[], 'a wrong lease token and a wrong session are refused per item');
+SELECT is(tests.outputs(), :before::bigint, 'and their live output is not written');
+
+-- 3. Malformed live_output: the whole call is AWREQ, nothing written or settled.
+SELECT throws_ok(format($$SELECT * FROM awp.complete_and_claim_many(jsonb_build_array(tests.item(%L, %L, %L, %L, '{"logs": []}')))$$,
+                        :'w1_worker_id', :'w1_token', :'b_id', :'b_tok'),
+                 'AWREQ', 'invalid items', 'live_output not an array: invalid_request');
+SELECT throws_ok(format($$SELECT * FROM awp.complete_and_claim_many(jsonb_build_array(tests.item(%L, %L, %L, %L, '[{"logs": [1]}]')))$$,
+                        :'w1_worker_id', :'w1_token', :'b_id', :'b_tok'),
+                 'AWREQ', 'invalid items', 'a line that is not a string: invalid_request');
+SELECT throws_ok(format($$SELECT * FROM awp.complete_and_claim_many(jsonb_build_array(tests.item(%L, %L, %L, %L, '[{"lines": ["x"]}]')))$$,
+                        :'w1_worker_id', :'w1_token', :'b_id', :'b_tok'),
+                 'AWREQ', 'invalid items', 'an unknown key in a write: invalid_request');
+SELECT is(ARRAY[tests.outputs()::text, tests.dispatch_status(:'b_id')], ARRAY[:'before', 'leased'],
+          'nothing written, nothing settled');
+
+-- 4. Offsets: output the worker already sent (its answer lost) is applied once.
+SELECT awp.report_progress(:'w1_worker_id', :'w1_token', :'b_id', :'b_tok', p_logs => '{l1}', p_offset => 0);
+SELECT is((SELECT array_agg(coalesce(m.error->>'sqlstate', 'ok')) FROM awp.complete_and_claim_many(jsonb_build_array(
+             tests.item(:'w1_worker_id', :'w1_token', :'b_id', :'b_tok', '[{"logs": ["l1", "l2"], "offset": 0}]'))) m),
+          '{ok}'::text[], 'a completion resending a write');
+SELECT is(awp.task_logs(:'run', 'b')->'logs', '["l1", "l2"]'::jsonb, 'each line once');
+
+-- 5. complete_tasks: a result's live_output is written; a refused result's is not.
+SELECT tests.outputs() AS before \gset
+SELECT is(awp.complete_tasks(:'w1_worker_id', :'w1_token', jsonb_build_array(
+            jsonb_build_object('dispatch_id', :'c_id', 'lease_token', :'c_tok', 'result', tests.result(),
+                               'live_output', '[{"logs": ["c1"]}, {"chunks": ["c2"]}]'::jsonb),
+            jsonb_build_object('dispatch_id', :'d_id', 'lease_token', 'wrong', 'result', tests.result(),
+                               'live_output', '[{"logs": ["never"]}]'::jsonb)))->'results'->1->'error'->>'sqlstate',
+          'AWLST', 'complete_tasks: the wrong lease token is answered on its item');
+SELECT is(ARRAY[awp.task_logs(:'run', 'c')->'logs', awp.task_logs(:'run', 'c')->'chunks'],
+          ARRAY['["c1"]'::jsonb, '["c2"]'], 'the applied result''s writes are stored, in order');
+SELECT is(awp.task_logs(:'run', 'd')->'logs', '[]'::jsonb, 'the refused one''s are not');
+SELECT throws_ok(format($$SELECT awp.complete_tasks(%L, %L, jsonb_build_array(jsonb_build_object('dispatch_id', %L,
+                          'lease_token', %L, 'result', tests.result(), 'live_output', '"x"'::jsonb)))$$,
+                        :'w1_worker_id', :'w1_token', :'d_id', :'d_tok'),
+                 'AWREQ', 'invalid results', 'complete_tasks: a malformed live_output is invalid_request');
+
+-- 6. The grouped path (two workers, one slot back each): both items' output written, both settled.
+SELECT is((SELECT array_agg(coalesce(m.error->>'sqlstate', 'ok') ORDER BY m.item)
+             FROM awp.complete_and_claim_many(jsonb_build_array(
+               tests.item(:'w2_worker_id', :'w2_token', :'e_id', :'e_tok', '[{"logs": ["e"]}]', 1),
+               tests.item(:'w1_worker_id', :'w1_token', :'d_id', :'d_tok', '[{"logs": ["d"]}]', 1))) m),
+          '{ok,ok}'::text[], 'a group of two workers'' items');
+SELECT is(ARRAY[awp.task_logs(:'run', 'e')->>'logs', awp.task_logs(:'run', 'd')->>'logs',
+                tests.task_status(:'run', 'e'), tests.task_status(:'run', 'd')],
+          ARRAY['["e"]', '["d"]', 'succeeded', 'succeeded'], 'both written and both settled');
+SELECT ok(tests.sequences_contiguous(:'run'), 'sequences stay contiguous');
+
+SELECT * FROM finish();
+ROLLBACK;
