@@ -86,18 +86,26 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._wake_for_fan_out(text, text, text) IS 'Wakes the coordinator after a refilled completion that unlocked more work than one slot.';
 
+-- awp.complete_task(worker_id, session_token, dispatch_id, lease_token, result, live_output DEFAULT NULL): as
+-- above; live_output, the lease's last progress writes (docs/progress.md), is written first, before any lock of the
+-- completion, fenced per write (a refused one is dropped) by awp._write_live_output (AWREQ when malformed).
 CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
-                                             p_lease_token text, p_result jsonb)
+                                             p_lease_token text, p_result jsonb, p_live_output jsonb DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  v_applied boolean := awp._complete_task(awp._session(p_worker_id, p_session_token, false), p_dispatch_id,
-                                          p_lease_token, p_result);
+  v_applied boolean;
 BEGIN
+  IF p_live_output IS NOT NULL THEN
+    PERFORM awp._write_live_output(awp._live_item(p_worker_id, p_session_token, p_dispatch_id, p_lease_token,
+                                                  p_live_output), 'invalid live_output');
+  END IF;
+  v_applied := awp._complete_task(awp._session(p_worker_id, p_session_token, false), p_dispatch_id, p_lease_token,
+                                  p_result);
   PERFORM awp._notify_pending();
   RETURN v_applied;
 END $$;
-COMMENT ON FUNCTION awp.complete_task(text, text, text, text, jsonb) IS 'Reports a lease''s result (fenced, idempotent): true when applied; AWSES/AWREQ/AWLST/AWCNF.';
+COMMENT ON FUNCTION awp.complete_task(text, text, text, text, jsonb, jsonb) IS 'Reports a lease''s result (fenced, idempotent): true when applied; AWSES/AWREQ/AWLST/AWCNF.';
 
 -- awp._result_hash(result): the SHA-256 stored as dispatches.result_hash: of the result's kind, output, error_code
 -- and error_message (a missing one as JSON null), so a repeat with the same result is recognised (idempotent
@@ -267,21 +275,26 @@ COMMENT ON FUNCTION awp._check_result(jsonb) IS 'Validates a result object (AWRE
 -- cannot be taken by a concurrent claim), then as complete_task, then as claim_tasks. The queuing raises nothing
 -- and waits only for the run of a dispatch leased to this worker with this lease token, so the session check
 -- under the worker row's lock still comes first among the checks (AWSES, then AWREQ, AWLST, AWCNF).
+-- live_output: as in awp.complete_task, written first (before the run's advisory lock).
 CREATE OR REPLACE FUNCTION awp.complete_and_claim(p_worker_id text, p_session_token text, p_dispatch_id text,
                                                   p_lease_token text, p_result jsonb, p_slots integer,
-                                                  p_claim_seq bigint DEFAULT NULL)
+                                                  p_claim_seq bigint DEFAULT NULL, p_live_output jsonb DEFAULT NULL)
 RETURNS SETOF awp.lease
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   w awp.workers;
 BEGIN
+  IF p_live_output IS NOT NULL THEN
+    PERFORM awp._write_live_output(awp._live_item(p_worker_id, p_session_token, p_dispatch_id, p_lease_token,
+                                                  p_live_output), 'invalid live_output');
+  END IF;
   PERFORM awp._queue_for_runs(p_worker_id, ARRAY[p_dispatch_id], ARRAY[p_lease_token]);
   w := awp._session(p_worker_id, p_session_token, true);   -- AWSES first
   PERFORM awp._check_claim_seq(p_claim_seq);
   RETURN QUERY SELECT * FROM awp._complete_and_claim(w, p_dispatch_id, p_lease_token, p_result, p_slots, p_claim_seq);
   PERFORM awp._notify_pending();   -- only for what this call created and did not lease itself
 END $$;
-COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, integer, bigint) IS 'complete_task, then claim_tasks for up to slots free leases, in one transaction; returns the new leases.';
+COMMENT ON FUNCTION awp.complete_and_claim(text, text, text, text, jsonb, integer, bigint, jsonb) IS 'complete_task, then claim_tasks for up to slots free leases, in one transaction; returns the new leases.';
 
 -- awp._complete_and_claim(worker, dispatch_id, lease_token, result, slots, claim_seq): the body of
 -- awp.complete_and_claim for a worker whose session the caller checked and whose row it locked (after queuing
@@ -997,14 +1010,13 @@ BEGIN
                     OR jsonb_typeof(e->'slots') IS DISTINCT FROM 'number'
                     OR jsonb_typeof(e->'claim_seq') NOT IN ('number', 'null')
                     OR e - '{worker_id,session_token,dispatch_id,lease_token,result,slots,claim_seq,live_output}'::text[]
-                       <> '{}'::jsonb   -- an unknown key (an expression: no query per item)
-                    OR (e ? 'live_output' AND NOT awp._live_output_ok(e->'live_output'))) THEN
+                       <> '{}'::jsonb) THEN   -- an unknown key (an expression: no query per item)
     PERFORM awp._raise_invalid_request('invalid items',
       'items must be an array of 1-64 {"worker_id", "session_token", "dispatch_id", "lease_token": string, '
       '"result": object, "slots": integer, "claim_seq": integer or null, "live_output"?: array of progress writes}');
   END IF;
   IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e WHERE e ? 'live_output') THEN
-    PERFORM awp._write_live_output(p_items);   -- the tasks' last output, before any run lock is taken
+    PERFORM awp._write_live_output(p_items, 'invalid items');   -- the tasks' last output, before any run lock
   END IF;
   FOR v_run IN   -- one primary-key probe per item (LIMIT 1 keeps it a probe, never a scan of the table)
     SELECT DISTINCT x.run_id
@@ -1075,8 +1087,7 @@ COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' com
 -- (never more than are free; none while draining). Returns
 --   {"results": [{"dispatch_id", "applied": true} | {"dispatch_id", "error": {"sqlstate", "message", "detail"}}],
 --    "leases": [lease objects: the columns of awp.lease]}
--- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array). A result may carry
--- "live_output", its lease's last progress writes: written first, as in awp.complete_and_claim_many.
+-- with results in the order given. Raises AWSES (checked first) and AWREQ (malformed array).
 -- The common batch (every result a success of a dispatch that the worker holds, the worker active and asking for at
 -- least as many slots as it frees, and nothing pending to claim) is settled set-based first
 -- by the group path (awp._complete_and_refill_group, one worker's items): in the order given, each completion,
@@ -1088,8 +1099,8 @@ COMMENT ON FUNCTION awp.complete_and_claim_many(jsonb) IS 'Several workers'' com
 -- (awp.complete_and_claim each, in the order given: db/tests/32_batch_path.sql); the item loop writes the
 -- completions first, then the refills, then the claims (another order of the events, and a dependant made ready by
 -- a later result may be refilled before an earlier ready task).
--- Locks: the live output's (awp._write_live_output), then the advisory locks of the items' runs in run_id order
--- (awp._queue_for_runs, before the worker row), then the worker row, then the runs of the items in run_id order (each as complete_task: Run,
+-- Locks: the advisory locks of the items' runs in run_id order (awp._queue_for_runs, before the worker
+-- row), then the worker row, then the runs of the items in run_id order (each as complete_task: Run,
 -- then Dispatch, then Task), then as claim_tasks. Sorting by run keeps two batches that touch
 -- the same runs from deadlocking. The group path locks as awp._complete_and_refill_group says.
 CREATE OR REPLACE FUNCTION awp.complete_tasks(p_worker_id text, p_session_token text, p_results jsonb,
@@ -1114,19 +1125,13 @@ BEGIN
                  WHERE jsonb_typeof(e) <> 'object'
                     OR jsonb_typeof(e->'dispatch_id') IS DISTINCT FROM 'string'
                     OR jsonb_typeof(e->'lease_token') IS DISTINCT FROM 'string'
-                    OR e - '{dispatch_id,lease_token,result,live_output}'::text[] <> '{}'::jsonb   -- an unknown key
-                    OR (e ? 'live_output' AND NOT awp._live_output_ok(e->'live_output')))
+                    OR e - '{dispatch_id,lease_token,result}'::text[] <> '{}'::jsonb)   -- an unknown key
      OR (SELECT count(DISTINCT e->>'dispatch_id') FROM jsonb_array_elements(p_results) e) <> jsonb_array_length(p_results) THEN
     PERFORM awp._raise_invalid_request('invalid results',
-      format('results must be an array of 1-%s {"dispatch_id": string, "lease_token": string, "result": object, "live_output"?: array of progress writes} with distinct dispatch ids',
+      format('results must be an array of 1-%s {"dispatch_id": string, "lease_token": string, "result": object} with distinct dispatch ids',
              awp._limit_batch_results()));
   END IF;
   PERFORM awp._check_claim_seq(p_claim_seq);
-  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_results) e WHERE e ? 'live_output') THEN   -- before any run lock
-    PERFORM awp._write_live_output((SELECT jsonb_agg(e || jsonb_build_object('worker_id', p_worker_id,
-                                                                             'session_token', p_session_token))
-                                      FROM jsonb_array_elements(p_results) e WHERE e ? 'live_output'));
-  END IF;
   PERFORM awp._queue_for_runs(p_worker_id,
     ARRAY(SELECT e->>'dispatch_id' FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o) ORDER BY o),
     ARRAY(SELECT e->>'lease_token' FROM jsonb_array_elements(p_results) WITH ORDINALITY AS x(e, o) ORDER BY o));

@@ -297,54 +297,68 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.report_progress_many(text, text, jsonb) IS 'Several leases'' progress writes in one call, each fenced on its own; per item its seq or its error; AWSES/AWREQ.';
 
--- awp._live_output_ok(live_output): whether a result's live_output (docs/progress.md) has the shape of progress
--- writes: an array of at most awp._limit_batch_results() objects {"progress"?, "logs"?: [string], "chunks"?:
--- [string], "offset"?: integer}. No locks, no errors (the callers raise AWREQ for their whole list).
-CREATE OR REPLACE FUNCTION awp._live_output_ok(p_live jsonb) RETURNS boolean
+-- awp._live_item(worker_id, session_token, dispatch_id, lease_token, live_output): one completion's item for
+-- awp._write_live_output (awp.complete_task, awp.complete_and_claim). Locks: none.
+CREATE OR REPLACE FUNCTION awp._live_item(p_worker_id text, p_session_token text, p_dispatch_id text,
+                                          p_lease_token text, p_live_output jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-  SELECT p_live IS NULL
-      OR (jsonb_typeof(p_live) = 'array' AND jsonb_array_length(p_live) <= awp._limit_batch_results()
-          AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_live) w
-                           WHERE jsonb_typeof(w) <> 'object'
-                              OR jsonb_typeof(coalesce(w->'logs', '[]')) <> 'array'
-                              OR jsonb_typeof(coalesce(w->'chunks', '[]')) <> 'array'
-                              OR EXISTS (SELECT 1 FROM jsonb_array_elements(coalesce(w->'logs', '[]') || coalesce(w->'chunks', '[]')) x
-                                          WHERE jsonb_typeof(x) <> 'string')
-                              OR coalesce(w->>'offset', '0') !~ '^[0-9]{1,18}$'
-                              OR w - '{progress,logs,chunks,offset}'::text[] <> '{}'::jsonb))
+  SELECT jsonb_build_array(jsonb_build_object('worker_id', p_worker_id, 'session_token', p_session_token,
+                                              'dispatch_id', p_dispatch_id, 'lease_token', p_lease_token,
+                                              'live_output', p_live_output))
 $$;
-COMMENT ON FUNCTION awp._live_output_ok(jsonb) IS 'Whether a result''s live_output is an array of progress writes {progress?, logs?, chunks?, offset?}.';
+COMMENT ON FUNCTION awp._live_item(text, text, text, text, jsonb) IS 'One completion as an item of awp._write_live_output.';
 
--- awp._write_live_output(items): the last progress writes that ride on completions (a result's "live_output",
--- docs/progress.md), for awp.complete_and_claim_many and awp.complete_tasks, written in the completion's own
--- transaction before anything of it takes a run's lock: a task's output is stored before its result, without a
--- round trip and a commit of its own. items: the completion items (objects with "worker_id", "session_token",
--- "dispatch_id", "lease_token" and optionally "live_output", checked by awp._live_output_ok). Each write is fenced
--- as awp.report_progress_many fences it (the session, then awp._progress_problem); a refused write is dropped
--- (the item's result then answers for the lease). Returns the run ids written to.
+-- awp._write_live_output(items, what): the last progress writes that ride on completions (a result's
+-- "live_output", docs/progress.md), for awp.complete_and_claim_many and awp.complete_tasks, written in the
+-- completion's own transaction before anything of it takes a run's lock: a task's output is stored before its
+-- result, without a round trip and a commit of its own. items: the completion items (objects with "worker_id",
+-- "session_token", "dispatch_id", "lease_token" and optionally "live_output": an array of at most
+-- awp._limit_batch_results() writes {"progress"?, "logs"?: [string], "chunks"?: [string], "offset"?: integer}).
+-- A malformed live_output raises AWREQ with the message `what` (the caller's, for its whole call: its statement
+-- fails, so nothing of it stays). Each write is fenced as awp.report_progress_many fences it (the session, then
+-- awp._progress_problem); a refused write is dropped (the item's result then answers for the lease). Returns the
+-- run ids written to.
 -- Locks: as awp._write_progress per write (the runs' awp.run_outputs rows, then the attempts' awp.task_progress
 -- rows), the items taken in run_id order, as awp.report_progress_many; never a run, dispatch, task or worker row,
 -- and no advisory lock: the callers take those after.
-CREATE OR REPLACE FUNCTION awp._write_live_output(p_items jsonb) RETURNS text[]
+CREATE OR REPLACE FUNCTION awp._write_live_output(p_items jsonb, p_what text) RETURNS text[]
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  e       jsonb;
-  w       jsonb;
+  e        jsonb;
+  w        jsonb;
   v_logs   text[];
   v_chunks text[];
   v_runs   text[] := '{}';
+  v_live   boolean;
 BEGIN
   FOR e IN SELECT x.e FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
-             LEFT JOIN awp.dispatches d ON d.dispatch_id = x.e->>'dispatch_id'
-            WHERE jsonb_typeof(x.e->'live_output') = 'array'
+             LEFT JOIN awp.dispatches d ON jsonb_array_length(p_items) > 1 AND d.dispatch_id = x.e->>'dispatch_id'
+            WHERE x.e ? 'live_output'
             ORDER BY d.run_id NULLS FIRST, x.o
   LOOP
-    CONTINUE WHEN NOT EXISTS (SELECT 1 FROM awp.workers k
-                               WHERE k.worker_id = e->>'worker_id' AND k.status IN ('active', 'draining')
-                                 AND k.session_token_hash = awp._hash(e->>'session_token'));   -- as awp._session
+    IF jsonb_typeof(e->'live_output') IS DISTINCT FROM 'array'
+       OR jsonb_array_length(e->'live_output') > awp._limit_batch_results() THEN
+      PERFORM awp._raise_invalid_request(p_what, format('live_output must be an array of at most %s progress writes '
+                                                        '{"progress"?, "logs"?, "chunks"?, "offset"?}',
+                                                        awp._limit_batch_results()));
+    END IF;
+    v_live := EXISTS (SELECT 1 FROM awp.workers k   -- the session, as awp._session checks it
+                       WHERE k.worker_id = e->>'worker_id' AND k.status IN ('active', 'draining')
+                         AND k.session_token_hash = awp._hash(e->>'session_token'));
     FOR w IN SELECT x.w FROM jsonb_array_elements(e->'live_output') WITH ORDINALITY AS x(w, o) ORDER BY x.o LOOP
-      v_logs := (SELECT array_agg(l ORDER BY n) FROM jsonb_array_elements_text(w->'logs') WITH ORDINALITY a(l, n));
-      v_chunks := (SELECT array_agg(c ORDER BY n) FROM jsonb_array_elements_text(w->'chunks') WITH ORDINALITY a(c, n));
+      IF jsonb_typeof(w) <> 'object' OR w - '{progress,logs,chunks,offset}'::text[] <> '{}'::jsonb
+         OR jsonb_typeof(coalesce(w->'logs', '[]')) <> 'array' OR jsonb_typeof(coalesce(w->'chunks', '[]')) <> 'array'
+         OR (w ? 'logs' AND jsonb_path_exists(w, 'strict $.logs[*] ? (@.type() != "string")'))
+         OR (w ? 'chunks' AND jsonb_path_exists(w, 'strict $.chunks[*] ? (@.type() != "string")'))
+         OR coalesce(w->>'offset', '0') !~ '^[0-9]{1,18}$' THEN
+        PERFORM awp._raise_invalid_request(p_what, 'a live_output write is {"progress"?, "logs"?: [string], '
+                                                   '"chunks"?: [string], "offset"?: integer >= 0}');
+      END IF;
+      CONTINUE WHEN NOT v_live;
+      v_logs := ARRAY(SELECT jsonb_array_elements_text(w->'logs'));
+      v_chunks := ARRAY(SELECT jsonb_array_elements_text(w->'chunks'));
+      IF cardinality(v_logs) = 0 THEN v_logs := NULL; END IF;
+      IF cardinality(v_chunks) = 0 THEN v_chunks := NULL; END IF;
       IF awp._progress_problem(e->>'worker_id', e->>'dispatch_id', e->>'lease_token', w->'progress', v_logs,
                                v_chunks, (w->>'offset')::bigint) IS NULL THEN
         v_runs := v_runs || (awp._write_progress(e->>'worker_id', e->>'dispatch_id', e->>'lease_token', w->'progress',
@@ -354,7 +368,7 @@ BEGIN
   END LOOP;
   RETURN ARRAY(SELECT DISTINCT x FROM unnest(v_runs) x ORDER BY 1);
 END $$;
-COMMENT ON FUNCTION awp._write_live_output(jsonb) IS 'The progress writes riding on completions (live_output), fenced per write, written before the completions take any run lock.';
+COMMENT ON FUNCTION awp._write_live_output(jsonb, text) IS 'The progress writes riding on completions (live_output), fenced per write, written before the completions take any run lock; AWREQ (with the caller''s message) when malformed.';
 
 -- awp.task_logs(run_id, task_key, attempt, after_seq, limit): the log lines and output chunks one attempt kept (the
 -- task's latest attempt when attempt is NULL), after the run sequence number after_seq, oldest first, at most limit

@@ -1,28 +1,32 @@
--- A task's last output riding on its completion (docs/progress.md, Batching): awp.complete_and_claim_many and
--- awp.complete_tasks take "live_output" per item and write it in the completion's own transaction, before the result
+-- A task's last output riding on its completion (docs/progress.md, Batching): awp.complete_task,
+-- awp.complete_and_claim (p_live_output) and awp.complete_and_claim_many ("live_output" per item) and write it in the completion's own transaction, before the result
 -- (awp._write_live_output): fenced per write like awp.report_progress (a refused item's or a wrong session's output
 -- is not written), applied once with its offset, malformed ones refused (AWREQ) with nothing written or settled, and
 -- the grouped path (two workers' items settled set-based) writes both.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(21);
+SELECT plan(24);
 
 SELECT * FROM tests.register_worker('w1', '{mock}', 4) \gset w1_
 SELECT * FROM tests.register_worker('w2', '{mock}', 4) \gset w2_
 SELECT tests.make_run('wf', jsonb_build_array(tests.task('a'), tests.task('b'), tests.task('c'), tests.task('d'),
-                                              tests.task('e'), tests.task('f'))) AS run \gset
+                                              tests.task('e'), tests.task('f'), tests.task('g'),
+                                              tests.task('h'))) AS run \gset
 SELECT tests.dispatch_all();
 CREATE TEMP TABLE l AS SELECT * FROM awp.claim_tasks(:'w1_worker_id', :'w1_token', 4);
-INSERT INTO l SELECT * FROM awp.claim_tasks(:'w2_worker_id', :'w2_token', 2);
+INSERT INTO l SELECT * FROM awp.claim_tasks(:'w2_worker_id', :'w2_token', 4);
 SELECT dispatch_id AS a_id, lease_token AS a_tok FROM l WHERE task_key = 'a' \gset
 SELECT dispatch_id AS b_id, lease_token AS b_tok FROM l WHERE task_key = 'b' \gset
 SELECT dispatch_id AS c_id, lease_token AS c_tok FROM l WHERE task_key = 'c' \gset
 SELECT dispatch_id AS d_id, lease_token AS d_tok FROM l WHERE task_key = 'd' \gset
 SELECT dispatch_id AS e_id, lease_token AS e_tok FROM l WHERE task_key = 'e' \gset
 SELECT dispatch_id AS f_id, lease_token AS f_tok FROM l WHERE task_key = 'f' \gset
+SELECT dispatch_id AS g_id, lease_token AS g_tok FROM l WHERE task_key = 'g' \gset
+SELECT dispatch_id AS h_id, lease_token AS h_tok FROM l WHERE task_key = 'h' \gset
 SELECT is((SELECT array_agg(worker_id ORDER BY task_key) FROM awp.dispatches WHERE run_id = :'run'),
-          ARRAY[:'w1_worker_id', :'w1_worker_id', :'w1_worker_id', :'w1_worker_id', :'w2_worker_id', :'w2_worker_id'],
-          'setup: a-d leased to w1, e-f to w2');
+          ARRAY[:'w1_worker_id', :'w1_worker_id', :'w1_worker_id', :'w1_worker_id', :'w2_worker_id', :'w2_worker_id',
+                :'w2_worker_id', :'w2_worker_id'],
+          'setup: a-d leased to w1, e-h to w2');
 CREATE FUNCTION tests.outputs() RETURNS bigint LANGUAGE sql AS $$
   SELECT (SELECT count(*) FROM awp.task_output) + (SELECT count(*) FROM awp.task_progress)
          + (SELECT coalesce(sum(last_seq), 0) FROM awp.run_outputs)
@@ -73,22 +77,6 @@ SELECT is((SELECT array_agg(coalesce(m.error->>'sqlstate', 'ok')) FROM awp.compl
           '{ok}'::text[], 'a completion resending a write');
 SELECT is(awp.task_logs(:'run', 'b')->'logs', '["l1", "l2"]'::jsonb, 'each line once');
 
--- 5. complete_tasks: a result's live_output is written; a refused result's is not.
-SELECT tests.outputs() AS before \gset
-SELECT is(awp.complete_tasks(:'w1_worker_id', :'w1_token', jsonb_build_array(
-            jsonb_build_object('dispatch_id', :'c_id', 'lease_token', :'c_tok', 'result', tests.result(),
-                               'live_output', '[{"logs": ["c1"]}, {"chunks": ["c2"]}]'::jsonb),
-            jsonb_build_object('dispatch_id', :'d_id', 'lease_token', 'wrong', 'result', tests.result(),
-                               'live_output', '[{"logs": ["never"]}]'::jsonb)))->'results'->1->'error'->>'sqlstate',
-          'AWLST', 'complete_tasks: the wrong lease token is answered on its item');
-SELECT is(ARRAY[awp.task_logs(:'run', 'c')->'logs', awp.task_logs(:'run', 'c')->'chunks'],
-          ARRAY['["c1"]'::jsonb, '["c2"]'], 'the applied result''s writes are stored, in order');
-SELECT is(awp.task_logs(:'run', 'd')->'logs', '[]'::jsonb, 'the refused one''s are not');
-SELECT throws_ok(format($$SELECT awp.complete_tasks(%L, %L, jsonb_build_array(jsonb_build_object('dispatch_id', %L,
-                          'lease_token', %L, 'result', tests.result(), 'live_output', '"x"'::jsonb)))$$,
-                        :'w1_worker_id', :'w1_token', :'d_id', :'d_tok'),
-                 'AWREQ', 'invalid results', 'complete_tasks: a malformed live_output is invalid_request');
-
 -- 6. The grouped path (two workers, one slot back each): both items' output written, both settled.
 SELECT is((SELECT array_agg(coalesce(m.error->>'sqlstate', 'ok') ORDER BY m.item)
              FROM awp.complete_and_claim_many(jsonb_build_array(
@@ -99,6 +87,24 @@ SELECT is(ARRAY[awp.task_logs(:'run', 'e')->>'logs', awp.task_logs(:'run', 'd')-
                 tests.task_status(:'run', 'e'), tests.task_status(:'run', 'd')],
           ARRAY['["e"]', '["d"]', 'succeeded', 'succeeded'], 'both written and both settled');
 SELECT ok(tests.sequences_contiguous(:'run'), 'sequences stay contiguous');
+
+-- 7. The single calls: awp.complete_task and awp.complete_and_claim (p_live_output).
+SELECT ok(awp.complete_task(:'w2_worker_id', :'w2_token', :'f_id', :'f_tok', tests.result(), '[{"logs": ["f1", "f2"]}]'),
+          'complete_task with live_output: applied');
+SELECT is(awp.task_logs(:'run', 'f')->'logs', '["f1", "f2"]'::jsonb, 'its lines are stored');
+SELECT tests.outputs() AS before \gset
+SELECT throws_ok(format($$SELECT awp.complete_and_claim(%L, %L, %L, %L, tests.result(), 1, NULL, '[{"logs": ["x"]}]')$$,
+                        :'w2_worker_id', :'w2_token', :'g_id', 'wrong'),
+                 'AWLST', 'lease lost', 'complete_and_claim with a wrong lease token: lease_lost');
+SELECT is(tests.outputs(), :before::bigint, 'and its live output is not written');
+SELECT throws_ok(format($$SELECT awp.complete_and_claim(%L, %L, %L, %L, tests.result(), 1, NULL, '[{"logs": "x"}]')$$,
+                        :'w2_worker_id', :'w2_token', :'g_id', :'g_tok'),
+                 'AWREQ', 'invalid live_output', 'a malformed live_output: invalid_request');
+SELECT is((SELECT count(*) FROM awp.complete_and_claim(:'w2_worker_id', :'w2_token', :'g_id', :'g_tok', tests.result(), 0,
+                                                       NULL, '[{"logs": ["g1"], "progress": "done"}]')), 0::bigint,
+          'complete_and_claim with live_output: applied (no slot asked)');
+SELECT is(ARRAY[awp.task_logs(:'run', 'g')->>'logs', awp.task_logs(:'run', 'g')->>'progress', tests.task_status(:'run', 'g')],
+          ARRAY['["g1"]', 'done', 'succeeded'], 'its output written, its result settled');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -527,11 +527,26 @@ class Database:
         return rows, row["worker_status"]
 
     async def complete_task(
-        self, worker_id: str, session_token: str, dispatch_id: str, lease_token: str, result: dict[str, Any]
+        self,
+        worker_id: str,
+        session_token: str,
+        dispatch_id: str,
+        lease_token: str,
+        result: dict[str, Any],
+        live_output: list[dict[str, Any]] | None = None,
     ) -> bool:
+        """``awp.complete_task``; ``live_output``: the lease's last progress writes, written first in the same
+        transaction (docs/progress.md)."""
         return await self._value(
-            "SELECT awp.complete_task(%s, %s, %s, %s, %s) AS applied",
-            (worker_id, session_token, dispatch_id, lease_token, _jsonb(result)),
+            "SELECT awp.complete_task(%s, %s, %s, %s, %s, %s) AS applied",
+            (
+                worker_id,
+                session_token,
+                dispatch_id,
+                lease_token,
+                _jsonb(result),
+                _jsonb(live_output) if live_output else None,
+            ),
         )
 
     async def complete_and_claim(
@@ -548,7 +563,7 @@ class Database:
         """``awp.complete_and_claim``, grouped with the other calls of the same run that arrive while one is in
         flight (:mod:`awp.grouping`); an item the database refuses raises :class:`awp.grouping.ItemError`.
         ``live_output``: the lease's last progress writes, written in the same transaction before the result
-        (``awp.complete_and_claim_many`` carries them: docs/progress.md)."""
+        (docs/progress.md)."""
         args: dict[str, Any] = {
             "worker_id": worker_id,
             "session_token": session_token,
@@ -567,8 +582,14 @@ class Database:
     async def _complete_and_claim_one(self, args: dict[str, Any], lock_wait_ms: int | None = None) -> list[Row]:
         return await self._rows(
             "SELECT * FROM awp.complete_and_claim(" + _waiting_at_most("%(worker_id)s", lock_wait_ms, "%(wait)s") + ","
-            " %(session_token)s, %(dispatch_id)s, %(lease_token)s, %(result)s, %(slots)s, %(claim_seq)s)",
-            {**args, "result": _jsonb(args["result"]), "wait": str(lock_wait_ms)},
+            " %(session_token)s, %(dispatch_id)s, %(lease_token)s, %(result)s, %(slots)s, %(claim_seq)s,"
+            " %(live_output)s)",
+            {
+                **args,
+                "result": _jsonb(args["result"]),
+                "live_output": _jsonb(args["live_output"]) if args.get("live_output") else None,
+                "wait": str(lock_wait_ms),
+            },
         )
 
     async def _complete_and_claim_many(self, items: list[dict[str, Any]], lock_wait_ms: int | None = None) -> list[Row]:

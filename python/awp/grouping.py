@@ -110,7 +110,7 @@ class RunGroups:
         lease_token, result, slots, claim_seq), alone or grouped."""
         run_id = self._runs.pop(args["dispatch_id"], None)
         if run_id is None:
-            return await self._alone(args, None)
+            return await self._single(args)
         item = Item(args, run_id)
         lane = self._lane(run_id)
         held = self._held[lane]
@@ -218,21 +218,11 @@ class RunGroups:
     async def _call(self, group: list[Item], lock_wait_ms: int | None) -> dict[int, list[Row] | ItemError]:
         """One database call for ``group``: each item's leases or error, by position (1-based)."""
         if len(group) == 1:
-            return {1: await self._alone(group[0].args, lock_wait_ms)}
+            return {1: await self._single(group[0].args, lock_wait_ms)}
         rows = await self._many([item.args for item in group], lock_wait_ms)
         if self.on_group is not None:
             self.on_group(len(group))
         return self._split(rows)
-
-    async def _alone(self, args: dict[str, Any], lock_wait_ms: int | None) -> list[Row]:
-        """One call on its own: ``awp.complete_and_claim``; one that carries live output (``awp.complete_and_claim``
-        has no place for it) goes as a group of one, its refusal raised as :class:`ItemError`."""
-        if "live_output" not in args:
-            return await self._single(args, lock_wait_ms)
-        answer = self._split(await self._many([args], lock_wait_ms)).get(1, [])
-        if isinstance(answer, ItemError):
-            raise answer
-        return answer
 
     def run_of(self, dispatch_id: str) -> str | None:
         """The run of a lease this gateway handed out (while it remembers it), else None."""
