@@ -156,9 +156,13 @@ BEGIN
     END IF;
   END IF;
   SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
-  -- The run's counter row first: the writers of one run (and the repeats of one write) queue here.
-  INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (d.run_id, 0)
-  ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq;
+  -- The run's counter row first: the writers of one run (and the repeats of one write) queue here. Locked without
+  -- a new row version when it exists (the common case), created by the run's first write.
+  PERFORM FROM awp.run_outputs o WHERE o.run_id = d.run_id FOR UPDATE;
+  IF NOT FOUND THEN
+    INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (d.run_id, 0)
+    ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq;
+  END IF;
   SELECT x.entries INTO v_have FROM awp.task_progress x WHERE x.dispatch_id = d.dispatch_id;
   v_have := coalesce(v_have, 0);
   IF p_offset IS NOT NULL THEN
@@ -178,8 +182,9 @@ BEGIN
   RETURNING o.last_seq INTO v_last;
 
   -- One row for the write's lines, one for its chunks: entries numbered from the first new sequence number.
-  v_log_bytes := coalesce((SELECT sum(octet_length(x)) FROM unnest(p_logs) x), 0);
-  v_chunk_bytes := coalesce((SELECT sum(octet_length(x)) FROM unnest(p_chunks) x), 0);
+  SELECT coalesce((SELECT sum(octet_length(x)) FROM unnest(p_logs) x), 0),
+         coalesce((SELECT sum(octet_length(x)) FROM unnest(p_chunks) x), 0)
+    INTO v_log_bytes, v_chunk_bytes;
   v_first := v_last - v_count + 1;
   IF v_logs > 0 THEN
     INSERT INTO awp.task_output (run_id, seq, first_seq, task_key, attempt, kind, entries, bytes, created_at)
@@ -331,11 +336,14 @@ DECLARE
   v_runs   text[] := '{}';
   v_live   boolean;
 BEGIN
-  FOR e IN SELECT x.e FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
-             LEFT JOIN awp.dispatches d ON jsonb_array_length(p_items) > 1 AND d.dispatch_id = x.e->>'dispatch_id'
-            WHERE x.e ? 'live_output'
-            ORDER BY d.run_id NULLS FIRST, x.o
+  FOR e IN SELECT p_items->0 WHERE jsonb_array_length(p_items) = 1   -- one item (awp.complete_task, ...): no join
+           UNION ALL
+           (SELECT x.e FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
+              LEFT JOIN awp.dispatches d ON d.dispatch_id = x.e->>'dispatch_id'
+             WHERE jsonb_array_length(p_items) > 1 AND x.e ? 'live_output'
+             ORDER BY d.run_id NULLS FIRST, x.o)
   LOOP
+    CONTINUE WHEN NOT e ? 'live_output';
     IF jsonb_typeof(e->'live_output') IS DISTINCT FROM 'array'
        OR jsonb_array_length(e->'live_output') > awp._limit_batch_results() THEN
       PERFORM awp._raise_invalid_request(p_what, format('live_output must be an array of at most %s progress writes '
