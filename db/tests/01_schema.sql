@@ -164,7 +164,7 @@ SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_stri
                ('register_worker', ARRAY['text', 'text[]', 'integer', 'integer', 'jsonb']),
                ('claim_tasks', ARRAY['text', 'text', 'integer', 'bigint']),
                ('heartbeat', ARRAY['text', 'text', 'jsonb', 'bigint', 'bigint[]', 'jsonb']),
-               ('complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb']),
+               ('complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb', 'jsonb']),
                ('drain_worker', ARRAY['text', 'text']),
                ('get_run', ARRAY['text']),
                ('run_tasks', ARRAY['text', 'text', 'integer']),
@@ -181,7 +181,7 @@ SELECT function_returns('awp', 'coordinator_tick', ARRAY['boolean', 'bigint'], '
 SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer', 'integer', 'integer'], 'jsonb', 'configure returns jsonb');
 SELECT function_returns('awp', 'prune', ARRAY['interval'], 'jsonb', 'prune returns jsonb');
 SELECT function_returns('awp', 'start_run', ARRAY['text', 'integer', 'text', 'jsonb'], 'text', 'start_run returns the run id');
-SELECT function_returns('awp', 'complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb'], 'boolean', 'complete_task returns applied');
+SELECT function_returns('awp', 'complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb', 'jsonb'], 'boolean', 'complete_task returns applied');
 
 -- Result columns, in documented order (more trailing columns are allowed where README.md's SQL API says so).
 -- The OUT/TABLE columns, or for a function returning (SETOF) a composite type such as awp.lease its attributes.
@@ -213,7 +213,7 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text FROM pg_proc p
                 'awp._complete_and_claim(awp.workers,text,text,jsonb,integer,bigint)',
                 'awp._lease_refill(awp.workers,bigint,timestamp with time zone,text,text,text[],text[],text[],text[],text[],text,bytea,jsonb,text)',
                 'awp.claim_tasks(text,text,integer,bigint)',
-                'awp.complete_and_claim(text,text,text,text,jsonb,integer,bigint)'],
+                'awp.complete_and_claim(text,text,text,text,jsonb,integer,bigint,jsonb)'],
           'the lease columns are defined once (awp.lease): claim_tasks, complete_and_claim, _claim, _lease_refill return it');
 SELECT is(tests.out_columns('awp.heartbeat(text, text, jsonb, bigint, bigint[], jsonb)'), ARRAY['dispatch_id', 'status', 'lease_remaining_ms'],
           'heartbeat returns (dispatch_id, status, lease_remaining_ms)');
