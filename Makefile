@@ -8,12 +8,12 @@ BENCH_STAMP := $(VENV)/.awp-bench.stamp
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup pgtap plpgsql-check chromium ha-deps valgrind test test-db test-py ha-test demo demo-dynamic bench bench-quick chaos soak fuzz mutate docs lint typecheck test-fast clean
+.PHONY: help setup pgtap plpgsql-check chromium ha-deps valgrind pgbouncer pgbouncer-test test test-db test-py ha-test demo demo-dynamic bench bench-quick chaos soak fuzz mutate docs lint typecheck test-fast clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
 
-setup: $(STAMP) pgtap plpgsql-check chromium ha-deps valgrind  ## venv + Python packages + pgTAP/pg_prove + plpgsql_check + Chromium (UI tests) + Patroni/etcd (HA test) + valgrind (benchmarks/instructions.py), idempotent
+setup: $(STAMP) pgtap plpgsql-check chromium ha-deps valgrind pgbouncer  ## venv + Python packages + pgTAP/pg_prove + plpgsql_check + Chromium (UI tests) + Patroni/etcd (HA test) + valgrind (benchmarks/instructions.py) + PgBouncer, idempotent
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,12 @@ ha-deps:  ## install Debian's patroni and etcd-server (the HA test runs them) wi
 	$(SUDO) apt-get update -qq && \
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends patroni etcd-server
 
+pgbouncer:  ## install Debian's pgbouncer (python/tests/test_pgbouncer.py, make pgbouncer-test) with apt-get, only when missing
+	@if command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer; then exit 0; fi; \
+	echo "installing pgbouncer"; \
+	$(SUDO) apt-get update -qq && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer
+
 valgrind:  ## install valgrind (benchmarks/instructions.py counts instructions under callgrind) with apt-get, only when missing
 	@if command -v valgrind >/dev/null; then exit 0; fi; \
 	echo "installing valgrind"; \
@@ -63,6 +69,12 @@ test-db: setup  ## pgTAP tests (db/tests) with pg_prove on a throwaway cluster a
 
 test-py: setup  ## pytest against a throwaway cluster (or AWP_TEST_DSN)
 	$(BIN)/pytest python/tests
+
+PGBOUNCER_SUITE := test_gateway_api.py test_worker_runtime.py test_data_flow.py test_batch_completions.py \
+	test_start_runs.py test_dynamic.py test_signals.py test_drain.py test_routing.py test_progress.py \
+	test_worker_results.py test_rate_limits.py test_pgbouncer.py
+pgbouncer-test: setup  ## the HTTP and worker end-to-end suite with every gateway's requests through PgBouncer (transaction pooling)
+	AWP_TEST_PGBOUNCER=1 $(BIN)/pytest -p no:cacheprovider $(addprefix python/tests/,$(PGBOUNCER_SUITE))
 
 test-fast: test-db  ## pgTAP, then pytest without the tests marked slow (fault, chaos, soak, HA, mutation, races)
 	$(BIN)/pytest -m "not slow" python/tests

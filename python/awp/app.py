@@ -3,6 +3,8 @@ the database pool, dispatch listener and coordinator that start and stop with it
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from importlib import resources
 from typing import Any
 
@@ -18,6 +20,9 @@ from awp.middleware import api_middleware
 from awp.parsing import WORKFLOW_BODY_LIMIT
 from awp.streams import setup_streams
 from awp.ui import setup_ui
+
+log = logging.getLogger("awp.serve")
+_BACKGROUND: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
 
 def load_openapi() -> bytes:
@@ -39,15 +44,16 @@ def create_app(config: GatewayConfig) -> web.Application:
         statement_timeout_ms=config.statement_timeout_ms,
         group_lock_wait_ms=config.group_lock_wait_ms,
         group_lanes=config.group_lanes,
+        pgbouncer=config.pgbouncer,
     )
     app[DB].groups.on_group = app[METRICS].observe_group
-    app[LISTENER] = DispatchListener(config.database_url)
+    app[LISTENER] = DispatchListener(config.session_database_url)
     app[OPENAPI] = load_openapi()
     setup_streams(app, config)
     if config.coordinator:
         metrics = app[METRICS]
         app[COORDINATOR] = Coordinator(
-            config.database_url,
+            config.session_database_url,
             interval_s=config.coordinator_interval_ms / 1000,
             on_pass=metrics.observe_pass,
             on_active=lambda active: metrics.coordinator_active.set(1 if active else 0),
@@ -65,6 +71,10 @@ def create_app(config: GatewayConfig) -> web.Application:
 
 async def _lifecycle(app: web.Application) -> Any:
     await app[DB].open()
+    if app[CONFIG].pgbouncer:  # in the background: the database may be down at start
+        task = asyncio.get_running_loop().create_task(_check_pooled_settings(app[DB]))
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
     app[LISTENER].start()
     coordinator = app.get(COORDINATOR)
     if coordinator is not None:
@@ -74,6 +84,21 @@ async def _lifecycle(app: web.Application) -> Any:
         await coordinator.stop()
     await app[LISTENER].close()
     await app[DB].close()
+
+
+async def _check_pooled_settings(db: Database) -> None:
+    """Behind PgBouncer the request connections get their settings from the server side (the role's, or
+    PgBouncer's connect_query: docs/operations.md): a WARNING for each that differs (none when the database cannot
+    be reached now)."""
+    try:
+        differences = await db.session_settings_differences()
+    except Exception as e:  # the database may be down at start: requests answer 503 until it is back
+        log.info("could not check the pooled connections' settings now: %s", e)
+        return
+    for line in differences:
+        log.warning(
+            "behind PgBouncer: %s (set it on the role: ALTER ROLE ... SET, or in PgBouncer's connect_query)", line
+        )
 
 
 async def _on_shutdown(app: web.Application) -> None:

@@ -44,6 +44,11 @@ class GatewayConfig:
     operator_token: str
     bootstrap_token: str
     metrics_token: str | None = None
+    # Behind PgBouncer in transaction pooling mode (docs/operations.md, Behind PgBouncer): the request pools use
+    # database_url without startup options and prepared statements; the coordinator and the LISTEN connection keep
+    # sessions of their own on direct_database_url (a session advisory lock and LISTEN need one).
+    pgbouncer: bool = False
+    direct_database_url: str | None = None
     pool_size: int = 10
     coordinator: bool = True
     coordinator_interval_ms: int = 1000
@@ -65,6 +70,11 @@ class GatewayConfig:
     stream_limit: int = DEFAULT_STREAM_LIMIT
     stream_poll_ms: int = DEFAULT_STREAM_POLL_MS
     stream_write_timeout_ms: int = DEFAULT_STREAM_WRITE_TIMEOUT_MS
+
+    @property
+    def session_database_url(self) -> str:
+        """The DSN of the gateway's long-lived sessions (the coordinator's, the LISTEN connection)."""
+        return self.direct_database_url or self.database_url
 
     def check(self) -> None:
         """Raise ValueError when a secret is empty, shorter than MIN_TOKEN_LENGTH, or two secrets are equal."""

@@ -167,17 +167,26 @@ class Database:
         statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
         group_lock_wait_ms: int = DEFAULT_LOCK_WAIT_MS,
         group_lanes: int = DEFAULT_LANES,
+        pgbouncer: bool = False,
     ) -> None:
         self.dsn = dsn
         self.acquire_timeout = acquire_timeout
         self.lock_timeout_ms = lock_timeout_ms
         self.statement_timeout_ms = statement_timeout_ms
-        kwargs = {
+        self.pgbouncer = pgbouncer
+        kwargs: dict[str, Any] = {
             **CONNECTION_KWARGS,
             "options": session_options(lock_timeout_ms, statement_timeout_ms),
             "autocommit": True,
             "row_factory": dict_row,
         }
+        if pgbouncer:
+            # Transaction pooling (docs/operations.md, Behind PgBouncer): each statement may run on another server
+            # connection, so no prepared statements, and no startup options (PgBouncer 1.18 refuses the `options`
+            # parameter): the settings come from the server side (the role's, or PgBouncer's connect_query),
+            # checked by :meth:`check_session_settings`.
+            del kwargs["options"]
+            kwargs["prepare_threshold"] = None
 
         def pool(size: int, name: str) -> AsyncConnectionPool:
             return _Pool(
@@ -252,6 +261,25 @@ class Database:
     async def close(self) -> None:
         await self.heartbeat_pool.close()
         await self.pool.close()
+
+    async def session_settings_differences(self) -> list[str]:
+        """Behind PgBouncer (docs/operations.md): the settings a request connection would get from its startup
+        options (UTC, the lock and statement timeouts) that a pooled server connection has otherwise, one line
+        each; empty when they match."""
+        rows = await self._rows(
+            "SELECT name, setting FROM pg_settings WHERE name IN ('TimeZone', 'lock_timeout', 'statement_timeout')"
+        )
+        have = {r["name"]: r["setting"] for r in rows}
+        want = {
+            "TimeZone": "UTC",
+            "lock_timeout": str(self.lock_timeout_ms),
+            "statement_timeout": str(self.statement_timeout_ms),
+        }
+        return [
+            f"{name} is {have.get(name)!r}, the gateway's requests expect {value!r}"
+            for name, value in want.items()
+            if have.get(name) != value and not (name == "TimeZone" and have.get(name) in ("Etc/UTC", "UCT", "Zulu"))
+        ]
 
     def connection_lost(self) -> None:
         """Called after a connection error: drop every broken idle connection in the background."""

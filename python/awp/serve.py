@@ -95,6 +95,20 @@ async def run_server(
     help="PostgreSQL DSN of a member of awp_gateway [default: the local cluster's awp_gateway_login].",
 )
 @click.option(
+    "--direct-database-url",
+    envvar="AWP_DIRECT_DATABASE_URL",
+    default=None,
+    help="DSN of the coordinator's and the LISTEN connection's own sessions, past a connection pooler "
+    "[default: --database-url].",
+)
+@click.option(
+    "--pgbouncer",
+    envvar="AWP_PGBOUNCER",
+    is_flag=True,
+    help="--database-url goes through PgBouncer in transaction pooling mode: no prepared statements, no startup "
+    "options (docs/operations.md, Behind PgBouncer); needs --direct-database-url.",
+)
+@click.option(
     "--tls-cert",
     envvar="AWP_TLS_CERT",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -244,6 +258,8 @@ def serve(
     host: str,
     port: int,
     database_url: str | None,
+    direct_database_url: str | None,
+    pgbouncer: bool,
     tls_cert: Path | None,
     tls_key: Path | None,
     no_coordinator: bool,
@@ -284,8 +300,15 @@ def serve(
             database_url = gateway_database_url()
         except ClusterError as e:
             raise click.UsageError(str(e)) from None
+    if pgbouncer and not direct_database_url:
+        raise click.UsageError(
+            "--pgbouncer needs --direct-database-url (AWP_DIRECT_DATABASE_URL): the coordinator holds a session "
+            "advisory lock and the gateway LISTENs, which transaction pooling cannot keep"
+        )
     config = GatewayConfig(
         database_url=database_url,
+        direct_database_url=direct_database_url or None,
+        pgbouncer=pgbouncer,
         viewer_token=viewer_token,
         operator_token=operator_token,
         bootstrap_token=bootstrap_token,

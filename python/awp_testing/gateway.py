@@ -32,6 +32,7 @@ import httpx
 
 from awp import procs
 from awp.localdb import free_port
+from awp_testing import pgbouncer
 
 PROTOCOL = {"X-Worker-Protocol-Version": "1"}
 
@@ -158,6 +159,7 @@ def start_serve(
         # python/tests/test_auth_backoff.py turns it on.
         "AWP_AUTH_BACKOFF_MAX_MS": "0",
         **(env or {}),
+        **_through_pgbouncer(dsn),
     }
     proc = procs.start(["serve", "--host", "127.0.0.1", "--port", str(port), *args], env=full_env, log_path=log_path)
     gw = ServeProcess(proc=proc, port=port, tokens=tokens, log_path=log_path, ca_file=ca_file)
@@ -170,6 +172,19 @@ def start_serve(
         gw.kill()
         raise
     return gw
+
+
+def _through_pgbouncer(dsn: str) -> dict[str, str]:
+    """While ``make pgbouncer-test`` runs (awp_testing.pgbouncer): the gateway's requests go through PgBouncer,
+    its coordinator and LISTEN connection straight to the server."""
+    port = pgbouncer.fronts(dsn)
+    if port is None:
+        return {}
+    return {
+        "AWP_DATABASE_URL": pgbouncer.pooled_dsn(dsn, port),
+        "AWP_DIRECT_DATABASE_URL": dsn,
+        "AWP_PGBOUNCER": "1",
+    }
 
 
 @contextlib.contextmanager

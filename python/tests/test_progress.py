@@ -22,7 +22,7 @@ import httpx
 import psycopg
 import pytest
 from click.testing import CliRunner
-from worker_support import REPO, Workers, apply, drained_workers, start_run, task, wait_run
+from worker_support import REPO, Workers, all_items, api, apply, drained_workers, start_run, task, wait_run
 
 from awp.cli import main
 from awp.progress import MAX_ENTRY_BYTES, MAX_PROGRESS_BYTES
@@ -52,6 +52,15 @@ def python_task(key: str, action: str, inp: dict[str, Any], **extra: Any) -> dic
 
 def new_run(gw: ServeProcess, wid: str, tasks: list[dict[str, Any]]) -> str:
     return start_run(gw, apply(gw, {"id": wid, "tasks": tasks}))
+
+
+def only_run(gw: ServeProcess, wid: str, tasks: list[dict[str, Any]]) -> str:
+    """A new run, every other run of the module's database canceled first: a test that claims by hand gets its
+    own run's lease, not one left ready by an earlier test."""
+    for run in all_items(gw, "/runs"):
+        if run["status"] in ("pending", "running"):
+            api(gw, "POST", f"/runs/{run['run_id']}/cancel", {})
+    return new_run(gw, wid, tasks)
 
 
 def sse_events(response: httpx.Response) -> Iterator[tuple[str, str, dict[str, Any], float]]:
@@ -196,7 +205,7 @@ def register(gw: ServeProcess) -> tuple[str, dict[str, str]]:
 
 def test_the_progress_route_is_fenced_like_complete_and_refuses_bad_input(gw: ServeProcess) -> None:
     worker_id, headers = register(gw)
-    run_id = new_run(gw, "progress-http", [{"key": "a", "executor": "mock"}])
+    run_id = only_run(gw, "progress-http", [{"key": "a", "executor": "mock"}])
     claim = httpx.post(gw.api(f"/workers/{worker_id}/claims"), json={"slots": 1, "wait_ms": 5000}, headers=headers)
     lease = claim.json()["leases"][0]
     url = gw.api(f"/workers/{worker_id}/leases/{lease['dispatch_id']}/progress")
@@ -266,7 +275,7 @@ def test_live_output_rides_in_the_completion_with_claim_and_in_batches(gw: Serve
     # With claim on complete the last output is written in the completion's own transaction (awp.complete_and_claim,
     # or grouped awp.complete_and_claim_many: db/tests/46_live_output.sql), on the batch route by a call before it.
     worker_id, headers = register(gw)
-    run_id = new_run(gw, "progress-ride", [{"key": k, "executor": "mock"} for k in ("a", "b", "c", "d")])
+    run_id = only_run(gw, "progress-ride", [{"key": k, "executor": "mock"} for k in ("a", "b", "c", "d")])
     claim = httpx.post(gw.api(f"/workers/{worker_id}/claims"), json={"slots": 1, "wait_ms": 5000}, headers=headers)
     first = claim.json()["leases"][0]
     done = httpx.post(
@@ -446,7 +455,7 @@ def test_a_client_that_does_not_read_holds_no_database_connection(gw: ServeProce
     import socket
 
     worker_id, headers = register(gw)
-    run_id = new_run(gw, "progress-slow", [{"key": "a", "executor": "mock"}])
+    run_id = only_run(gw, "progress-slow", [{"key": "a", "executor": "mock"}])
     claim = httpx.post(gw.api(f"/workers/{worker_id}/claims"), json={"slots": 1, "wait_ms": 5000}, headers=headers)
     lease = claim.json()["leases"][0]
     url = gw.api(f"/workers/{worker_id}/leases/{lease['dispatch_id']}/progress")
