@@ -158,8 +158,8 @@ def start_serve(
         # No delay of repeated 401s: tests of the auth matrix and hostile input send hundreds from one address.
         # python/tests/test_auth_backoff.py turns it on.
         "AWP_AUTH_BACKOFF_MAX_MS": "0",
-        **(env or {}),
         **_through_pgbouncer(dsn),
+        **(env or {}),  # a test that points the gateway at a PgBouncer of its own wins
     }
     proc = procs.start(["serve", "--host", "127.0.0.1", "--port", str(port), *args], env=full_env, log_path=log_path)
     gw = ServeProcess(proc=proc, port=port, tokens=tokens, log_path=log_path, ca_file=ca_file)

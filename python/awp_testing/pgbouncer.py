@@ -125,6 +125,7 @@ def console(port: int, command: str) -> list[dict[str, object]]:
         port=port,
         dbname="pgbouncer",
         user="postgres",
+        connect_timeout=10,
         autocommit=True,
         cursor_factory=psycopg.ClientCursor,
         row_factory=dict_row,
