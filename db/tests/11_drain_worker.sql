@@ -34,9 +34,12 @@ SELECT is((SELECT count(*) FROM awp.heartbeat(:'b_worker_id', :'b_token',
 SELECT is((awp.coordinator_tick()->>'dispatched')::integer, 0, 'no dispatch is created for a draining worker''s free slot');
 SELECT is(tests.task_status(:'run', 'c'), 'waiting_dependencies', '(c waits for a)');
 
+-- Another worker is active now, so a dispatch could be created: the draining worker's completion still does not
+-- refill its slot (awp._refill_slot); c stays ready for the coordinator.
+SELECT * FROM tests.register_worker('other', '{mock}', 1) \gset o_
 SELECT is((SELECT bool_and(awp.complete_task(:'b_worker_id', :'b_token', dispatch_id, lease_token, '{"kind": "success"}')) FROM l WHERE task_key = 'a'),
           true, 'a draining worker completes a lease');
-SELECT is(tests.task_status(:'run', 'c'), 'ready', '... and its result counts (c ready)');
+SELECT is(tests.task_status(:'run', 'c'), 'ready', '... and its result counts (c ready, not refilled to the draining worker''s slot)');
 SELECT is((SELECT status FROM awp.drain_worker(:'b_worker_id', :'b_token')), 'draining', 'one lease left: still draining');
 SELECT is((SELECT bool_and(awp.complete_task(:'b_worker_id', :'b_token', dispatch_id, lease_token, '{"kind": "success"}')) FROM l WHERE task_key = 'b'),
           true, 'the last lease completes');
