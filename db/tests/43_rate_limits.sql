@@ -92,7 +92,8 @@ SELECT is(tests.in_flight('api'), 2::bigint, '... and the limit still holds exac
 SELECT is(tests.task_statuses(:'r1'), '{t1=succeeded,t2=running,t3=running,t4=ready,t5=ready}',
           'in definition order within the run');
 -- A second run holding the same limit: held too, and first served when the bucket frees (fairness inside a limit:
--- a run never dispatched comes first).
+-- a run never dispatched comes first, though it is the newer one: creation order alone would pick r1).
+SELECT tests.advance('100 ms');
 SELECT awp.start_run('five') AS r2 \gset
 SELECT is(tests.in_flight('api'), 2::bigint, 'a second run''s start dispatches nothing: the limit is across runs');
 SELECT is(tests.reason(:'r2', 't1'), 'rate_limited: limit api: 2 of max_in_flight 2 in flight', 'the second run waits for the limit');

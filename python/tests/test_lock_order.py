@@ -98,6 +98,29 @@ def test_dispatch_creators_queue_on_the_budget_lock_and_never_overspend(db, db_d
     assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
 
 
+def test_a_coordinator_pass_holds_the_budget_lock_against_a_run_start(db, db_dsn):
+    """The pass's dispatch creation (awp._create_dispatches) takes the same budget lock as a run start
+    (awp._dispatch_new_run): a start during a pass that spent the last unit waits, then gets nothing."""
+    db.execute("SELECT awp.configure(dispatch_limit => 1)")
+    waiting_run = start(db, "before-any-worker")  # no worker yet: its task stays ready, nothing dispatched
+    assert db.execute("SELECT count(*) AS n FROM awp.dispatches").fetchone()["n"] == 0
+    register(db, "w", 4)
+    with connect(db_dsn) as first, connect(db_dsn) as second:
+        with first.transaction():
+            first.execute("SELECT awp.coordinator_tick()")  # dispatches the waiting task, the last unit
+            call = in_thread(lambda: start(second, "during-the-pass"))
+            assert wait_blocked(db, second.info.backend_pid, call) == [first.info.backend_pid]
+            waiting = db.execute(
+                "SELECT locktype FROM pg_locks WHERE pid = %s AND NOT granted", [second.info.backend_pid]
+            ).fetchall()
+            assert waiting == [{"locktype": "advisory"}], "the start waits for the budget's advisory lock"
+        late_run = call.result()
+    live = db.execute("SELECT run_id FROM awp.dispatches WHERE status IN ('pending', 'leased')").fetchall()
+    assert [x["run_id"] for x in live] == [waiting_run], "dispatch_limit 1: the run started during the pass got none"
+    assert db.execute("SELECT status FROM awp.runs WHERE run_id = %s", [late_run]).fetchone()["status"] == "pending"
+    assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
+
+
 def test_a_grouped_refill_skips_a_run_held_elsewhere_as_a_single_refill_does(db, db_dsn):
     """The group path takes a run it meets first for a refill without waiting (awp._try_run), like
     awp._lease_refill: a run whose lock another session holds is skipped, and the refill goes to the next run
