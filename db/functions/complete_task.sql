@@ -94,14 +94,14 @@ CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token t
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+  w         awp.workers := awp._session(p_worker_id, p_session_token, false);   -- AWSES first
   v_applied boolean;
 BEGIN
   IF p_live_output IS NOT NULL THEN
     PERFORM awp._write_live_output(awp._live_item(p_worker_id, p_session_token, p_dispatch_id, p_lease_token,
                                                   p_live_output), 'invalid live_output');
   END IF;
-  v_applied := awp._complete_task(awp._session(p_worker_id, p_session_token, false), p_dispatch_id, p_lease_token,
-                                  p_result);
+  v_applied := awp._complete_task(w, p_dispatch_id, p_lease_token, p_result);
   PERFORM awp._notify_pending();
   RETURN v_applied;
 END $$;
@@ -285,6 +285,7 @@ DECLARE
   w awp.workers;
 BEGIN
   IF p_live_output IS NOT NULL THEN
+    PERFORM awp._session(p_worker_id, p_session_token, false);   -- AWSES first, before the output is looked at
     PERFORM awp._write_live_output(awp._live_item(p_worker_id, p_session_token, p_dispatch_id, p_lease_token,
                                                   p_live_output), 'invalid live_output');
   END IF;

@@ -314,7 +314,8 @@ $$;
 COMMENT ON FUNCTION awp._live_item(text, text, text, text, jsonb) IS 'One completion as an item of awp._write_live_output.';
 
 -- awp._write_live_output(items, what): the last progress writes that ride on completions (a result's
--- "live_output", docs/progress.md), for awp.complete_and_claim_many and awp.complete_tasks, written in the
+-- "live_output", docs/progress.md), for awp.complete_task, awp.complete_and_claim and awp.complete_and_claim_many
+-- (the batch route writes its leases' output by awp.report_progress_many instead), written in the
 -- completion's own transaction before anything of it takes a run's lock: a task's output is stored before its
 -- result, without a round trip and a commit of its own. items: the completion items (objects with "worker_id",
 -- "session_token", "dispatch_id", "lease_token" and optionally "live_output": an array of at most

@@ -5,7 +5,7 @@
 -- the grouped path (two workers' items settled set-based) writes both.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(24);
+SELECT plan(25);
 
 SELECT * FROM tests.register_worker('w1', '{mock}', 4) \gset w1_
 SELECT * FROM tests.register_worker('w2', '{mock}', 4) \gset w2_
@@ -100,6 +100,9 @@ SELECT is(tests.outputs(), :before::bigint, 'and its live output is not written'
 SELECT throws_ok(format($$SELECT awp.complete_and_claim(%L, %L, %L, %L, tests.result(), 1, NULL, '[{"logs": "x"}]')$$,
                         :'w2_worker_id', :'w2_token', :'g_id', :'g_tok'),
                  'AWREQ', 'invalid live_output', 'a malformed live_output: invalid_request');
+SELECT throws_ok(format($$SELECT awp.complete_and_claim(%L, 'bad', %L, %L, tests.result(), 1, NULL, '[{"logs": "x"}]')$$,
+                        :'w2_worker_id', :'g_id', :'g_tok'),
+                 'AWSES', NULL, 'a wrong session is AWSES before the output is looked at');
 SELECT is((SELECT count(*) FROM awp.complete_and_claim(:'w2_worker_id', :'w2_token', :'g_id', :'g_tok', tests.result(), 0,
                                                        NULL, '[{"logs": ["g1"], "progress": "done"}]')), 0::bigint,
           'complete_and_claim with live_output: applied (no slot asked)');
