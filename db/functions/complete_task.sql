@@ -99,7 +99,7 @@ DECLARE
 BEGIN
   IF p_live_output IS NOT NULL THEN
     PERFORM awp._write_live_output(awp._live_item(p_worker_id, p_session_token, p_dispatch_id, p_lease_token,
-                                                  p_live_output), 'invalid live_output');
+                                                  p_live_output), 'invalid live_output', true);
   END IF;
   v_applied := awp._complete_task(w, p_dispatch_id, p_lease_token, p_result);
   PERFORM awp._notify_pending();
@@ -287,7 +287,7 @@ BEGIN
   IF p_live_output IS NOT NULL THEN
     PERFORM awp._session(p_worker_id, p_session_token, false);   -- AWSES first, before the output is looked at
     PERFORM awp._write_live_output(awp._live_item(p_worker_id, p_session_token, p_dispatch_id, p_lease_token,
-                                                  p_live_output), 'invalid live_output');
+                                                  p_live_output), 'invalid live_output', true);
   END IF;
   PERFORM awp._queue_for_runs(p_worker_id, ARRAY[p_dispatch_id], ARRAY[p_lease_token]);
   w := awp._session(p_worker_id, p_session_token, true);   -- AWSES first

@@ -321,20 +321,20 @@ COMMENT ON FUNCTION awp._live_item(text, text, text, text, jsonb) IS 'One comple
 -- "session_token", "dispatch_id", "lease_token" and optionally "live_output": an array of at most
 -- awp._limit_batch_results() writes {"progress"?, "logs"?: [string], "chunks"?: [string], "offset"?: integer}).
 -- A malformed live_output raises AWREQ with the message `what` (the caller's, for its whole call: its statement
--- fails, so nothing of it stays). Each write is fenced as awp.report_progress_many fences it (the session, then
--- awp._progress_problem); a refused write is dropped (the item's result then answers for the lease). Returns the
--- run ids written to.
+-- fails, so nothing of it stays). Each write is fenced as awp.report_progress_many fences it (the session, unless
+-- the caller checked it already: p_session_checked, then awp._progress_problem); a refused write is dropped (the
+-- item's result then answers for the lease).
 -- Locks: as awp._write_progress per write (the runs' awp.run_outputs rows, then the attempts' awp.task_progress
 -- rows), the items taken in run_id order, as awp.report_progress_many; never a run, dispatch, task or worker row,
 -- and no advisory lock: the callers take those after.
-CREATE OR REPLACE FUNCTION awp._write_live_output(p_items jsonb, p_what text) RETURNS text[]
+CREATE OR REPLACE FUNCTION awp._write_live_output(p_items jsonb, p_what text, p_session_checked boolean DEFAULT false)
+RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   e        jsonb;
   w        jsonb;
   v_logs   text[];
   v_chunks text[];
-  v_runs   text[] := '{}';
   v_live   boolean;
 BEGIN
   FOR e IN SELECT p_items->0 WHERE jsonb_array_length(p_items) = 1   -- one item (awp.complete_task, ...): no join
@@ -351,9 +351,10 @@ BEGIN
                                                         '{"progress"?, "logs"?, "chunks"?, "offset"?}',
                                                         awp._limit_batch_results()));
     END IF;
-    v_live := EXISTS (SELECT 1 FROM awp.workers k   -- the session, as awp._session checks it
-                       WHERE k.worker_id = e->>'worker_id' AND k.status IN ('active', 'draining')
-                         AND k.session_token_hash = awp._hash(e->>'session_token'));
+    v_live := p_session_checked
+              OR EXISTS (SELECT 1 FROM awp.workers k   -- the session, as awp._session checks it
+                          WHERE k.worker_id = e->>'worker_id' AND k.status IN ('active', 'draining')
+                            AND k.session_token_hash = awp._hash(e->>'session_token'));
     FOR w IN SELECT x.w FROM jsonb_array_elements(e->'live_output') WITH ORDINALITY AS x(w, o) ORDER BY x.o LOOP
       IF jsonb_typeof(w) <> 'object' OR w - '{progress,logs,chunks,offset}'::text[] <> '{}'::jsonb
          OR jsonb_typeof(coalesce(w->'logs', '[]')) <> 'array' OR jsonb_typeof(coalesce(w->'chunks', '[]')) <> 'array'
@@ -370,14 +371,13 @@ BEGIN
       IF cardinality(v_chunks) = 0 THEN v_chunks := NULL; END IF;
       IF awp._progress_problem(e->>'worker_id', e->>'dispatch_id', e->>'lease_token', w->'progress', v_logs,
                                v_chunks, (w->>'offset')::bigint) IS NULL THEN
-        v_runs := v_runs || (awp._write_progress(e->>'worker_id', e->>'dispatch_id', e->>'lease_token', w->'progress',
-                                                 v_logs, v_chunks, (w->>'offset')::bigint, true)->>'run_id');
+        PERFORM awp._write_progress(e->>'worker_id', e->>'dispatch_id', e->>'lease_token', w->'progress', v_logs,
+                                    v_chunks, (w->>'offset')::bigint, true);
       END IF;
     END LOOP;
   END LOOP;
-  RETURN ARRAY(SELECT DISTINCT x FROM unnest(v_runs) x ORDER BY 1);
 END $$;
-COMMENT ON FUNCTION awp._write_live_output(jsonb, text) IS 'The progress writes riding on completions (live_output), fenced per write, written before the completions take any run lock; AWREQ (with the caller''s message) when malformed.';
+COMMENT ON FUNCTION awp._write_live_output(jsonb, text, boolean) IS 'The progress writes riding on completions (live_output), fenced per write, written before the completions take any run lock; AWREQ (with the caller''s message) when malformed.';
 
 -- awp.task_logs(run_id, task_key, attempt, after_seq, limit): the log lines and output chunks one attempt kept (the
 -- task's latest attempt when attempt is NULL), after the run sequence number after_seq, oldest first, at most limit

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from awp.db import DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
@@ -109,13 +109,7 @@ def pgbouncer(server_dsn: str, pool_size: int = 20) -> Iterator[int]:
 
 def pooled_dsn(dsn: str, port: int) -> str:
     """``dsn`` (a test database on the cluster) through the PgBouncer on ``port``."""
-    parts = conninfo_to_dict(dsn)
-    parts.update(host="127.0.0.1", port=str(port))
-    return " ".join(f"{k}={_quote(str(v))}" for k, v in parts.items())
-
-
-def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return make_conninfo(dsn, host="127.0.0.1", port=str(port))
 
 
 def console(port: int, command: str) -> list[dict[str, object]]:

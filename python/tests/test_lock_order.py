@@ -77,6 +77,13 @@ def test_complete_queues_on_the_run_lock_holding_its_advisory_lock_but_not_the_d
     assert db.execute("SELECT status FROM awp.runs WHERE run_id = %s", [run_id]).fetchone()["status"] == "succeeded"
 
 
+def assert_waits_on_advisory_lock(db: DictConnection, first: DictConnection, second: DictConnection, call: Any) -> None:
+    """``second``'s call (running in ``call``) waits for ``first``, on an advisory lock (the budget's)."""
+    assert wait_blocked(db, second.info.backend_pid, call) == [first.info.backend_pid]
+    waiting = db.execute("SELECT locktype FROM pg_locks WHERE pid = %s AND NOT granted", [second.info.backend_pid])
+    assert waiting.fetchall() == [{"locktype": "advisory"}], "it waits for the budget's advisory lock"
+
+
 def test_dispatch_creators_queue_on_the_budget_lock_and_never_overspend(db, db_dsn):
     db.execute("SELECT awp.configure(dispatch_limit => 1)")
     register(db, "w", 4)
@@ -84,11 +91,7 @@ def test_dispatch_creators_queue_on_the_budget_lock_and_never_overspend(db, db_d
         with first.transaction():
             first_run = start(first, "first")  # a run start creates its dispatch under the budget lock
             call = in_thread(lambda: start(second, "second"))
-            assert wait_blocked(db, second.info.backend_pid, call) == [first.info.backend_pid]
-            waiting = db.execute(
-                "SELECT locktype FROM pg_locks WHERE pid = %s AND NOT granted", [second.info.backend_pid]
-            ).fetchall()
-            assert waiting == [{"locktype": "advisory"}], "the second one waits for the budget's advisory lock"
+            assert_waits_on_advisory_lock(db, first, second, call)
         second_run = call.result()
     live = db.execute(
         "SELECT run_id FROM awp.dispatches WHERE status IN ('pending', 'leased') ORDER BY created_at"
@@ -109,11 +112,7 @@ def test_a_coordinator_pass_holds_the_budget_lock_against_a_run_start(db, db_dsn
         with first.transaction():
             first.execute("SELECT awp.coordinator_tick()")  # dispatches the waiting task, the last unit
             call = in_thread(lambda: start(second, "during-the-pass"))
-            assert wait_blocked(db, second.info.backend_pid, call) == [first.info.backend_pid]
-            waiting = db.execute(
-                "SELECT locktype FROM pg_locks WHERE pid = %s AND NOT granted", [second.info.backend_pid]
-            ).fetchall()
-            assert waiting == [{"locktype": "advisory"}], "the start waits for the budget's advisory lock"
+            assert_waits_on_advisory_lock(db, first, second, call)
         late_run = call.result()
     live = db.execute("SELECT run_id FROM awp.dispatches WHERE status IN ('pending', 'leased')").fetchall()
     assert [x["run_id"] for x in live] == [waiting_run], "dispatch_limit 1: the run started during the pass got none"

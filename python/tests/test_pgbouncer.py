@@ -7,6 +7,7 @@ named in a WARNING. `make pgbouncer-test` runs the HTTP and worker end-to-end su
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -88,6 +89,4 @@ def test_pgbouncer_needs_a_direct_session(db_dsn: str, bouncer: int) -> None:
 
 
 def _base_env() -> dict[str, str]:
-    import os
-
     return {k: v for k, v in os.environ.items() if not k.startswith("AWP_")} | {"PYTHONPATH": str(REPO / "python")}
