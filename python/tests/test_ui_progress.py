@@ -23,6 +23,19 @@ from awp_testing.gateway import ServeProcess, serve, wait_until
 
 TEST_HANDLERS = "python/tests/handlers_for_tests.py"
 
+# Counts the task panel's redraws (window.__panelRedraws) and notes whether its log tail was ever seen empty or gone
+# after any change inside it (window.__tailBlinked): observers run after each script's changes, as the page is drawn.
+BLINK_WATCH = """() => {
+  const panel = document.querySelector('#task-panel');
+  window.__tailBlinked = false;
+  window.__panelRedraws = 0;
+  new MutationObserver((records) => {
+    if (records.some((r) => r.target === panel && r.type === 'childList')) window.__panelRedraws++;
+    const tail = panel.querySelector('[data-log-tail]');
+    if (!tail || !tail.textContent) window.__tailBlinked = true;
+  }).observe(panel, {childList: true, subtree: true, characterData: true});
+}"""
+
 
 @pytest.fixture(scope="module")
 def gw(db_dsn: str) -> Iterator[ServeProcess]:
@@ -75,6 +88,8 @@ def test_the_task_panel_shows_the_log_tail_and_progress_live(
     tail = panel.locator("[data-log-tail]")
     tail.filter(has_text="line 0").wait_for()
     first = tail.inner_text()
+    # From now on the tail is never seen empty, not even while the panel is redrawn at the task's end.
+    page.evaluate(BLINK_WATCH)
     assert task_status(db_dsn, run_id, "gen") == "running", "the first line showed while the task ran"
     # More lines arrive in the open panel while the task still runs (no reload, no click).
     grown = wait_until(lambda: (t := tail.inner_text()).count("line ") > first.count("line ") and t, 10, 0.05, "more")
@@ -83,11 +98,17 @@ def test_the_task_panel_shows_the_log_tail_and_progress_live(
     progress = panel.locator("[data-progress]")
     assert progress.is_visible() and '"of":80' in progress.inner_text().replace(" ", "")
     wait_until(lambda: task_status(db_dsn, run_id, "gen") == "succeeded", 30, 0.1, "the task ends")
-    tail.filter(has_text="line 76").wait_for()
-    text = tail.inner_text()
     lines = [f"line {i}" for i in range(0, 80, 4)]
-    positions = [text.find(line + "\n") if line != "line 76" else text.find(line) for line in lines]
-    assert all(p >= 0 for p in positions) and positions == sorted(positions), text[-500:]
+
+    def in_order() -> bool:
+        text = tail.inner_text()
+        positions = [text.find(line + "\n") if line != "line 76" else text.find(line) for line in lines]
+        return all(p >= 0 for p in positions) and positions == sorted(positions)
+
+    wait_until(in_order, 10, 0.1, "every line, in order")
+    wait_until(lambda: page.evaluate("window.__panelRedraws") >= 1, 10, 0.1, "the panel is redrawn at the task's end")
+    assert in_order()
+    assert page.evaluate("window.__tailBlinked") is False, "the tail was empty for a moment"
     page.locator("#task-panel [data-progress]").filter(has_text='"done": 80').or_(
         page.locator("#task-panel [data-progress]").filter(has_text='"done":80')
     ).wait_for()

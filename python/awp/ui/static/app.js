@@ -412,8 +412,11 @@
     // ---- the task panel's live output (docs/progress.md; templates/_task.html, views.task_logs_part) ----------
     // The log tail of the open task's latest attempt and its latest progress: read from the start when the panel
     // is (re)drawn, then every 500 ms while the task runs; at most LOG_TAIL lines are kept on the page.
+    // A redrawn panel of the same task (a refresh at a change of the run) goes on from the lines already shown, so
+    // the tail never blinks empty while it is read again.
     const LOG_TAIL = 500;
     let tailRun = 0; // the panel drawing the current tail belongs to; an older loop stops
+    let shown = null; // what the tail shows: {key, attempt, after, text}
     function startLogTail() {
       const box = $("[data-live-output]", panel);
       if (!box) return;
@@ -421,14 +424,21 @@
       const tail = $("[data-log-tail]", box);
       const empty = $("[data-log-empty]", box);
       const progress = $("[data-progress]", box);
+      const key = box.dataset.liveOutput;
       let after = 0;
       let attempt = null;
+      if (shown && shown.key === key) {
+        ({ after, attempt } = shown);
+        tail.textContent = shown.text;
+        tail.scrollTop = tail.scrollHeight;
+        empty.hidden = shown.text.length > 0;
+      }
       let running = box.dataset.running === "yes";
       async function step() {
         if (mine !== tailRun || !document.contains(box)) return;
         let delay = 500;
         try {
-          const url = `${runPath}/tasks/${encodeURIComponent(box.dataset.liveOutput)}/logs?after=${after}`;
+          const url = `${runPath}/tasks/${encodeURIComponent(key)}/logs?after=${after}`;
           const response = await fetch(url, { cache: "no-store", credentials: "same-origin" });
           if (response.status === 401) return signedOut();
           if (response.ok) {
@@ -450,6 +460,7 @@
               progress.hidden = false;
             }
             after = page.next_after;
+            shown = { key, attempt, after, text: tail.textContent };
             running = page.task_status === "running";
             if (page.more) delay = 0;
           }
