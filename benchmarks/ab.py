@@ -6,9 +6,10 @@ in one throwaway cluster (fsync on), and compared round by round.
 
 A variant is ``SOURCE[:NAME=VALUE,...]``: SOURCE is a checkout (a directory holding ``db/``; ``.`` is the working
 tree) or a git revision (its ``db/`` and ``python/`` exported with ``git archive``); the NAME=VALUE pairs are
-environment variables of that variant's ``awp serve`` (``http`` only). Each variant gets a database of its own,
-migrated from its SQL; its ``awp serve`` runs its ``python/awp`` (first on PYTHONPATH); every worker runs the working
-tree's.
+environment variables of that variant's ``awp serve``, but for ``AB_LOGS=N``: each completion carries N log lines
+(``sql``: as a task's last lines ride on its result; ``http``: mock tasks that each log N lines). Each variant gets a
+database of its own, migrated from its SQL; its ``awp serve`` runs its ``python/awp`` (first on PYTHONPATH); every
+worker runs the working tree's.
 
 ``sql``: one worker of one slot completes every task of ``--runs`` runs of ``--tasks`` tasks (``--runs`` > 1: each
 refill goes to another run) with ``awp.complete_and_claim``; measured: the backend's CPU (``/proc``) per completion.
@@ -91,9 +92,12 @@ def define(
     conn.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
 
 
-def complete_all(conn: psycopg.Connection[Any], wid: str, runs: int) -> int:
+def complete_all(conn: psycopg.Connection[Any], wid: str, runs: int, logs: int = 0) -> int:
     """Start ``runs`` runs of ``wid`` and complete all their tasks as one new worker of one slot (claim on
-    complete); returns the number of completions."""
+    complete), each completion carrying ``logs`` log lines when not 0 (its ``live_output``, as a worker sends a
+    task's last lines); returns the number of completions."""
+    live = [json.dumps([{"logs": [f"log line {i} of the task" for i in range(logs)], "offset": 0}])] if logs else []
+    call = "awp.complete_and_claim(%s, %s, %s, %s, %s, 1, %s" + (", %s)" if logs else ")")
     worker, token = one(conn, "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', 1)")
     with conn.transaction():
         for _ in range(runs):
@@ -105,8 +109,7 @@ def complete_all(conn: psycopg.Connection[Any], wid: str, runs: int) -> int:
     while lease is not None:
         seq += 1
         lease = conn.execute(
-            "SELECT dispatch_id, lease_token FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 1, %s)",
-            [worker, token, lease[0], lease[1], SUCCESS, seq],
+            f"SELECT dispatch_id, lease_token FROM {call}", [worker, token, lease[0], lease[1], SUCCESS, seq, *live]
         ).fetchone()
         done += 1
         if lease is None:  # no refill (the last tasks, or a coordinator pass between): claim what is left
@@ -118,10 +121,10 @@ def complete_all(conn: psycopg.Connection[Any], wid: str, runs: int) -> int:
     return done
 
 
-def complete_grouped(conn: psycopg.Connection[Any], wid: str, workers: int) -> int:
+def complete_grouped(conn: psycopg.Connection[Any], wid: str, workers: int, logs: int = 0) -> int:
     """Start one run of ``wid`` and complete all its tasks as ``workers`` new workers of one slot each, their
     completions sent together, one ``awp.complete_and_claim_many`` call each time (as the gateway groups one run's
-    calls); returns the number of completions."""
+    calls), each item carrying ``logs`` log lines when not 0; returns the number of completions."""
     sql = "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', 1)"
     ids = [one(conn, sql) for _ in range(workers)]
     conn.execute("SELECT awp.start_run(%s)", [wid])
@@ -153,6 +156,11 @@ def complete_grouped(conn: psycopg.Connection[Any], wid: str, workers: int) -> i
                     "result": {"kind": "success"},
                     "slots": 1,
                     "claim_seq": seq,
+                    **(
+                        {"live_output": [{"logs": [f"log line {i} of the task" for i in range(logs)], "offset": 0}]}
+                        if logs
+                        else {}
+                    ),
                 }
             )
         rows = conn.execute(
@@ -173,8 +181,10 @@ def complete_grouped(conn: psycopg.Connection[Any], wid: str, workers: int) -> i
 
 
 def run_sql(args: argparse.Namespace, variants: list[Variant]) -> None:
-    def complete(conn: psycopg.Connection[Any]) -> int:  # one round's work: every task of the "ab" workflow
-        return complete_grouped(conn, "ab", args.group) if args.group else complete_all(conn, "ab", args.runs)
+    def complete(conn: psycopg.Connection[Any], v: Variant) -> int:  # a round's work: every task of the "ab" workflow
+        if args.group:
+            return complete_grouped(conn, "ab", args.group, int(v.env.get("AB_LOGS", 0)))
+        return complete_all(conn, "ab", args.runs, int(v.env.get("AB_LOGS", 0)))
 
     with throwaway_cluster(fsync=True) as server:
         conns = []
@@ -185,13 +195,13 @@ def run_sql(args: argparse.Namespace, variants: list[Variant]) -> None:
             if args.pre:
                 define(conn, "ab-pre", args.pre)
                 complete_all(conn, "ab-pre", 1)
-            complete(conn)  # warm-up: plans cached, caches filled
+            complete(conn, v)  # warm-up: plans cached, caches filled
             conns.append(conn)
         for r in range(args.rounds):
             for i in turns(len(variants), r):
                 pid = conns[i].info.backend_pid
                 before = backend_cpu_s(pid)
-                n = complete(conns[i])
+                n = complete(conns[i], variants[i])
                 variants[i].samples.append({"backend ms/completion": (backend_cpu_s(pid) - before) * 1000 / n})
             report_round(r, variants, "backend ms/completion")
         for conn in conns:
@@ -238,7 +248,8 @@ def measure_http(
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        b.workflow(wid, args.tasks, slots)
+        logs = int(v.env.get("AB_LOGS", 0))  # mock tasks logging that many lines each (benchmarks/progress_cost.py)
+        b.workflow(wid, args.tasks, slots, {"input": {"sleep_ms": 0, "logs": logs}} if logs else None)
         b.pool.resize(args.workers, args.concurrency)
         if args.pre:
             b.repetition("tables filled", b.workflow("ab-pre", args.pre, slots), 1, args.pre, "1/1")

@@ -121,6 +121,10 @@ COMMENT ON FUNCTION awp._truncate_output(awp.task_progress, text, bigint) IS 'Dr
 -- the attempt's bound (settings progress_log_bytes, progress_chunk_bytes) the oldest entries of that kind are
 -- dropped. Returns {"seq": the last sequence number given (null when nothing was written), "truncated": whether
 -- this attempt has dropped entries, "run_id"}.
+-- The attempt's awp.task_progress row is written only when it has something its awp.task_output rows do not say: a
+-- progress value, dropped entries, an offset past the entries it has (a write lost on its way), or bytes near a
+-- bound (over 1 KiB of a kind, the smallest bound the settings allow). Without it, the attempt's entries and bytes are
+-- those of its awp.task_output rows: a short task's only write (its last lines, riding on its completion) is one row.
 -- Locks: the run's awp.run_outputs row (its writers queue there, one short transaction each), then the attempt's
 -- awp.task_progress row. Never the run, a dispatch, a task or a worker row.
 CREATE OR REPLACE FUNCTION awp._write_progress(p_worker_id text, p_dispatch_id text, p_lease_token text,
@@ -131,11 +135,14 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   d       awp.dispatches;
   p       awp.task_progress;
-  s       awp.settings := awp._settings();
+  s       awp.settings;
   v_now   timestamptz;
   v_logs  integer := coalesce(cardinality(p_logs), 0);
   v_sent  integer := coalesce(cardinality(p_logs), 0) + coalesce(cardinality(p_chunks), 0);
+  v_row   boolean;
   v_have  bigint;
+  v_had_log   bigint;
+  v_had_chunk bigint;
   v_skip  integer := 0;
   v_count integer;
   v_last  bigint;
@@ -163,8 +170,18 @@ BEGIN
     INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (d.run_id, 0)
     ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq;
   END IF;
-  SELECT x.entries INTO v_have FROM awp.task_progress x WHERE x.dispatch_id = d.dispatch_id;
-  v_have := coalesce(v_have, 0);
+  SELECT * INTO p FROM awp.task_progress x WHERE x.dispatch_id = d.dispatch_id;
+  v_row := FOUND;
+  IF v_row THEN
+    v_have := p.entries;
+    v_had_log := p.log_bytes;
+    v_had_chunk := p.chunk_bytes;
+  ELSE   -- nothing dropped, no gap: what the attempt has is in its rows (none, for its first write)
+    SELECT coalesce(sum(cardinality(o.entries)), 0), coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'log'), 0),
+           coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'chunk'), 0)
+      INTO v_have, v_had_log, v_had_chunk
+      FROM awp.task_output o WHERE o.run_id = d.run_id AND o.task_key = d.task_key AND o.attempt = d.attempt;
+  END IF;
   IF p_offset IS NOT NULL THEN
     v_skip := greatest(0, least(v_sent, v_have - p_offset))::integer;   -- the ones this attempt already has
     IF v_skip > 0 THEN
@@ -182,9 +199,8 @@ BEGIN
   RETURNING o.last_seq INTO v_last;
 
   -- One row for the write's lines, one for its chunks: entries numbered from the first new sequence number.
-  SELECT coalesce((SELECT sum(octet_length(x)) FROM unnest(p_logs) x), 0),
-         coalesce((SELECT sum(octet_length(x)) FROM unnest(p_chunks) x), 0)
-    INTO v_log_bytes, v_chunk_bytes;
+  v_log_bytes := coalesce(octet_length(array_to_string(p_logs, '')), 0);
+  v_chunk_bytes := coalesce(octet_length(array_to_string(p_chunks, '')), 0);
   v_first := v_last - v_count + 1;
   IF v_logs > 0 THEN
     INSERT INTO awp.task_output (run_id, seq, first_seq, task_key, attempt, kind, entries, bytes, created_at)
@@ -196,22 +212,29 @@ BEGIN
             p_chunks, v_chunk_bytes, v_now);
   END IF;
 
+  -- No counters row needed (see above): no progress, no gap, and within 1 KiB per kind, the smallest bound the
+  -- settings allow (progress_log_bytes_in_range, migration 0022), so no bound is read or passed.
+  IF NOT v_row AND p_progress IS NULL AND coalesce(p_offset, 0) <= v_have
+     AND v_had_log + v_log_bytes <= 1024 AND v_had_chunk + v_chunk_bytes <= 1024 THEN
+    RETURN jsonb_build_object('seq', v_last, 'run_id', d.run_id, 'truncated', false);
+  END IF;
   INSERT INTO awp.task_progress AS t (dispatch_id, run_id, task_key, attempt, progress, progress_seq, progress_at,
                                       log_bytes, chunk_bytes, entries, updated_at)
   VALUES (d.dispatch_id, d.run_id, d.task_key, d.attempt, p_progress,
           CASE WHEN p_progress IS NOT NULL THEN v_last END, CASE WHEN p_progress IS NOT NULL THEN v_now END,
-          v_log_bytes, v_chunk_bytes,
+          v_had_log + v_log_bytes, v_had_chunk + v_chunk_bytes,
           greatest(v_have, coalesce(p_offset, v_have)) + v_sent - v_skip, v_now)
   ON CONFLICT (dispatch_id) DO UPDATE
      SET progress = CASE WHEN excluded.progress_seq IS NULL THEN t.progress ELSE excluded.progress END,
          progress_seq = coalesce(excluded.progress_seq, t.progress_seq),
          progress_at = coalesce(excluded.progress_at, t.progress_at),
-         log_bytes = t.log_bytes + excluded.log_bytes,
-         chunk_bytes = t.chunk_bytes + excluded.chunk_bytes,
+         log_bytes = t.log_bytes + v_log_bytes,
+         chunk_bytes = t.chunk_bytes + v_chunk_bytes,
          entries = excluded.entries,
          updated_at = excluded.updated_at
   RETURNING t.* INTO p;
 
+  s := awp._settings();
   IF p.log_bytes > s.progress_log_bytes THEN
     PERFORM awp._truncate_output(p, 'log', p.log_bytes - s.progress_log_bytes);
   END IF;

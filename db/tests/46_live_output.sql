@@ -5,7 +5,7 @@
 -- the grouped path (two workers' items settled set-based) writes both.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(25);
+SELECT plan(37);
 
 SELECT * FROM tests.register_worker('w1', '{mock}', 4) \gset w1_
 SELECT * FROM tests.register_worker('w2', '{mock}', 4) \gset w2_
@@ -108,6 +108,42 @@ SELECT is((SELECT count(*) FROM awp.complete_and_claim(:'w2_worker_id', :'w2_tok
           'complete_and_claim with live_output: applied (no slot asked)');
 SELECT is(ARRAY[awp.task_logs(:'run', 'g')->>'logs', awp.task_logs(:'run', 'g')->>'progress', tests.task_status(:'run', 'g')],
           ARRAY['["g1"]', 'done', 'succeeded'], 'its output written, its result settled');
+
+-- 8. An attempt's counters row (awp.task_progress) is kept only when its rows do not tell: a short write without a
+-- progress value is its task_output row alone; repeats are still applied once; past 1 KiB of a kind, or past a gap in
+-- the offsets, the row is written with everything the attempt had.
+CREATE FUNCTION tests.counters(p_dispatch text) RETURNS text LANGUAGE sql AS $$
+  SELECT coalesce((SELECT format('entries %s, log_bytes %s', entries, log_bytes) FROM awp.task_progress
+                    WHERE dispatch_id = p_dispatch), 'no row')
+$$;
+SELECT is(ARRAY[awp.report_progress(:'w2_worker_id', :'w2_token', :'h_id', :'h_tok', p_logs => '{h1,h2}', p_offset => 0)->>'truncated',
+                tests.counters(:'h_id')],
+          ARRAY['false', 'no row'], 'a short first write without progress: no counters row');
+SELECT is(awp.report_progress(:'w2_worker_id', :'w2_token', :'h_id', :'h_tok', p_logs => '{h1,h2}', p_offset => 0)->'seq',
+          'null'::jsonb, 'its repeat writes nothing (what the attempt has is counted from its rows)');
+SELECT is(ARRAY[awp.report_progress(:'w2_worker_id', :'w2_token', :'h_id', :'h_tok', p_logs => '{h2,h3}', p_offset => 1)->>'truncated',
+                tests.counters(:'h_id')],
+          ARRAY['false', 'no row'], 'an overlapping write, still no row');
+SELECT is(awp.task_logs(:'run', 'h')->'logs', '["h1", "h2", "h3"]'::jsonb, 'it kept only its new line');
+SELECT is(ARRAY[awp.report_progress(:'w2_worker_id', :'w2_token', :'h_id', :'h_tok', p_logs => '{h5}', p_offset => 4)->>'truncated',
+                tests.counters(:'h_id')],
+          ARRAY['false', 'entries 5, log_bytes 8'], 'a write past a gap (a write lost on its way) is counted from its offset');
+SELECT is(awp.report_progress(:'w2_worker_id', :'w2_token', :'h_id', :'h_tok', p_logs => '{h5}', p_offset => 4)->'seq',
+          'null'::jsonb, 'and its repeat writes nothing');
+SELECT is(awp.report_progress(:'w2_worker_id', :'w2_token', :'h_id', :'h_tok', p_logs => '{h4}', p_offset => 3)->'seq',
+          'null'::jsonb, 'the lost write, when it comes late, is not taken (as with a counters row)');
+SELECT is(awp.task_logs(:'run', 'h')->'logs', '["h1", "h2", "h3", "h5"]'::jsonb, 'the lines kept, in order');
+SELECT is(ARRAY[awp.report_progress(:'w2_worker_id', :'w2_token', :'h_id', :'h_tok', p_logs => ARRAY[repeat('x', 1100)], p_offset => 5)->>'truncated',
+                tests.counters(:'h_id')],
+          ARRAY['false', 'entries 6, log_bytes 1108'], 'past 1 KiB of lines the counters follow the bytes');
+SELECT is(ARRAY[awp.report_progress(:'w1_worker_id', :'w1_token', :'c_id', :'c_tok', p_logs => ARRAY[repeat('x', 600)], p_offset => 0)->>'truncated',
+                tests.counters(:'c_id')],
+          ARRAY['false', 'no row'], 'another attempt: 600 bytes of lines, no row');
+SELECT is(ARRAY[awp.report_progress(:'w1_worker_id', :'w1_token', :'c_id', :'c_tok', p_logs => ARRAY[repeat('y', 600)], p_offset => 1)->>'truncated',
+                tests.counters(:'c_id')],
+          ARRAY['false', 'entries 2, log_bytes 1200'], 'past 1 KiB of lines the row is written, counting the earlier ones');
+SELECT is(ARRAY[tests.counters(:'f_id'), awp.task_logs(:'run', 'f')->>'truncated', awp.task_logs(:'run', 'f')->>'logs_dropped'],
+          ARRAY['no row', 'false', '0'], 'a task''s only write riding on its completion: one row, read as not truncated');
 
 SELECT * FROM finish();
 ROLLBACK;
