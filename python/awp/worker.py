@@ -186,6 +186,21 @@ def _outage_error(error: ClientError) -> bool:
     return isinstance(error, GatewayError) and error.status in (502, 503, 504)
 
 
+def completion_verdict(error: GatewayError) -> str:
+    """What a completion does with a gateway's error answer, one rule for a single result and a batch alike:
+    ``"session"`` (the session is gone: the worker stops), ``"replace"`` (the result itself was refused: a
+    permanent failure ``result_rejected`` is sent once in its place), ``"retry"`` (the gateway or the database may
+    answer later: 5xx, 429) or ``"drop"`` (the lease is lost, the result conflicts with the one applied, or any other
+    refusal: the same request would get the same answer)."""
+    if error.code == SESSION_INVALID:
+        return "session"
+    if error.code in ("lease_lost", "result_conflict"):
+        return "drop"
+    if refuses_result(error.status, error.code):
+        return "replace"
+    return "retry" if error.retryable else "drop"
+
+
 def _duration_s(start: Any, end: Any) -> float:
     """``end - start`` in seconds for two ISO timestamps from the server (0 when unknown)."""
     try:
@@ -620,7 +635,6 @@ class Worker:
         Returns the new leases.
         """
         backoff = Backoff(100, 2000)
-        other_errors = 0
         replaced = False
         claim_slots = 0 if self.stopping.is_set() or not self.config.claim_on_complete else 1
         while True:
@@ -644,23 +658,19 @@ class Worker:
             except TransportError as e:
                 reason, outage = str(e), True
             except GatewayError as e:
-                if e.code == SESSION_INVALID:
+                verdict = completion_verdict(e)
+                if verdict == "session":
                     raise SessionInvalid(e.message) from e
-                if e.code in ("lease_lost", "result_conflict"):
-                    log.warning("lease %s: complete answered %s (%s); dropped", ex.describe(), e.code, e.message)
-                    return []
-                if refuses_result(e.status, e.code):
+                if verdict == "replace":
                     if replaced:  # never a loop: the replacement itself was refused
                         log.error("lease %s: the server refused result_rejected too (%s); dropped", ex.describe(), e)
                         return []
                     replaced = True
                     result = self._rejected(ex, e.status, e.code, e.message)
                     continue  # at once: the refused request changed nothing (and claimed nothing)
-                if not e.retryable:
-                    other_errors += 1
-                    if other_errors >= 5:
-                        log.error("lease %s: complete keeps failing (%s); giving up", ex.describe(), e)
-                        return []
+                if verdict == "drop":
+                    log.warning("lease %s: complete answered %s (%s); dropped", ex.describe(), e.code, e.message)
+                    return []
                 reason, wait_s, outage = str(e), e.retry_after_s, _outage_error(e)
             else:
                 log.info(
@@ -747,9 +757,10 @@ class Worker:
                     )
                 except (TransportError, GatewayError) as e:
                     self._claim_end(seq)
-                    if isinstance(e, GatewayError) and e.code == SESSION_INVALID:
-                        raise SessionInvalid(e.message) from e
-                    if isinstance(e, GatewayError) and refuses_result(e.status, e.code):
+                    verdict = completion_verdict(e) if isinstance(e, GatewayError) else "retry"
+                    if verdict == "session":
+                        raise SessionInvalid(e.message if isinstance(e, GatewayError) else str(e)) from e
+                    if verdict == "replace" and isinstance(e, GatewayError):
                         if len(pending) > 1:  # which result? each on its own (a refused one is then replaced)
                             log.warning(
                                 "%d result(s): completions refused (%s); sending them one by one", len(pending), e
@@ -762,9 +773,10 @@ class Worker:
                             replaced.add(ex.dispatch_id)
                             pending[0] = (ex, self._rejected(ex, e.status, e.code, e.message), done)
                             continue
-                    if isinstance(e, GatewayError) and not e.retryable:
+                        verdict = "drop"  # never a loop: the replacement itself was refused
+                    if verdict == "drop":
                         for ex, _, done in pending:
-                            log.error("lease %s: completions refused (%s); dropped", ex.describe(), e)
+                            log.warning("lease %s: completions answered %s; dropped", ex.describe(), e)
                             done.set_result([])
                         return
                     claim_slots = 0

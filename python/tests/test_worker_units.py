@@ -1,4 +1,5 @@
-"""Unit tests of the worker's pieces that need no gateway: executors, handlers, deadlines, backoff."""
+"""Unit tests of the worker's pieces that need no gateway: executors, handlers, deadlines, backoff, what a
+completion does with an error answer."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from awp.client import GatewayError
 from awp.executors import MockExecutor, PythonExecutor, build_executors, check_result, load_handler_module
 from awp.handlers import Context, PermanentError, handler, unregister
-from awp.worker import Backoff, Execution
+from awp.worker import Backoff, Execution, completion_verdict
 
 
 def make_ctx(attempt: int = 1, deadline_s: float = 10.0) -> Context:
@@ -179,3 +181,24 @@ async def test_cancelled_async_handler_stops() -> None:
             await task
     finally:
         unregister("unit-slow")
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "verdict"),
+    [
+        (401, "worker_session_invalid", "session"),
+        (409, "lease_lost", "drop"),
+        (409, "result_conflict", "drop"),
+        (400, "invalid_request", "replace"),
+        (413, "payload_too_large", "replace"),
+        (400, "worker_protocol_unsupported", "drop"),
+        (404, "not_found", "drop"),  # the single path retried this five times, the batch path dropped it at once
+        (403, "forbidden", "drop"),
+        (429, "too_many_requests", "retry"),
+        (503, "database_unavailable", "retry"),
+        (500, "internal_error", "retry"),
+    ],
+)
+def test_a_completion_error_gets_one_verdict_on_both_paths(status: int, code: str, verdict: str) -> None:
+    """One rule for a single completion (``Worker._complete``) and a batch (``Worker._complete_batch``)."""
+    assert completion_verdict(GatewayError(status, code, "m")) == verdict
