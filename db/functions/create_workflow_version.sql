@@ -348,7 +348,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.apply_workflow(jsonb) IS 'Validates a definition and stores it as a new version unless identical to the latest; returns (workflow_id, version, created).';
 
--- awp.create_workflow_version(definition): the SQL API in README.md.
+-- awp.create_workflow_version(definition): the SQL API in docs/sql-api.md.
 CREATE OR REPLACE FUNCTION awp.create_workflow_version(p_definition jsonb)
 RETURNS TABLE (workflow_id text, version integer)
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

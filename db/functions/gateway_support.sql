@@ -1,4 +1,4 @@
--- Small read functions the HTTP gateway needs besides the SQL API listed in README.md.
+-- Small read functions the HTTP gateway needs besides the SQL API listed in docs/sql-api.md.
 -- None changes state, none returns a token or a hash.
 
 -- awp.check_worker_session(worker_id, session_token): the worker's status when the session is

@@ -1,5 +1,5 @@
 """Database access for the control plane: two psycopg ``AsyncConnectionPool``s and one method per SQL
-function of schema ``awp``. Rows come back as dicts with the SQL column names (the SQL API in README.md).
+function of schema ``awp``. Rows come back as dicts with the SQL column names (the SQL API in docs/sql-api.md).
 
 Every method is one statement (one round trip, one transaction in autocommit mode). Errors are
 psycopg's: :mod:`awp.errors` maps them to HTTP answers.

@@ -1,6 +1,6 @@
 """The one table from database errors to HTTP answers, and the error the gateway raises.
 
-Functions in schema ``awp`` raise our own SQLSTATEs (the SQL API in README.md); callers branch on the SQLSTATE,
+Functions in schema ``awp`` raise our own SQLSTATEs (the SQL API in docs/sql-api.md); callers branch on the SQLSTATE,
 never on message text. Anything else from the database is a bug or an outage: a lost connection, a request pool
 with no free connection, and a ``lock_timeout`` or ``statement_timeout`` that ended a statement are
 ``503 unavailable`` (with ``Retry-After``: the same request may be sent again); every other error is

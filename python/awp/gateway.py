@@ -484,7 +484,8 @@ async def worker_request(
 # heartbeat which of them have ended (claimed_through, claims_pending), so that a lease whose answer was lost
 # goes back to the queue at once, without counting against max_attempts.
 CLAIM_SEQ_MAX = 2**63 - 1
-MAX_PENDING_CLAIMS = 1024
+MAX_HEARTBEAT_LIST = 1024  # each list of one heartbeat: leases, dropped, claims_pending (awp._limit_heartbeat_list())
+MAX_PENDING_CLAIMS = MAX_HEARTBEAT_LIST
 
 
 def _claim_seq(body: dict[str, Any]) -> int | None:
@@ -527,8 +528,8 @@ async def claim(request: web.Request) -> web.Response:
 
 def _lease_refs(body: dict[str, Any], name: str) -> list[dict[str, str]]:
     refs = body.get(name, [])
-    if not isinstance(refs, list) or len(refs) > 1024:
-        raise bad_request(f"{name} must be a list of at most 1024 {{dispatch_id, lease_token}} objects")
+    if not isinstance(refs, list) or len(refs) > MAX_HEARTBEAT_LIST:
+        raise bad_request(f"{name} must be a list of at most {MAX_HEARTBEAT_LIST} {{dispatch_id, lease_token}} objects")
     for ref in refs:
         if not isinstance(ref, dict) or set(ref) != {"dispatch_id", "lease_token"}:
             raise bad_request(f"each entry of {name} must be exactly {{dispatch_id, lease_token}}")
