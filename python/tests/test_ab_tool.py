@@ -47,3 +47,29 @@ def test_ab_sql_measures_each_variant_in_turns(shape: list[str]) -> None:
     # each round's ratio is that round's two measurements divided (printed rounded: 3 and 2 decimals)
     ratios = [float(x) for x in other[4].split()]
     assert all(abs(r - float(b) / float(a)) < 0.02 for r, (_, a, b) in zip(ratios, rounds, strict=True)), out.stdout
+
+
+@pytest.mark.parametrize("shape", [[], ["--group", "2"]], ids=["single", "group"])
+def test_ab_sql_completions_can_carry_log_lines(shape: list[str]) -> None:
+    """``AB_LOGS=N``: each completion carries N log lines (its ``live_output``); a malformed one would be refused
+    (AWREQ) and end the tool with an error, a variant without lines is measured beside it."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "ab.py"),
+            "sql",
+            ".",
+            ".:AB_LOGS=3",
+            "--rounds",
+            "1",
+            "--tasks",
+            "10",
+            *shape,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"^  \.:AB_LOGS=3\s+[\d.]+   ratio median", out.stdout, re.M), out.stdout
