@@ -92,11 +92,16 @@ def define(
     conn.execute("SELECT * FROM awp.create_workflow_version(%s)", [json.dumps(definition)])
 
 
+def live_output(logs: int) -> list[dict[str, Any]]:
+    """A completion's ``live_output``: one write of ``logs`` log lines (docs/progress.md)."""
+    return [{"logs": [f"log line {i} of the task" for i in range(logs)], "offset": 0}]
+
+
 def complete_all(conn: psycopg.Connection[Any], wid: str, runs: int, logs: int = 0) -> int:
     """Start ``runs`` runs of ``wid`` and complete all their tasks as one new worker of one slot (claim on
     complete), each completion carrying ``logs`` log lines when not 0 (its ``live_output``, as a worker sends a
     task's last lines); returns the number of completions."""
-    live = [json.dumps([{"logs": [f"log line {i} of the task" for i in range(logs)], "offset": 0}])] if logs else []
+    live = [json.dumps(live_output(logs))] if logs else []
     call = "awp.complete_and_claim(%s, %s, %s, %s, %s, 1, %s" + (", %s)" if logs else ")")
     worker, token = one(conn, "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', 1)")
     with conn.transaction():
@@ -156,11 +161,7 @@ def complete_grouped(conn: psycopg.Connection[Any], wid: str, workers: int, logs
                     "result": {"kind": "success"},
                     "slots": 1,
                     "claim_seq": seq,
-                    **(
-                        {"live_output": [{"logs": [f"log line {i} of the task" for i in range(logs)], "offset": 0}]}
-                        if logs
-                        else {}
-                    ),
+                    **({"live_output": live_output(logs)} if logs else {}),
                 }
             )
         rows = conn.execute(

@@ -213,7 +213,8 @@ BEGIN
   END IF;
 
   -- No counters row needed (see above): no progress, no gap, and within 1 KiB per kind, the smallest bound the
-  -- settings allow (progress_log_bytes_in_range, migration 0022), so no bound is read or passed.
+  -- settings allow (the lo of awp._setting_ranges(), db/tests/46_live_output.sql checks it), so no bound is read or
+  -- passed.
   IF NOT v_row AND p_progress IS NULL AND coalesce(p_offset, 0) <= v_have
      AND v_had_log + v_log_bytes <= 1024 AND v_had_chunk + v_chunk_bytes <= 1024 THEN
     RETURN jsonb_build_object('seq', v_last, 'run_id', d.run_id, 'truncated', false);

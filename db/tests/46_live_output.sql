@@ -5,7 +5,7 @@
 -- the grouped path (two workers' items settled set-based) writes both.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(37);
+SELECT plan(38);
 
 SELECT * FROM tests.register_worker('w1', '{mock}', 4) \gset w1_
 SELECT * FROM tests.register_worker('w2', '{mock}', 4) \gset w2_
@@ -112,6 +112,8 @@ SELECT is(ARRAY[awp.task_logs(:'run', 'g')->>'logs', awp.task_logs(:'run', 'g')-
 -- 8. An attempt's counters row (awp.task_progress) is kept only when its rows do not tell: a short write without a
 -- progress value is its task_output row alone; repeats are still applied once; past 1 KiB of a kind, or past a gap in
 -- the offsets, the row is written with everything the attempt had.
+SELECT is((SELECT array_agg(DISTINCT lo) FROM awp._setting_ranges() WHERE setting IN ('progress_log_bytes', 'progress_chunk_bytes')),
+          ARRAY[1024::bigint], 'the 1 KiB _write_progress keeps without a counters row is the smallest bound allowed');
 CREATE FUNCTION tests.counters(p_dispatch text) RETURNS text LANGUAGE sql AS $$
   SELECT coalesce((SELECT format('entries %s, log_bytes %s', entries, log_bytes) FROM awp.task_progress
                     WHERE dispatch_id = p_dispatch), 'no row')

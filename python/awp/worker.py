@@ -758,9 +758,9 @@ class Worker:
                 except (TransportError, GatewayError) as e:
                     self._claim_end(seq)
                     verdict = completion_verdict(e) if isinstance(e, GatewayError) else "retry"
-                    if verdict == "session":
-                        raise SessionInvalid(e.message if isinstance(e, GatewayError) else str(e)) from e
-                    if verdict == "replace" and isinstance(e, GatewayError):
+                    if isinstance(e, GatewayError) and verdict == "session":
+                        raise SessionInvalid(e.message) from e
+                    if isinstance(e, GatewayError) and verdict == "replace":
                         if len(pending) > 1:  # which result? each on its own (a refused one is then replaced)
                             log.warning(
                                 "%d result(s): completions refused (%s); sending them one by one", len(pending), e

@@ -14,28 +14,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("shape", [["--runs", "2"], ["--group", "3"]], ids=["runs", "group"])
-def test_ab_sql_measures_each_variant_in_turns(shape: list[str]) -> None:
-    """Single completions (each refill to another run), or three workers' completions grouped per call."""
+def run_ab(*args: str) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/ab.py`` with these arguments, from the repository (it must end well: its output otherwise)."""
     out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "ab.py"),
-            "sql",
-            ".",
-            "HEAD",
-            "--rounds",
-            "2",
-            "--tasks",
-            "20",
-            *shape,
-        ],
+        [sys.executable, str(REPO / "benchmarks" / "ab.py"), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+@pytest.mark.parametrize("shape", [["--runs", "2"], ["--group", "3"]], ids=["runs", "group"])
+def test_ab_sql_measures_each_variant_in_turns(shape: list[str]) -> None:
+    """Single completions (each refill to another run), or three workers' completions grouped per call."""
+    out = run_ab("sql", ".", "HEAD", "--rounds", "2", "--tasks", "20", *shape)
     rounds = re.findall(r"^round (\d+): ([\d.]+)  ([\d.]+)$", out.stdout, re.M)
     assert [r[0] for r in rounds] == ["1", "2"], out.stdout
     assert all(float(a) > 0 and float(b) > 0 for _, a, b in rounds), out.stdout
@@ -53,23 +48,5 @@ def test_ab_sql_measures_each_variant_in_turns(shape: list[str]) -> None:
 def test_ab_sql_completions_can_carry_log_lines(shape: list[str]) -> None:
     """``AB_LOGS=N``: each completion carries N log lines (its ``live_output``); a malformed one would be refused
     (AWREQ) and end the tool with an error, a variant without lines is measured beside it."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "ab.py"),
-            "sql",
-            ".",
-            ".:AB_LOGS=3",
-            "--rounds",
-            "1",
-            "--tasks",
-            "10",
-            *shape,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = run_ab("sql", ".", ".:AB_LOGS=3", "--rounds", "1", "--tasks", "10", *shape)
     assert re.search(r"^  \.:AB_LOGS=3\s+[\d.]+   ratio median", out.stdout, re.M), out.stdout
