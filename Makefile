@@ -50,7 +50,7 @@ ha-deps:  ## install Debian's patroni and etcd-server (the HA test runs them) wi
 	$(SUDO) apt-get update -qq && \
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends patroni etcd-server
 
-pgbouncer:  ## install Debian's pgbouncer (python/tests/test_pgbouncer.py, make pgbouncer-test) with apt-get, only when missing
+pgbouncer:  ## install Debian's pgbouncer (python/tests/integration/test_pgbouncer.py, make pgbouncer-test) with apt-get, only when missing
 	@if command -v pgbouncer >/dev/null || test -x /usr/sbin/pgbouncer; then exit 0; fi; \
 	echo "installing pgbouncer"; \
 	$(SUDO) apt-get update -qq && \
@@ -74,13 +74,13 @@ PGBOUNCER_SUITE := test_gateway_api.py test_worker_runtime.py test_data_flow.py 
 	test_start_runs.py test_dynamic.py test_signals.py test_drain.py test_routing.py test_progress.py \
 	test_worker_results.py test_rate_limits.py test_pgbouncer.py
 pgbouncer-test: setup  ## the HTTP and worker end-to-end suite with every gateway's requests through PgBouncer (transaction pooling)
-	AWP_TEST_PGBOUNCER=1 $(BIN)/pytest -p no:cacheprovider $(addprefix python/tests/,$(PGBOUNCER_SUITE))
+	AWP_TEST_PGBOUNCER=1 $(BIN)/pytest -p no:cacheprovider $(addprefix python/tests/integration/,$(PGBOUNCER_SUITE))
 
 test-fast: test-db  ## pgTAP, then pytest without the tests marked slow (fault, chaos, soak, HA, mutation, races)
 	$(BIN)/pytest -m "not slow" python/tests
 
 ha-test: $(STAMP) ha-deps  ## PostgreSQL failover + switchover under Patroni mid-run; prints one summary line (~1 min)
-	$(BIN)/pytest -q -s -p no:cacheprovider python/tests/test_ha_patroni.py::test_patroni_failover_and_switchover_lose_nothing
+	$(BIN)/pytest -q -s -p no:cacheprovider python/tests/faults/test_ha_patroni.py::test_patroni_failover_and_switchover_lose_nothing
 
 demo: setup  ## start the local database, control plane and workers, and run a sample workflow
 	$(BIN)/awp demo
@@ -98,13 +98,13 @@ bench-quick: setup $(BENCH_STAMP)  ## a reduced benchmark (about 3 min), for a s
 	$(BIN)/python benchmarks/run.py --quick
 
 chaos: setup  ## kill workers and the control plane while runs progress; check every run finishes correctly
-	AWP_CHAOS_SECONDS=$${AWP_CHAOS_SECONDS:-60} $(BIN)/pytest -s python/tests/test_chaos.py
+	AWP_CHAOS_SECONDS=$${AWP_CHAOS_SECONDS:-60} $(BIN)/pytest -s python/tests/faults/test_chaos.py
 
 soak: setup  ## retention soak (4 min): many small runs, short retention; prints table sizes over time (docs/retention.md)
-	AWP_SOAK_SECONDS=$${AWP_SOAK_SECONDS:-240} $(BIN)/pytest -s python/tests/test_soak.py
+	AWP_SOAK_SECONDS=$${AWP_SOAK_SECONDS:-240} $(BIN)/pytest -s python/tests/faults/test_soak.py
 
 fuzz: setup  ## hostile-input fuzzing (a few minutes): schemathesis, 200 examples per operation, all checks; 10,000 raw-byte requests
-	AWP_FUZZ_EXAMPLES=$${AWP_FUZZ_EXAMPLES:-200} $(BIN)/pytest -q -s -p no:cacheprovider python/tests/test_gateway_fuzz.py python/tests/test_raw_fuzz.py
+	AWP_FUZZ_EXAMPLES=$${AWP_FUZZ_EXAMPLES:-200} $(BIN)/pytest -q -s -p no:cacheprovider python/tests/integration/test_gateway_fuzz.py python/tests/integration/test_raw_fuzz.py
 
 mutate: setup  ## mutation testing (a few minutes): every mutant of db/mutations/mutations.yaml must fail pgTAP (or its race tests)
 	$(BIN)/python -m awp_testing.mutate $(MUTATE_ARGS)

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import psycopg
 
-from awp.localdb import Cluster, as_server_user, free_port, give_to_server_user
-from awp.pgbin import pg_bin
+from awp.dev.localdb import Cluster, as_server_user, free_port, give_to_server_user
+from awp.dev.pgbin import pg_bin
 from awp_testing.cluster import database_name, fresh_database, one
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -27,9 +27,9 @@ from typing import Any
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from awp import procs as awp_procs
-from awp.localdb import free_port
-from awp.procs import awp_command
+from awp.dev import procs as awp_procs
+from awp.dev.localdb import free_port
+from awp.dev.procs import awp_command
 
 
 class Reaper:
@@ -98,10 +98,11 @@ def postmaster_pid(datadir: Path) -> int:
 # ``awp serve`` has no log-level option: it logs at INFO (one access line per request) unless ``awp -v``. For the
 # logging scenario of issue 46 the gateway is started through this wrapper, which sets the ``awp`` logger's level
 # (argv[1]) before the command runs, as a ``--log-level`` option would: ``logging.basicConfig`` in the command sets
-# the root logger only, so every ``awp.*`` logger (the access log ``awp.gateway.access`` included) follows ``awp``.
+# the root logger only, so every ``awp.*`` logger (the access log ``awp.server.gateway.access`` included) follows
+# ``awp``.
 _SERVE_AT_LEVEL = (
     "import logging, sys; logging.getLogger('awp').setLevel(sys.argv.pop(1).upper()); "
-    "from awp.cli import main; main(prog_name='awp')"
+    "from awp.cli.main import main; main(prog_name='awp')"
 )
 
 
@@ -179,7 +180,7 @@ class Gateway:
             data = f.read() if end is None else f.read(end - start)
         out: dict[str, list[float]] = {}
         for raw in data.decode(errors="replace").splitlines():
-            if "awp.gateway.access" not in raw:
+            if "awp.server.gateway.access" not in raw:
                 continue
             fields = dict(part.split("=", 1) for part in raw.split() if "=" in part)
             route, ms = fields.get("route"), fields.get("duration_ms")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psycopg
 
-from awp.pgbin import pg_bin
+from awp.dev.pgbin import pg_bin
 from awp_testing.cluster import libpq_env, one
 
 SCHEMA = """

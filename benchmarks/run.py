@@ -97,7 +97,7 @@ import retention
 from figures import median_spread, percentiles, summarize
 from procs import Gateway, Reaper, WorkerPool
 
-from awp import procs as awp_procs
+from awp.dev import procs as awp_procs
 from awp_testing.cluster import database_name, fresh_database, one, throwaway_cluster
 
 HERE = Path(__file__).resolve().parent

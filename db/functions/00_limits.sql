@@ -1,7 +1,7 @@
 -- The limits of the SQL API, each defined once, here (AWP issue 17). Every function that enforces a limit
 -- calls its constant; the table CHECKs that enforce the same limit again (a second line of defence), the
 -- Python constants that mirror one (python/awp/results.py, the gateway's) and the documentation are held to
--- these values by python/tests/test_limits.py, which also finds any literal copy left in db/functions.
+-- these values by python/tests/integration/test_limits.py, which also finds any literal copy left in db/functions.
 -- The constants are IMMUTABLE functions of no argument: the planner folds each call into a constant of the
 -- caller's cached plan (it evaluates an immutable call with constant arguments when planning, SET clause or
 -- not), so using one costs nothing on the hot path.
@@ -83,7 +83,7 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 4096 $
 COMMENT ON FUNCTION awp._limit_progress_entries() IS 'Limit: the log lines and chunks of one progress write.';
 
 -- awp._setting_ranges(): the allowed range of each setting (awp.configure; the CHECKs of awp.settings are the
--- same ranges, python/tests/test_limits.py compares them), with a note for the message.
+-- same ranges, python/tests/integration/test_limits.py compares them), with a note for the message.
 CREATE OR REPLACE FUNCTION awp._setting_ranges()
 RETURNS TABLE (setting text, lo bigint, hi bigint, note text)
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$

@@ -19,7 +19,7 @@ COMMENT ON TYPE awp.lease IS 'One lease handed to a worker (claim_tasks, complet
 -- The run comes first in FROM on purpose: FOR UPDATE OF a view locks its tables in that order, and the lock
 -- order is Run, then Dispatch. The other way round, a claim that skips a candidate because its run is busy
 -- (SKIP LOCKED) would keep the dispatch row it had locked first, hiding it from every other claim until it
--- commits (python/tests/test_protocol_races.py saw claims answer empty with work left).
+-- commits (python/tests/faults/test_protocol_races.py saw claims answer empty with work left).
 -- "Live" is written r.finished_at IS NULL (the same runs: constraint run_finished_iff_terminal), not r.status IN
 -- ('pending', 'running'): that predicate is runs_live_idx's, and with statistics taken while runs was small the
 -- planner read every live run through that index and probed each for a pending dispatch (0.8 ms per claim at

@@ -318,7 +318,7 @@ BEGIN
         -- One primary-key probe per dependency (LIMIT 1 keeps the subquery a probe, not a join the planner may
         -- turn around): never a scan of the run's tasks per waiting task. In a database of many small runs
         -- the planner expects a handful of tasks per run and scanned the run instead: 10,000 x 10,000 rows,
-        -- 12 s, for a 10,000-task fan-in (python/tests/test_ui.py, after the rest of the suite).
+        -- 12 s, for a 10,000-task fan-in (python/tests/ui/test_ui.py, after the rest of the suite).
         FROM (SELECT z.task_key, z.status, z.ordinal, row_number() OVER (ORDER BY z.ordinal) AS n
                 FROM unnest(j.depends_on) AS k(task_key)
                 CROSS JOIN LATERAL (SELECT x.task_key, x.status, x.ordinal FROM awp.tasks x

@@ -2,7 +2,7 @@
 -- names, the day-of-month / day-of-week OR rule, time zones and DST), interval firing, exactly one run
 -- per fire time, missed fires (only the latest), the idempotency-key guard, coordinator_tick's count.
 -- (Two concurrent coordinator passes need two sessions: db/tests/26_schedule_two_passes.sql, with dblink,
--- and python/tests/test_schedules.py.)
+-- and python/tests/integration/test_schedules.py.)
 BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(98);

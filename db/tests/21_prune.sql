@@ -2,7 +2,7 @@
 -- rows, ended unreferenced workers, old idempotency records) and what never is (pending and running runs,
 -- active and draining workers, workers still referenced, anything newer than the cutoff); AWREQ; counts;
 -- bounded batches (run and task budgets); AWNTF for pruned ids; invariants and status counts afterwards.
--- (Concurrency, SKIP LOCKED and the coordinator's background retention: python/tests/test_retention.py.)
+-- (Concurrency, SKIP LOCKED and the coordinator's background retention: python/tests/integration/test_retention.py.)
 BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(62);

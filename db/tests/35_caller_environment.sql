@@ -2,7 +2,7 @@
 -- db/migrations/0012_caller_environment.sql): a caller-set awp.log_state or awp.new_dispatches is never read
 -- and never written to a run, and a coordinator pass goes on past one bad run. The attacks as a real gateway
 -- login (pg_temp type shadowing, TEMPORARY refused, a forged state committed) are in
--- python/tests/test_caller_environment.py.
+-- python/tests/sql/test_caller_environment.py.
 BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(26);

@@ -39,7 +39,7 @@ class PermanentError(Exception):
 
 
 class OutputSink(Protocol):
-    """Where a handler's progress, log lines and chunks go (the worker's :class:`awp.progress.LeaseOutput`)."""
+    """Where a handler's progress, log lines and chunks go (the worker's :class:`awp.worker.progress.LeaseOutput`)."""
 
     def progress(self, value: Any) -> None: ...
 

@@ -2,7 +2,7 @@
 header) are written as ``\\xNN`` / ``\\uNNNN`` escapes, so one log call is always one line.
 
 :class:`SafeFormatter` escapes the whole formatted line of every record (``awp`` sets it on its log handler,
-:func:`awp.cli.main`); a traceback keeps its line breaks but loses every other control character.
+:func:`awp.cli.main.main`); a traceback keeps its line breaks but loses every other control character.
 :func:`escape_controls` is for a value logged some other way.
 """
 

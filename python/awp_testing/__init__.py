@@ -1,5 +1,5 @@
 """AWP's test kit: what the tests, the benchmarks and the development tools share, kept out of the runtime
-(no module of :mod:`awp` imports this package; ``python/tests/test_import_graph.py`` checks it).
+(no module of :mod:`awp` imports this package; ``python/tests/unit/test_import_graph.py`` checks it).
 
 - :mod:`awp_testing.cluster`: throwaway PostgreSQL clusters, fresh migrated databases, ``pg_prove``
   (``python -m awp_testing pgprove db/tests`` is ``make test-db``);

@@ -30,9 +30,9 @@ import psycopg
 from psycopg.abc import Params, QueryNoTemplate
 from psycopg.conninfo import conninfo_to_dict
 
-from awp.localdb import Cluster, ExternalServer, Server, free_port, give_to_server_user
-from awp.migrate import default_sql_dir, migrate
-from awp.pgbin import pg_bin
+from awp.dev.localdb import Cluster, ExternalServer, Server, free_port, give_to_server_user
+from awp.dev.migrate import default_sql_dir, migrate
+from awp.dev.pgbin import pg_bin
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import httpx
 
-from awp import procs
-from awp.localdb import free_port
+from awp.dev import procs
+from awp.dev.localdb import free_port
 from awp_testing import pgbouncer
 
 PROTOCOL = {"X-Worker-Protocol-Version": "1"}
@@ -156,7 +156,7 @@ def start_serve(
         "AWP_COORDINATOR_INTERVAL_MS": str(coordinator_interval_ms),
         "PYTHONUNBUFFERED": "1",
         # No delay of repeated 401s: tests of the auth matrix and hostile input send hundreds from one address.
-        # python/tests/test_auth_backoff.py turns it on.
+        # python/tests/integration/test_auth_backoff.py turns it on.
         "AWP_AUTH_BACKOFF_MAX_MS": "0",
         **_through_pgbouncer(dsn),
         **(env or {}),  # a test that points the gateway at a PgBouncer of its own wins

@@ -7,7 +7,7 @@ order swapped, a limit off by one, an event or a revision bump left out, ...). F
    snippet ``find`` (which must occur exactly once in its file: the list fails loudly when it drifts
    from the code) by ``replace``;
 2. clones a database migrated once from the unmutated ``db/`` (``CREATE DATABASE ... TEMPLATE``), and
-   re-applies the mutated function files to it (``awp.migrate``);
+   re-applies the mutated function files to it (``awp.dev.migrate``);
 3. runs the pgTAP files against it, the ones the mutation names in ``tests`` first, stopping at the
    first file that fails (the mutant is then *killed*);
 4. when pgTAP let it live and the mutation names pytest node ids (``pytest``: race tests and the like),
@@ -44,9 +44,9 @@ import psycopg
 import yaml
 from psycopg import sql
 
-from awp.localdb import Server
-from awp.migrate import default_sql_dir, migrate
-from awp.pgbin import pg_bin
+from awp.dev.localdb import Server
+from awp.dev.migrate import default_sql_dir, migrate
+from awp.dev.pgbin import pg_bin
 from awp_testing.cluster import database_name, fresh_database, libpq_env, throwaway_cluster
 
 log = logging.getLogger("awp_testing.mutate")

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from awp.localdb import Server
+from awp.dev.localdb import Server
 from awp_testing import pgbouncer
 from awp_testing.cluster import database_name, fresh_database, throwaway_cluster
 

@@ -30,7 +30,7 @@ import psycopg
 from psycopg.abc import QueryNoTemplate
 from psycopg.rows import dict_row
 
-from awp.localdb import Cluster
+from awp.dev.localdb import Cluster
 from awp_testing.cluster import database_name, fresh_database, local_cluster
 from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, wait_until
 

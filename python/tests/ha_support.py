@@ -43,8 +43,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from awp.localdb import PG_OS_USER, free_port, give_to_server_user, is_root
-from awp.pgbin import bindir
+from awp.dev.localdb import PG_OS_USER, free_port, give_to_server_user, is_root
+from awp.dev.pgbin import bindir
 from awp_testing.gateway import wait_until
 
 # Dynamic (DCS) settings: see the module docstring. loop_wait + 2 * retry_timeout <= ttl.

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from awp.errors import ERROR_CODES
+from awp.server.errors import ERROR_CODES
 
 Header = tuple[str | bytes, str | bytes]
 

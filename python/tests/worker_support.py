@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from awp import procs
+from awp.dev import procs
 from awp_testing.gateway import ServeProcess, serve, wait_until
 
 REPO = Path(__file__).resolve().parents[2]

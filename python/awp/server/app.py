@@ -1,0 +1,106 @@
+"""The aiohttp application of ``awp serve``: routes (:mod:`awp.server.gateway`), the middleware, the dashboard, and
+the database pool, dispatch listener and coordinator that start and stop with it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from awp.server.appstate import AUTH_FAILURES, CONFIG, COORDINATOR, DB, LISTENER, METRICS, OPENAPI, GatewayConfig
+from awp.server.authfail import AuthFailures
+from awp.server.coordinator import Coordinator
+from awp.server.db import Database, DispatchListener
+from awp.server.gateway import ROUTES
+from awp.server.metrics import Metrics
+from awp.server.middleware import api_middleware
+from awp.server.parsing import WORKFLOW_BODY_LIMIT
+from awp.server.streams import setup_streams
+from awp.server.ui import setup_ui
+
+log = logging.getLogger("awp.server.serve")
+_BACKGROUND: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
+
+
+def load_openapi() -> bytes:
+    return resources.files("awp").joinpath("openapi.yaml").read_bytes()
+
+
+def create_app(config: GatewayConfig) -> web.Application:
+    """The aiohttp application; the database, listener and coordinator start with it (cleanup_ctx)."""
+    config.check()
+    app = web.Application(middlewares=[api_middleware], client_max_size=WORKFLOW_BODY_LIMIT + 1)
+    app[CONFIG] = config
+    app[METRICS] = Metrics()
+    app[AUTH_FAILURES] = AuthFailures(max_delay_s=config.auth_backoff_max_ms / 1000)
+    app[DB] = Database(
+        config.database_url,
+        pool_size=config.pool_size,
+        heartbeat_pool_size=config.heartbeat_pool_size,
+        lock_timeout_ms=config.lock_timeout_ms,
+        statement_timeout_ms=config.statement_timeout_ms,
+        group_lock_wait_ms=config.group_lock_wait_ms,
+        group_lanes=config.group_lanes,
+        pgbouncer=config.pgbouncer,
+    )
+    app[DB].groups.on_group = app[METRICS].observe_group
+    app[LISTENER] = DispatchListener(config.session_database_url)
+    app[OPENAPI] = load_openapi()
+    setup_streams(app, config)
+    if config.coordinator:
+        metrics = app[METRICS]
+        app[COORDINATOR] = Coordinator(
+            config.session_database_url,
+            interval_s=config.coordinator_interval_ms / 1000,
+            on_pass=metrics.observe_pass,
+            on_active=lambda active: metrics.coordinator_active.set(1 if active else 0),
+            serving=lambda: not app[DB].failed_within(1.0),
+            retention_interval_s=None if config.retention_interval_ms is None else config.retention_interval_ms / 1000,
+            on_retention=metrics.observe_retention,
+        )
+    for method, path, _access, handler in ROUTES:
+        app.router.add_route(method, path, handler, name=handler.__name__)
+    setup_ui(app)
+    app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(_on_shutdown)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> Any:
+    await app[DB].open()
+    if app[CONFIG].pgbouncer:  # in the background: the database may be down at start
+        task = asyncio.get_running_loop().create_task(_check_pooled_settings(app[DB]))
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+    app[LISTENER].start()
+    coordinator = app.get(COORDINATOR)
+    if coordinator is not None:
+        coordinator.start()
+    yield
+    if coordinator is not None:
+        await coordinator.stop()
+    await app[LISTENER].close()
+    await app[DB].close()
+
+
+async def _check_pooled_settings(db: Database) -> None:
+    """Behind PgBouncer the request connections get their settings from the server side (the role's, or
+    PgBouncer's connect_query: docs/operations.md): a WARNING for each that differs (none when the database cannot
+    be reached now)."""
+    try:
+        differences = await db.session_settings_differences()
+    except Exception as e:  # the database may be down at start: requests answer 503 until it is back
+        log.info("could not check the pooled connections' settings now: %s", e)
+        return
+    for line in differences:
+        log.warning(
+            "behind PgBouncer: %s (set it on the role: ALTER ROLE ... SET, or in PgBouncer's connect_query)", line
+        )
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    """Stop accepting work: end long-polls at once (they answer an empty lease list)."""
+    await app[LISTENER].close()

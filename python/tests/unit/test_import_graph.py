@@ -1,0 +1,104 @@
+"""The package's import graph has no cycle (issue 17: one job per module, commands registered explicitly).
+
+Every ``import awp.x`` / ``from awp.x import …`` / ``from awp import x`` counts, also the ones inside functions:
+a lazy import hides a cycle from Python's loader, not from the reader."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import awp
+import awp_testing.mutate
+
+PACKAGE = Path(awp.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from awp.server.ui import dag`` imports the submodule awp.server.ui.dag (and runs awp.server.ui's
+            # __init__, which is
+            # not an edge of the importer's making); ``from awp.server.ui import setup_ui`` imports the package.
+            subs = [f"{node.module}.{a.name}" for a in node.names]
+            names = [s for s in subs if s in modules] or [node.module]
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != "awp":
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = set(files)
+    return {name: imports_of(path, modules) - {name} for name, path in files.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return [*stack[stack.index(dep) :], dep]
+            if dep not in state and (cycle := visit(dep)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_awp_package_has_no_import_cycle() -> None:
+    graph = import_graph()
+    assert {"awp.cli.main", "awp.server.gateway", "awp.server.app", "awp.cli.terminal"} <= set(
+        graph
+    )  # the walk sees the package
+    assert "awp.cli.user" in graph["awp.cli.main"]  # and the edges: cli registers the command modules
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def kit_imports(path: Path) -> list[str]:
+    """The imports of the test kit (``awp_testing`` or one of its modules) in ``path``, also inside functions."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+    return [name for name in found if name.partition(".")[0] == "awp_testing"]
+
+
+def test_the_runtime_does_not_import_the_test_kit(tmp_path: Path) -> None:
+    """awp_testing (throwaway clusters, ``awp serve`` processes, mutate, sqldoc) serves the tests, the benchmarks
+    and the developer; the awp package never depends on it (issue 17)."""
+    offenders = {module_name(p): found for p in sorted(PACKAGE.rglob("*.py")) if (found := kit_imports(p))}
+    assert offenders == {}
+    # the check sees the kit's imports, lazy ones too
+    assert kit_imports(Path(awp_testing.mutate.__file__)) == ["awp_testing.cluster"]
+    probe = tmp_path / "probe.py"
+    probe.write_text("import awp_testing.gateway as gw\n\n\ndef f():\n    from awp_testing import cluster\n")
+    assert kit_imports(probe) == ["awp_testing.gateway", "awp_testing"]
