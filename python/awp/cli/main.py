@@ -1,5 +1,5 @@
 """The ``awp`` command: the ``main`` click group, the ``db`` and ``check`` commands, and the registration of
-every other command. Command modules (:mod:`awp.cli.user`, :mod:`awp.server.serve`, :mod:`awp.cli.retention`) define
+every other command. Command modules (:mod:`awp.cli.user`, :mod:`awp.cli.serve`, :mod:`awp.cli.retention`) define
 plain click commands and do not import this module; the list at the bottom adds them, so the import graph
 has no cycle. A new command: define it with ``@click.command()`` in its module and add it to ``COMMANDS``."""
 
@@ -15,6 +15,7 @@ import psycopg
 
 from awp import __version__
 from awp.cli import retention as cli_retention
+from awp.cli import serve
 from awp.cli import user as cli_user
 from awp.dev.localdb import (
     DEFAULT_DBNAME,
@@ -31,7 +32,6 @@ from awp.dev.localdb import (
 from awp.dev.migrate import MigrationError, migrate
 from awp.dev.pgbin import PostgresNotFound
 from awp.logsafe import SafeFormatter
-from awp.server import serve
 
 _EXTERNAL = "AWP_DATABASE_URL is set: using that server; the local cluster is not touched."
 

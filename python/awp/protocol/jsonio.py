@@ -19,7 +19,6 @@ from decimal import Decimal
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 
 def json_default(value: Any) -> Any:
@@ -47,10 +46,6 @@ def dumps_bytes(value: Any) -> bytes:
         return orjson.dumps(value, default=json_default)
     except TypeError:  # orjson.JSONEncodeError is a TypeError
         return dumps(value).encode()
-
-
-def json_response(value: Any, status: int = 200) -> web.Response:
-    return web.Response(body=dumps_bytes(value), status=status, content_type="application/json", charset="utf-8")
 
 
 MAX_DEPTH = 64  # levels of nested objects and arrays in a request body (the body's own object is level 1)

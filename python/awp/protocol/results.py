@@ -3,7 +3,7 @@ database agree on (AWP issue 13).
 
 The database enforces the limits (``awp._check_result`` in db/functions/complete_task.sql, and the CHECK
 constraints of the attempt columns of ``awp.dispatches``, which ``awp.attempts`` reads); the gateway reads bodies
-with the strict reader of :mod:`awp.protocol.jsonio` (at most :data:`awp.server.parsing.BODY_LIMIT` bytes) and checks a
+with the strict reader of :mod:`awp.protocol.jsonio` (at most :data:`awp.protocol.limits.BODY_LIMIT` bytes) and checks a
 result's
 shape against :data:`RESULT_KINDS`; the worker runs :func:`check_result` on every result before sending it, so
 that what it sends is what the server accepts.

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from awp.protocol.limits import WORKFLOW_BODY_LIMIT
 from awp.server.appstate import AUTH_FAILURES, CONFIG, COORDINATOR, DB, LISTENER, METRICS, OPENAPI, GatewayConfig
 from awp.server.authfail import AuthFailures
 from awp.server.coordinator import Coordinator
@@ -17,7 +18,6 @@ from awp.server.db import Database, DispatchListener
 from awp.server.gateway import ROUTES
 from awp.server.metrics import Metrics
 from awp.server.middleware import api_middleware
-from awp.server.parsing import WORKFLOW_BODY_LIMIT
 from awp.server.streams import setup_streams
 from awp.server.ui import setup_ui
 

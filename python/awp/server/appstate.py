@@ -21,8 +21,6 @@ from awp.server.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS
 from awp.server.metrics import Metrics
 
 API = "/api/v1"
-PROTOCOL_HEADER = "X-Worker-Protocol-Version"
-PROTOCOL_VERSION = "1"
 # The shortest secret (viewer, operator, bootstrap, metrics token) `awp serve` accepts, in characters.
 MIN_TOKEN_LENGTH = 32
 # Slow clients (docs/operations.md, Slow clients and timeouts): a connection closes when a request head takes

@@ -21,8 +21,18 @@ import psycopg
 import psycopg_pool
 from aiohttp import web
 
-from awp.protocol.jsonio import bad_text, canonical_hash, json_response
+from awp.protocol.jsonio import bad_text, canonical_hash
+from awp.protocol.limits import (
+    MAX_BATCH_RESULTS,
+    MAX_BATCH_RUNS,
+    MAX_HEARTBEAT_LIST,
+    MAX_PENDING_CLAIMS,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    WORKFLOW_BODY_LIMIT,
+)
 from awp.protocol.results import RESULT_KINDS
+from awp.server.answers import json_response
 from awp.server.appstate import (
     API,
     CONFIG,
@@ -31,8 +41,6 @@ from awp.server.appstate import (
     LISTENER,
     METRICS,
     OPENAPI,
-    PROTOCOL_HEADER,
-    PROTOCOL_VERSION,
     STREAMS,
 )
 from awp.server.auth import Access, Role, authorize, bearer_token, role_of
@@ -44,7 +52,6 @@ from awp.server.middleware import Handler
 from awp.server.parsing import (
     INT32_MAX,
     LEGACY_RUN_CURSOR,
-    WORKFLOW_BODY_LIMIT,
     as_int,
     as_str,
     bad_request,
@@ -67,7 +74,6 @@ from awp.server.parsing import (
 log = logging.getLogger(__name__)
 
 MAX_WAIT_MS = 30_000
-MAX_BATCH_RUNS = 1000  # runs of one batch start (= awp._limit_batch_runs(); python/tests/integration/test_limits.py)
 
 ROUTES: list[tuple[str, str, Access, Handler]] = []
 
@@ -435,7 +441,7 @@ async def delete_schedule(request: web.Request) -> web.Response:
 @route("POST", API + "/workers/register", Access.REGISTER)
 async def register_worker(request: web.Request) -> web.Response:
     header = request.headers.get(PROTOCOL_HEADER)
-    if header is not None and header.strip() != PROTOCOL_VERSION:
+    if header is not None and header.strip() != str(PROTOCOL_VERSION):
         raise ApiError(400, "worker_protocol_unsupported", f"{PROTOCOL_HEADER} {header!r} is not supported (1)")
     body = await json_body(request)
     only_fields(
@@ -468,7 +474,7 @@ async def worker_request(
     token = bearer_token(request) or ""
     try:
         header = request.headers.get(PROTOCOL_HEADER)
-        if header is None or header.strip() != PROTOCOL_VERSION:
+        if header is None or header.strip() != str(PROTOCOL_VERSION):
             raise ApiError(
                 400,
                 "worker_protocol_unsupported",
@@ -485,8 +491,6 @@ async def worker_request(
 # heartbeat which of them have ended (claimed_through, claims_pending), so that a lease whose answer was lost
 # goes back to the queue at once, without counting against max_attempts.
 CLAIM_SEQ_MAX = 2**63 - 1
-MAX_HEARTBEAT_LIST = 1024  # each list of one heartbeat: leases, dropped, claims_pending (awp._limit_heartbeat_list())
-MAX_PENDING_CLAIMS = MAX_HEARTBEAT_LIST
 
 
 def _claim_seq(body: dict[str, Any]) -> int | None:
@@ -577,8 +581,8 @@ async def heartbeat(request: web.Request) -> web.Response:
 def _live_output(body: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """A result's ``live_output``: the lease's last progress writes, sent with its result (docs/progress.md)."""
     writes = body.get("live_output", [])
-    if not isinstance(writes, list) or len(writes) > MAX_BATCH:
-        raise bad_request(f"{where}live_output must be an array of at most {MAX_BATCH} progress writes")
+    if not isinstance(writes, list) or len(writes) > MAX_BATCH_RESULTS:
+        raise bad_request(f"{where}live_output must be an array of at most {MAX_BATCH_RESULTS} progress writes")
     for i, write in enumerate(writes):
         if not isinstance(write, dict):
             raise bad_request(f"{where}live_output[{i}] must be an object {{progress?, logs?, chunks?, offset?}}")
@@ -652,14 +656,13 @@ async def complete(request: web.Request) -> web.Response:
     return json_response({"applied": True, "leases": leases})
 
 
-MAX_BATCH = 256
-
-
 def _parse_completions(body: dict[str, Any]) -> tuple[list[dict[str, Any]], int, int | None]:
     only_fields(body, required=("results",), optional=("claim_slots", "claim_seq"))
     items = body["results"]
-    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH:
-        raise bad_request(f"results must be a list of 1-{MAX_BATCH} {{dispatch_id, lease_token, result}} objects")
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_BATCH_RESULTS:
+        raise bad_request(
+            f"results must be a list of 1-{MAX_BATCH_RESULTS} {{dispatch_id, lease_token, result}} objects"
+        )
     seen: set[str] = set()
     for item in items:
         if not isinstance(item, dict):

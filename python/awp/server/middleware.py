@@ -19,8 +19,9 @@ import psycopg
 import psycopg_pool
 from aiohttp import web
 
-from awp.protocol.jsonio import json_response
-from awp.server.appstate import AUTH_FAILURES, CONFIG, DB, METRICS, PROTOCOL_HEADER, PROTOCOL_VERSION
+from awp.protocol.limits import PROTOCOL_HEADER, PROTOCOL_VERSION
+from awp.server.answers import json_response
+from awp.server.appstate import AUTH_FAILURES, CONFIG, DB, METRICS
 from awp.server.auth import bearer_token
 from awp.server.db import PoolSaturated
 from awp.server.errors import RETRY_AFTER_S, ApiError, from_database_error, is_timeout_error
@@ -140,7 +141,7 @@ async def api_middleware(request: web.Request, handler: Handler) -> web.StreamRe
     response.headers["X-Request-Id"] = request_id
     response.headers["X-Content-Type-Options"] = "nosniff"  # JSON errors echo input: never sniffed as HTML
     if request.get("echo_protocol"):
-        response.headers[PROTOCOL_HEADER] = PROTOCOL_VERSION
+        response.headers[PROTOCOL_HEADER] = str(PROTOCOL_VERSION)
     elapsed = time.perf_counter() - started
     label = _route_label(request)
     request.app[METRICS].observe_request(request.method, label, response.status, elapsed)

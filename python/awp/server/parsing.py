@@ -14,10 +14,9 @@ from typing import Any
 from aiohttp import web
 
 from awp.protocol.jsonio import RefusedJson, bad_text, dumps, json_default, loads
+from awp.protocol.limits import BODY_LIMIT
 from awp.server.errors import ApiError
 
-BODY_LIMIT = 1024 * 1024  # 1 MiB
-WORKFLOW_BODY_LIMIT = 16 * 1024 * 1024  # 16 MiB: a 10,000-task definition fits
 INT32_MAX = 2**31 - 1
 
 

@@ -21,8 +21,10 @@ import psycopg
 import psycopg_pool
 from aiohttp import web
 
-from awp.protocol.jsonio import dumps, json_response
+from awp.protocol.jsonio import dumps
+from awp.protocol.limits import MAX_BATCH_LEASES
 from awp.protocol.statuses import RUN_TERMINAL
+from awp.server.answers import json_response
 from awp.server.appstate import API, CONFIG, DB, STREAMS, GatewayConfig, StreamHub
 from awp.server.auth import Access
 from awp.server.errors import SQLSTATE_ERRORS, ApiError, join_message
@@ -31,7 +33,6 @@ from awp.server.parsing import as_str, bad_request, only_fields, path_param, pro
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH_LEASES = 256  # = awp._limit_batch_results()
 LOGS_LIMIT_MAX = 1000  # = awp._limit_page_rows()
 LOGS_LIMIT_DEFAULT = 500
 STREAM_BATCH = 500  # rows of each kind one poll of a stream reads

@@ -22,8 +22,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-PROTOCOL_VERSION = 1
-PROTOCOL_HEADER = "X-Worker-Protocol-Version"
+from awp.protocol.limits import PROTOCOL_HEADER, PROTOCOL_VERSION
 
 
 class ClientError(Exception):

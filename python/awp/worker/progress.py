@@ -26,14 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from awp.protocol.limits import MAX_BATCH_LEASES, MAX_ENTRIES, MAX_ENTRY_BYTES, MAX_PROGRESS_BYTES
 from awp.worker.client import Client, ClientError, GatewayError
 
 log = logging.getLogger(__name__)
 
-MAX_PROGRESS_BYTES = 16384  # = awp._limit_progress_bytes()
-MAX_ENTRY_BYTES = 65536  # = awp._limit_progress_entry_bytes(): one log line or chunk
-MAX_ENTRIES = 4096  # = awp._limit_progress_entries(): lines and chunks of one write
-MAX_BATCH_LEASES = 256  # = awp._limit_batch_results(): leases of one POST /workers/{id}/progress
 MAX_REQUEST_BYTES = 512 * 1024  # lines and chunks of one request (the gateway's body limit is 1 MiB)
 MAX_PENDING_BYTES = 4 * 1024 * 1024  # unsent lines and chunks one lease keeps; past it the oldest are dropped
 INTERVAL_S = 0.2  # a lease's writes are at least this far apart (at most 5 a second)

@@ -40,8 +40,8 @@ from typing import Any
 
 from awp import eventloop
 from awp.handlers import Context, registered_actions
+from awp.protocol.limits import BODY_LIMIT
 from awp.protocol.results import check_result, failure, refuses_result, rejected
-from awp.server.parsing import BODY_LIMIT
 from awp.worker.client import Client, ClientError, GatewayError, TlsVerifyError, TransportError, client_ssl_context
 from awp.worker.executors import HANDLER_THREAD_PREFIX, Executor, build_executors
 from awp.worker.progress import ProgressSender

@@ -16,9 +16,10 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from awp.cli.retention import parse_duration
+from awp.protocol import limits as wire
 from awp.protocol import results
-from awp.server import gateway, parsing
-from awp.worker import progress
+from awp.server import parsing
+from awp.worker import runtime
 
 REPO = Path(__file__).resolve().parents[3]
 FUNCTIONS = REPO / "db" / "functions"
@@ -83,13 +84,13 @@ def test_the_python_constants_equal_the_database_limits(conn: psycopg.Connection
     assert db["output_bytes"] == results.MAX_OUTPUT_BYTES
     assert db["error_code_chars"] == results.MAX_ERROR_CODE_CHARS
     assert db["error_message_bytes"] == results.MAX_ERROR_MESSAGE_BYTES
-    assert db["batch_results"] == gateway.MAX_BATCH
-    assert db["batch_runs"] == gateway.MAX_BATCH_RUNS
-    assert db["heartbeat_list"] == gateway.MAX_PENDING_CLAIMS
-    assert db["progress_bytes"] == progress.MAX_PROGRESS_BYTES
-    assert db["progress_entry_bytes"] == progress.MAX_ENTRY_BYTES
-    assert db["progress_entries"] == progress.MAX_ENTRIES
-    assert db["batch_results"] == progress.MAX_BATCH_LEASES
+    assert db["batch_results"] == wire.MAX_BATCH_RESULTS == wire.MAX_BATCH_LEASES
+    assert db["batch_runs"] == wire.MAX_BATCH_RUNS
+    assert db["heartbeat_list"] == wire.MAX_HEARTBEAT_LIST == wire.MAX_PENDING_CLAIMS
+    assert db["progress_bytes"] == wire.MAX_PROGRESS_BYTES
+    assert db["progress_entry_bytes"] == wire.MAX_ENTRY_BYTES
+    assert db["progress_entries"] == wire.MAX_ENTRIES
+    assert runtime.MAX_BATCH <= wire.MAX_BATCH_RESULTS  # the worker sends smaller batches than the gateway takes
     # The gateway's pages are smaller on purpose (python/awp/server/parsing.py); the SQL API's bound must admit them.
     assert 1 <= parsing.PAGE_LIMIT_DEFAULT <= parsing.PAGE_LIMIT_MAX <= db["page_rows"]
 

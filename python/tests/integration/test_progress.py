@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from worker_support import REPO, Workers, all_items, api, apply, drained_workers, start_run, task, wait_run
 
 from awp.cli.main import main
-from awp.worker.progress import MAX_ENTRY_BYTES, MAX_PROGRESS_BYTES
+from awp.protocol.limits import MAX_ENTRY_BYTES, MAX_PROGRESS_BYTES
 from awp_testing.gateway import ServeProcess, serve, wait_until
 
 TEST_HANDLERS = "python/tests/handlers_for_tests.py"

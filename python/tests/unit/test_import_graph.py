@@ -1,4 +1,6 @@
-"""The package's import graph has no cycle (issue 17: one job per module, commands registered explicitly).
+"""The package's import graph has no cycle (issue 17: one job per module, commands registered explicitly), and its
+packages follow the processes (issue 42, docs/architecture.md): server and worker never import each other, neither
+imports the CLI, the protocol imports nothing of AWP.
 
 Every ``import awp.x`` / ``from awp.x import …`` / ``from awp import x`` counts, also the ones inside functions:
 a lazy import hides a cycle from Python's loader, not from the reader."""
@@ -102,3 +104,52 @@ def test_the_runtime_does_not_import_the_test_kit(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("import awp_testing.gateway as gw\n\n\ndef f():\n    from awp_testing import cluster\n")
     assert kit_imports(probe) == ["awp_testing.gateway", "awp_testing"]
+
+
+# Which package may import which (docs/architecture.md, Packages). A top-level module (handlers, eventloop,
+# logsafe) is its own "package". The CLI may import everything.
+TOP_LEVEL = {"awp.handlers", "awp.eventloop", "awp.logsafe", "awp.__main__", "awp"}
+ALLOWED = {
+    "protocol": set(),
+    "dev": {"logsafe"},
+    "server": {"protocol", "eventloop", "logsafe"},
+    "worker": {"protocol", "eventloop", "logsafe", "handlers"},
+    "handlers": set(),
+    "eventloop": set(),
+    "logsafe": set(),
+    "__main__": {"cli"},
+}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{module} -> {dep}"
+        for module, deps in graph.items()
+        for dep in deps
+        if package_of(module) != "cli"
+        and package_of(dep) != package_of(module)
+        and package_of(dep) not in ALLOWED[package_of(module)]
+    )
+
+
+def test_each_package_imports_only_what_its_process_needs() -> None:
+    graph = import_graph()
+    packages = set(map(package_of, graph))
+    assert {"protocol", "server", "worker", "cli", "dev"} <= packages <= {*ALLOWED, "cli", "awp"}
+    assert forbidden_edges(graph) == []
+    # the rule sees an edge that breaks it
+    assert forbidden_edges({"awp.worker.runtime": {"awp.server.parsing"}}) == [
+        "awp.worker.runtime -> awp.server.parsing"
+    ]
+
+
+def test_the_package_root_holds_few_files_and_no_module_is_long() -> None:
+    root_files = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root_files) <= 8, root_files
+    long = {module_name(p): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
+    assert long == {}

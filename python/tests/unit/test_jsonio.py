@@ -10,7 +10,8 @@ from decimal import Decimal
 
 import pytest
 
-from awp.protocol.jsonio import dumps, dumps_bytes, json_response, loads
+from awp.protocol.jsonio import dumps, dumps_bytes, loads
+from awp.server.answers import json_response
 from awp.server.middleware import new_request_id
 
 UTC = dt.UTC
