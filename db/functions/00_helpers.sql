@@ -277,7 +277,7 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._write_log(text, text[], text[], text[], text[], text[], integer, boolean, timestamptz) IS 'Appends a call''s events of a run and writes its row (revision, sequence, counters) in one go.';
 
--- Raising the project's errors: one helper per SQLSTATE (python/awp/errors.py maps each to its HTTP status and
+-- Raising the project's errors: one helper per SQLSTATE (python/awp/server/errors.py maps each to its HTTP status and
 -- error code; docs/sql-api.md lists them), so each code is written once, here. The message is the short
 -- MESSAGE_TEXT (clients branch on the SQLSTATE, never on the text), the detail says exactly what is wrong
 -- (PG_EXCEPTION_DETAIL; the gateway passes it on). PL/pgSQL: a RAISE cannot be inlined anyway, and the helpers

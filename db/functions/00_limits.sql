@@ -1,6 +1,6 @@
 -- The limits of the SQL API, each defined once, here (AWP issue 17). Every function that enforces a limit
 -- calls its constant; the table CHECKs that enforce the same limit again (a second line of defence), the
--- Python constants that mirror one (python/awp/results.py, the gateway's) and the documentation are held to
+-- Python constants that mirror one (python/awp/protocol/results.py, python/awp/protocol/limits.py) and the documentation are held to
 -- these values by python/tests/integration/test_limits.py, which also finds any literal copy left in db/functions.
 -- The constants are IMMUTABLE functions of no argument: the planner folds each call into a constant of the
 -- caller's cached plan (it evaluates an immutable call with constant arguments when planning, SET clause or

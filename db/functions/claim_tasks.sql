@@ -1,7 +1,7 @@
 -- awp.lease: one lease as the worker protocol hands it out: the rows of awp.claim_tasks and
 -- awp.complete_and_claim, the objects of complete_tasks' "leases" (docs/sql-api.md). One definition of
 -- its columns; awp._claim builds every row. Re-created on every migrate, after the functions that return it
--- were dropped (python/awp/migrate.py), so a change here needs no migration.
+-- were dropped (python/awp/dev/migrate.py), so a change here needs no migration.
 DROP TYPE IF EXISTS awp.lease;
 CREATE TYPE awp.lease AS (
   dispatch_id text, lease_token text, workflow_id text, workflow_version integer, run_id text, task_key text,

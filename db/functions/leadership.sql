@@ -9,7 +9,7 @@
 -- the row still names that term (and, for passes and heartbeats, the calling session).
 
 -- awp._coordinator_lock_key(): the key of the coordinator's session advisory lock ("AWP_COOR"; the same as
--- LOCK_KEY in python/awp/coordinator.py). Locks: none.
+-- LOCK_KEY in python/awp/server/coordinator.py). Locks: none.
 CREATE OR REPLACE FUNCTION awp._coordinator_lock_key() RETURNS bigint
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$ SELECT 4708320305520529234::bigint $$;
 COMMENT ON FUNCTION awp._coordinator_lock_key() IS 'The key of the coordinator''s session advisory lock.';

@@ -122,7 +122,7 @@ END $$;
 COMMENT ON FUNCTION awp.get_run(text) IS 'One run with its revision, task counts, input, output, the executor kinds it waits for and its waiting tasks by reason; AWNTF when unknown.';
 
 -- awp.run_revision(run_id): the run's revision and status alone, one primary-key read. For a reader that
--- polls for changes (the dashboard's run page, python/awp/ui/views.py): awp.get_run also counts the run's tasks
+-- polls for changes (the dashboard's run page, python/awp/server/ui/pages.py): awp.get_run also counts the run's tasks
 -- and what holds its waiting ones, passes over every task (30-150 ms at 10,000 tasks on this project's machine),
 -- which an unchanged revision makes needless. AWNTF when unknown. Locks: none.
 CREATE OR REPLACE FUNCTION awp.run_revision(p_run_id text)

@@ -1,4 +1,4 @@
--- Dashboard sessions (python/awp/ui/views.py, docs/operations.md "Dashboard sessions"). A session is a cookie
+-- Dashboard sessions (python/awp/server/ui/session.py, docs/operations.md "Dashboard sessions"). A session is a cookie
 -- signed by the gateway, so every replica accepts it without asking the database; signing out records the
 -- session's id here, and every replica refuses a recorded id on the next request. A row is kept until an hour
 -- after the last cookie of its session would have expired anyway (the hour covers clock skew between the

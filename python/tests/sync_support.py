@@ -2,6 +2,7 @@
 
 A race test must prove that the interleaving it claims actually happened, not hope so after a ``sleep``:
 
+- :func:`connect` opens one more session (autocommit, dict rows);
 - :func:`in_thread` runs a call in a thread and keeps its result or exception (:class:`Call`);
 - :func:`wait_blocked` waits until a session is blocked by another one's lock (``pg_blocking_pids``), and
   fails at once if the call it runs finished without ever waiting;
@@ -19,6 +20,12 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
+
+
+def connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
+    """A session of its own (autocommit, dict rows), one of the several a race test runs."""
+    return psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
 
 
 class Call:

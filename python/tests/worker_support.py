@@ -25,9 +25,10 @@ from typing import Any
 
 import httpx
 import psycopg
+from psycopg import sql
 
 from awp.dev import procs
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp_testing.gateway import ServeProcess, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = ("succeeded", "failed", "canceled")
@@ -206,18 +207,16 @@ def wait_task_status(gw: ServeProcess, run_id: str, key: str, status: str, timeo
     )
 
 
-@contextlib.contextmanager
-def configured_gateway(
-    dsn: str, lease_ms: int = 3000, heartbeat_ms: int = 300, **serve_kwargs: Any
-) -> Iterator[ServeProcess]:
-    """``awp serve`` on ``dsn`` after awp.configure(lease_duration_ms, heartbeat_interval_ms): short leases and
-    heartbeats, so that workers notice a change (a drain, a new lease) within a fraction of a second."""
+# Short leases and heartbeats (awp.configure), so that workers notice a change (a drain, a new lease) within a
+# fraction of a second: the GATEWAY_SETTINGS of many modules (conftest.py, fixture gw).
+SHORT_LEASES = {"lease_duration_ms": 3000, "heartbeat_interval_ms": 300}
+
+
+def set_settings(dsn: str, **settings: int) -> None:
+    """``awp.configure(name => value, ...)`` on ``dsn``; the settings not named keep their values."""
+    named = sql.SQL(", ").join(sql.SQL("{} => {}").format(sql.Identifier(k), sql.Placeholder()) for k in settings)
     with psycopg.connect(dsn, autocommit=True) as c:
-        c.execute(
-            "SELECT awp.configure(lease_duration_ms => %s, heartbeat_interval_ms => %s)", (lease_ms, heartbeat_ms)
-        )
-    with serve(dsn, **serve_kwargs) as gateway:
-        yield gateway
+        c.execute(sql.SQL("SELECT awp.configure({})").format(named), list(settings.values()))
 
 
 def python_task(key: str, action: str, max_attempts: int = 1, **inp: Any) -> dict[str, Any]:

@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from awp.protocol.jsonio import MAX_DEPTH, loads
+from awp.protocol.wire import Result, ResultKind
 
-Result = dict[str, Any]
-
-RESULT_KINDS = ("success", "temporary_failure", "permanent_failure")
-FAILURE_KINDS = RESULT_KINDS[1:]
+RESULT_KINDS: Final[tuple[ResultKind, ...]] = ("success", "temporary_failure", "permanent_failure")
+FAILURE_KINDS: Final[tuple[ResultKind, ...]] = RESULT_KINDS[1:]
 
 MAX_OUTPUT_BYTES = 65536  # octet_length(output::text) of the jsonb value
 MAX_ERROR_CODE_CHARS = 128  # length(error_code)
@@ -63,7 +63,7 @@ def success(output: Any) -> Result:
     return {"kind": "success", "output": output}
 
 
-def failure(kind: str, error_code: str, message: str, detail: str | None = None) -> Result:
+def failure(kind: ResultKind, error_code: str, message: str, detail: str | None = None) -> Result:
     """A failure result within the limits: NUL and lone surrogates replaced (U+FFFD), the code cut to
     :data:`MAX_ERROR_CODE_CHARS` characters, the message to :data:`MAX_ERROR_MESSAGE_BYTES` bytes; ``detail`` (a
     traceback) kept as ``error_detail``, its last :data:`MAX_ERROR_MESSAGE_BYTES` bytes (a traceback ends with
@@ -143,7 +143,7 @@ def output_problem(output: Any) -> tuple[str, str] | None:
     return None
 
 
-def check_result(result: Result) -> Result:
+def check_result(result: Mapping[str, Any]) -> Result:
     """The result to send for what an executor returned: the same result when the server accepts it; a
     ``permanent_failure`` saying why (``output_not_json``, ``output_too_large``, ``invalid_result``) for an output
     it would refuse; a failure's code and message made to fit."""
@@ -154,11 +154,12 @@ def check_result(result: Result) -> Result:
         if problem is not None:
             return failure("permanent_failure", *problem)
         return success(output)
-    if kind not in FAILURE_KINDS:
+    failure_kind = next((k for k in FAILURE_KINDS if k == kind), None)
+    if failure_kind is None:
         return failure("permanent_failure", INVALID_RESULT, f"unknown result kind {kind!r}")
     detail = result.get("error_detail")
     return failure(
-        kind,
+        failure_kind,
         str(result.get("error_code") or "error"),
         str(result.get("error_message") or ""),
         detail if isinstance(detail, str) else None,

@@ -51,20 +51,25 @@ class LeaseRef(TypedDict):
     lease_token: str
 
 
-class Completion(LeaseRef):
-    """One item of ``POST /workers/{id}/completions``: a lease's result and its last live output."""
-
-    result: Result
-    progress: NotRequired[dict[str, Any]]
-
-
-class ProgressWrite(LeaseRef, total=False):
-    """One lease's live output (``POST .../progress``, a completion's ``live_output``)."""
+class OutputWrite(TypedDict, total=False):
+    """Live output of a lease (docs/progress.md): the latest progress value, log lines and chunks, and the offset
+    of its first line or chunk (a resend is deduplicated). A completion's ``live_output`` is a list of these."""
 
     progress: Any
     logs: list[str]
     chunks: list[str]
     offset: int
+
+
+class ProgressItem(LeaseRef, OutputWrite):
+    """One item of ``POST /workers/{id}/progress``: a lease's live output."""
+
+
+class Completion(LeaseRef):
+    """One item of ``POST /workers/{id}/completions``: a lease's result and its last live output."""
+
+    result: Result
+    live_output: NotRequired[list[OutputWrite]]
 
 
 LEASE_FIELDS: tuple[str, ...] = tuple(Lease.__annotations__)

@@ -1,5 +1,6 @@
-"""The aiohttp application of ``awp serve``: routes (:mod:`awp.server.gateway`), the middleware, the dashboard, and
-the database pool, dispatch listener and coordinator that start and stop with it."""
+"""The aiohttp application of ``awp serve``: routes (:mod:`awp.server.gateway` and the route modules it lists), the
+middleware, the dashboard, and the database pools, grouping of completions, dispatch listener and coordinator that
+start and stop with it."""
 
 from __future__ import annotations
 
@@ -11,11 +12,24 @@ from typing import Any
 from aiohttp import web
 
 from awp.protocol.limits import WORKFLOW_BODY_LIMIT
-from awp.server.appstate import AUTH_FAILURES, CONFIG, COORDINATOR, DB, LISTENER, METRICS, OPENAPI, GatewayConfig
+from awp.server import routes_health, routes_runs, routes_workers, streams
+from awp.server.appstate import (
+    AUTH_FAILURES,
+    CONFIG,
+    COORDINATOR,
+    DB,
+    GROUPS,
+    LISTENER,
+    METRICS,
+    OPENAPI,
+    GatewayConfig,
+)
 from awp.server.authfail import AuthFailures
 from awp.server.coordinator import Coordinator
-from awp.server.db import Database, DispatchListener
+from awp.server.db import Database
 from awp.server.gateway import ROUTES
+from awp.server.grouping import RunGroups
+from awp.server.listener import DispatchListener
 from awp.server.metrics import Metrics
 from awp.server.middleware import api_middleware
 from awp.server.streams import setup_streams
@@ -23,6 +37,8 @@ from awp.server.ui import setup_ui
 
 log = logging.getLogger("awp.server.serve")
 _BACKGROUND: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
+# The route modules: importing one declares its routes in awp.server.gateway.ROUTES (awp.server.gateway lists them).
+ROUTE_MODULES = (routes_health, routes_runs, routes_workers, streams)
 
 
 def load_openapi() -> bytes:
@@ -42,11 +58,16 @@ def create_app(config: GatewayConfig) -> web.Application:
         heartbeat_pool_size=config.heartbeat_pool_size,
         lock_timeout_ms=config.lock_timeout_ms,
         statement_timeout_ms=config.statement_timeout_ms,
-        group_lock_wait_ms=config.group_lock_wait_ms,
-        group_lanes=config.group_lanes,
         pgbouncer=config.pgbouncer,
     )
-    app[DB].groups.on_group = app[METRICS].observe_group
+    # route -> grouping -> database: the grouping calls the database layer, never the other way round
+    app[GROUPS] = RunGroups(
+        app[DB].complete_and_claim,
+        app[DB].complete_and_claim_many,
+        on_group=app[METRICS].observe_group,
+        lock_wait_ms=min(config.group_lock_wait_ms, config.lock_timeout_ms),
+        lanes=config.group_lanes,
+    )
     app[LISTENER] = DispatchListener(config.session_database_url)
     app[OPENAPI] = load_openapi()
     setup_streams(app, config)

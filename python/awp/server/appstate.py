@@ -10,15 +10,11 @@ from aiohttp import web
 
 from awp.server.authfail import DEFAULT_MAX_DELAY_MS, AuthFailures
 from awp.server.coordinator import Coordinator
-from awp.server.db import (
-    DEFAULT_HEARTBEAT_POOL_SIZE,
-    DEFAULT_LOCK_TIMEOUT_MS,
-    DEFAULT_STATEMENT_TIMEOUT_MS,
-    Database,
-    DispatchListener,
-)
-from awp.server.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS
+from awp.server.db import Database
+from awp.server.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS, RunGroups
+from awp.server.listener import DispatchListener
 from awp.server.metrics import Metrics
+from awp.server.pools import DEFAULT_HEARTBEAT_POOL_SIZE, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 
 API = "/api/v1"
 # The shortest secret (viewer, operator, bootstrap, metrics token) `awp serve` accepts, in characters.
@@ -153,6 +149,7 @@ class StreamHub:
 
 CONFIG = web.AppKey("config", GatewayConfig)
 DB = web.AppKey("db", Database)
+GROUPS = web.AppKey("groups", RunGroups)  # the claim-on-complete calls, grouped (python/awp/server/grouping.py)
 LISTENER = web.AppKey("listener", DispatchListener)
 METRICS = web.AppKey("metrics", Metrics)
 COORDINATOR = web.AppKey("coordinator", Coordinator)

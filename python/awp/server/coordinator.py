@@ -38,7 +38,7 @@ from typing import Any
 
 import psycopg
 
-from awp.server.db import REACHABILITY, RECONNECT_MAX_S, connect, short_error
+from awp.server.pools import REACHABILITY, RECONNECT_MAX_S, connect, short_error
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,13 @@ AWLST, AWCNF) gets the error its own call would have raised (:class:`ItemError`,
 :mod:`awp.server.errors` like a database error). An error of the whole call (a timeout, a lost connection) is
 every item's error: they all waited for the same call.
 
-The gateway knows a dispatch's run from the leases it handed out (:meth:`RunGroups.remember`, bounded); a
-dispatch it does not know (leased through another gateway, or before a restart) is completed on its own.
+The gateway knows a dispatch's run from the leases it handed out (:meth:`RunGroups.remember`, bounded: the routes
+that hand leases out tell it); a dispatch it does not know (leased through another gateway, or before a restart) is
+completed on its own.
+
+The calls go one way: the route (:mod:`awp.server.routes_workers`) calls :class:`RunGroups`, which calls the
+database layer (:meth:`awp.server.db.Database.complete_and_claim` and ``complete_and_claim_many``, handed to it by
+:mod:`awp.server.app`); the database layer knows nothing of the grouping.
 """
 
 from __future__ import annotations

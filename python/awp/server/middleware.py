@@ -23,9 +23,9 @@ from awp.protocol.limits import PROTOCOL_HEADER, PROTOCOL_VERSION
 from awp.server.answers import json_response
 from awp.server.appstate import AUTH_FAILURES, CONFIG, DB, METRICS
 from awp.server.auth import bearer_token
-from awp.server.db import PoolSaturated
 from awp.server.errors import RETRY_AFTER_S, ApiError, from_database_error, is_timeout_error
 from awp.server.parsing import BodyTimeout
+from awp.server.pools import PoolSaturated
 
 log = logging.getLogger("awp.server.gateway")
 access_log = logging.getLogger("awp.server.gateway.access")

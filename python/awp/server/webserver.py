@@ -21,7 +21,23 @@ connection's protocol a :class:`GatewayRequestHandler`, which
   descriptor) for as long as the client likes. The idle time between requests is aiohttp's keep-alive timeout
   (``--keepalive-timeout-ms``), the time for a body :mod:`awp.server.middleware`'s body timeout.
 
-The tests: python/tests/integration/test_hostile_input.py, test_raw_fuzz.py and test_slow_clients.py.
+Why aiohttp's private hooks, and only here (pyproject.toml pins aiohttp to 3.14 for them). aiohttp 3.14 has no
+public way to do any of the above: :class:`aiohttp.web.AppRunner` always builds a plain :class:`aiohttp.web.Server`
+(``Application._make_handler``), whose protocol factory (``Server.__call__``) always makes a plain
+:class:`aiohttp.web_protocol.RequestHandler`; the handler's settings (``AppRunner(**kwargs)``, ``handler_args``) are a
+keep-alive timeout, line and header size limits, the access log and the like, with no hook for what the parser
+refuses and no request-head timeout: the one timer on a connection waiting for a head is the keep-alive timeout
+(from the connection's start or the end of the last answer), where the gateway wants a short head timeout (10 s)
+apart from a longer idle keep-alive (75 s). So :meth:`GatewayRunner._make_server` (private) takes the server
+AppRunner built and changes its class to one whose factory makes a :class:`GatewayRequestHandler` (from the
+server's ``_loop`` and ``_kwargs``), and that handler reads aiohttp's ``_messages``, ``_waiter`` and
+``_current_request`` and ``web_protocol._ErrInfo`` (the body-framing fix steps aside when they are not as
+expected). No other module of the package reaches into aiohttp's internals.
+
+The tests that hold it to the installed aiohttp: python/tests/faults/test_slow_clients.py (the head, body and
+keep-alive timeouts through real sockets: an idle connection, a head or a next head sent a byte at a time),
+python/tests/integration/test_hostile_input.py and test_raw_fuzz.py (what the parser refuses, the Expect header,
+broken chunked bodies).
 """
 
 from __future__ import annotations

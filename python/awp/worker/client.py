@@ -23,6 +23,7 @@ from urllib.parse import quote
 import aiohttp
 
 from awp.protocol.limits import PROTOCOL_HEADER, PROTOCOL_VERSION
+from awp.protocol.wire import Lease, LeaseRef, Result
 
 
 class ClientError(Exception):
@@ -207,7 +208,7 @@ class Client:
 
     async def claim(
         self, worker_id: str, session_token: str, slots: int, wait_ms: int = 0, claim_seq: int | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[Lease]:
         """The leases of one claim; ``claim_seq`` numbers the request (docs/protocol.md, Lease recovery)."""
         body: dict[str, Any] = {"slots": slots}
         if wait_ms:
@@ -228,12 +229,12 @@ class Client:
         self,
         worker_id: str,
         session_token: str,
-        leases: list[dict[str, str]],
+        leases: list[LeaseRef],
         timeout_s: float | None = None,
         *,
         claimed_through: int | None = None,
         claims_pending: list[int] | None = None,
-        dropped: list[dict[str, str]] | None = None,
+        dropped: list[LeaseRef] | None = None,
     ) -> tuple[list[dict[str, Any]], str | None]:
         """(one answer per lease, the worker's status: ``draining`` once an operator drained it); ``claimed_through``,
         ``claims_pending`` and ``dropped`` are the lease recovery fields (docs/protocol.md, Lease recovery), sent
@@ -261,11 +262,11 @@ class Client:
         session_token: str,
         dispatch_id: str,
         lease_token: str,
-        result: dict[str, Any],
+        result: Result,
         claim_slots: int | None = None,
         claim_seq: int | None = None,
         live_output: list[dict[str, Any]] | None = None,
-    ) -> tuple[bool, list[dict[str, Any]]]:
+    ) -> tuple[bool, list[Lease]]:
         """(applied, new leases); with ``claim_slots`` the gateway also claims that many in the same call
         (``claim_seq`` numbering that claim); ``live_output``: the lease's last progress writes (docs/progress.md),
         written before the result."""
@@ -292,7 +293,7 @@ class Client:
         items: list[dict[str, Any]],
         claim_slots: int = 0,
         claim_seq: int | None = None,
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    ) -> tuple[list[dict[str, Any]], list[Lease]]:
         """(per-result answers in the order given, new leases): ``items`` are {dispatch_id, lease_token, result};
         each answer is {dispatch_id, applied: true} or {dispatch_id, error: {code, message}}."""
         body: dict[str, Any] = {"results": items}

@@ -33,8 +33,9 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from awp.handlers import Context, HandlerFunc, PermanentError, get_handler, is_async
-from awp.protocol.results import Result, failure, success
 from awp.protocol.results import check_result as check_result  # re-exported: the check lives in awp.protocol.results
+from awp.protocol.results import failure, success
+from awp.protocol.wire import Result
 
 log = logging.getLogger(__name__)
 

@@ -8,27 +8,20 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Iterator
 
 import httpx
 import psycopg
 import pytest
-from fault_support import own_cluster, stoppable_database
+from fault_support import stoppable_database
 from psycopg_pool import AsyncConnectionPool
 
 from awp.dev.localdb import Cluster
-from awp.server import db
+from awp.server import pools as db
 from awp_testing.gateway import serve, wait_until
 
 pytestmark = pytest.mark.slow  # a 20 s outage: make test-fast skips it
 
 OUTAGE_S = 20.0  # long enough that the old doubling backoff (1, 2, 4, 8, 16 s) would next try ~11 s after `db up`
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with own_cluster() as c:
-        yield c
 
 
 def test_short_error_is_the_first_line() -> None:

@@ -39,24 +39,17 @@ from fault_support import (
 )
 from worker_support import Workers, api, apply, mock_task, start_run
 
-from awp.dev.localdb import Server
 from awp.server.coordinator import LOCK_KEY
-from awp_testing.cluster import database_name, fresh_database
 from awp_testing.gateway import ServeProcess, Tokens, serve, start_serve, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
+DRAIN_WORKERS = False  # conftest.py, workers: killed at the end of a test, not drained
 
 
 @pytest.fixture
-def dsn(pg_cluster: Server, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh migrated database per scenario, with the short timings."""
-    name = database_name("fault_" + request.node.name.removeprefix("test_"))
-    dsn = fresh_database(pg_cluster, name)
-    configure(dsn)
-    try:
-        yield dsn
-    finally:
-        pg_cluster.drop_database(name)
+def dsn(fault_dsn: str) -> str:
+    """A fresh migrated database per scenario, with the short timings (conftest.py)."""
+    return fault_dsn
 
 
 @pytest.fixture(autouse=True)
@@ -69,12 +62,6 @@ def _silence_fake_workers() -> Iterator[None]:
 def gw(dsn: str) -> Iterator[ServeProcess]:
     with serve(dsn, coordinator_interval_ms=100) as gateway:
         yield gateway
-
-
-@pytest.fixture
-def workers(gw: ServeProcess) -> Iterator[Workers]:
-    with Workers(gw) as ws:
-        yield ws
 
 
 def succeeded_count(dsn: str, run_id: str) -> int:

@@ -7,7 +7,6 @@ so that an immediate stop loses no acknowledged commit (fsync stays off: the OS 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from fault_support import (
@@ -16,11 +15,9 @@ from fault_support import (
     assert_clean,
     configure,
     ms,
-    own_cluster,
     query,
     record,
     start_registered,
-    stoppable_database,
     task_rows,
     terminate_backends,
     wait_run_db,
@@ -34,17 +31,11 @@ from awp_testing.gateway import serve, wait_until
 pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with own_cluster() as c:
-        yield c
-
-
 @pytest.fixture
-def dsn(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    with stoppable_database(cluster, "fault_" + request.node.name.removeprefix("test_")) as dsn:
-        configure(dsn)
-        yield dsn
+def dsn(dsn: str) -> str:
+    """The test's database of the module's cluster (faults/conftest.py), with the short timings."""
+    configure(dsn)
+    return dsn
 
 
 def succeeded(dsn: str, run_id: str) -> int:

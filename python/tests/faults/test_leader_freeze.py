@@ -20,36 +20,21 @@ import re
 import secrets
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from fault_support import assert_clean, configure, ms, query, record, wait_run_db
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 from worker_support import Workers, apply, mock_task, start_run
 
 from awp.server.coordinator import Coordinator
-from awp.server.db import connect
+from awp.server.pools import connect
 from awp_testing.gateway import ServeProcess, Tokens, start_serve, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process: make test-fast skips it
 
 LEADER_LEASE_MS = 2000
 INTERVAL_MS = 100
-
-
-@pytest.fixture(scope="module")
-def gateway_login(db_dsn: str) -> Iterator[str]:
-    """A DSN of a plain login that is a member of awp_gateway (EXECUTE on the public functions only)."""
-    role, password = f"awp_freeze_{secrets.token_hex(4)}", secrets.token_hex(16)
-    query(db_dsn, sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE awp_gateway").format(
-        sql.Identifier(role), sql.Literal(password)))  # fmt: skip
-    try:
-        yield make_conninfo(db_dsn, user=role, password=password)
-    finally:
-        query(db_dsn, sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 def leader(dsn: str) -> dict[str, Any]:

@@ -16,7 +16,6 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -26,10 +25,8 @@ from fault_support import (
     attempts,
     configure,
     ms,
-    own_cluster,
     query,
     record,
-    stoppable_database,
     wait_runs_db,
 )
 from worker_support import RecordingProxy, Workers, api, apply, mock_task, start_run
@@ -45,18 +42,6 @@ HEARTBEAT_MS = 250
 # heartbeats and 15 s leases, the window is 15 s.)
 OFFLINE_AFTER = 40
 SLOTS = 3  # per worker; two workers
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    with own_cluster() as c:
-        yield c
-
-
-@pytest.fixture
-def dsn(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    with stoppable_database(cluster, "outage_" + request.node.name.removeprefix("test_")) as dsn:
-        yield dsn
 
 
 def outage_runs(gw: ServeProcess, n: int = 2) -> list[str]:

@@ -12,31 +12,14 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
-from sync_support import in_thread, wait_blocked, wait_db_time_past
+from sync_support import connect, in_thread, wait_blocked, wait_db_time_past
 
 from awp_testing.cluster import DictConnection, one
-
-
-def connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
-    return psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
-
-
-@pytest.fixture
-def db(db_dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-    """A superuser connection on a database emptied of runs and workers, with default settings."""
-    with connect(db_dsn) as c:
-        c.execute("TRUNCATE awp.events, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE")
-        c.execute(
-            "SELECT awp.configure(lease_duration_ms => 15000, heartbeat_interval_ms => 5000,"
-            " offline_after_heartbeats => 3, dispatch_limit => 100)"
-        )
-        yield c
 
 
 def make_run(c: DictConnection, n: int, concurrency: int, wid: str = "races", **task: Any) -> str:

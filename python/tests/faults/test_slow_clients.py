@@ -20,13 +20,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
-import pytest
 from raw_http import RawResponse, build, check_envelope, parse_response, receive
 
-from awp_testing.gateway import ServeProcess, bearer, serve
+from awp_testing.gateway import ServeProcess, bearer
 
 HEAD_S = 2.0
 BODY_S = 2.0
@@ -35,9 +33,8 @@ SLACK_S = 10.0  # on top of a timeout: how long a busy machine may take to act o
 TRICKLE_S = 0.2  # between two bytes of a slow client
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    args = [
+GATEWAY_OPTIONS = {
+    "args": [
         "--head-timeout-ms",
         str(int(HEAD_S * 1000)),
         "--body-timeout-ms",
@@ -45,8 +42,7 @@ def gw(db_dsn: str) -> Iterator[ServeProcess]:
         "--keepalive-timeout-ms",
         str(int(KEEPALIVE_S * 1000)),
     ]
-    with serve(db_dsn, args=args) as gateway:
-        yield gateway
+}
 
 
 def connect(gw: ServeProcess) -> socket.socket:

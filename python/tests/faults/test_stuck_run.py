@@ -22,7 +22,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,13 +40,9 @@ ROUTES = ("complete", "complete_and_claim", "completions")  # the three ways a w
 LOCK_TIMEOUT_S = 2.0  # the default --lock-timeout-ms
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        # Long leases and a long offline window: the hand workers below do not heartbeat all the time.
-        c.execute("SELECT awp.configure(lease_duration_ms => 60000, heartbeat_interval_ms => 20000)")
-    with serve(db_dsn, coordinator_interval_ms=200) as gateway:  # default pool sizes and timeouts
-        yield gateway
+# Long leases and a long offline window: the hand workers below do not heartbeat all the time.
+GATEWAY_SETTINGS = {"lease_duration_ms": 60000, "heartbeat_interval_ms": 20000}
+GATEWAY_OPTIONS = {"coordinator_interval_ms": 200}  # default pool sizes and timeouts
 
 
 class HandWorker:

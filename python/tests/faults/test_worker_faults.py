@@ -4,9 +4,7 @@ python handlers' context and limits. Lease 2000 ms, heartbeat 200 ms, safety mar
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 
-import psycopg
 import pytest
 from worker_support import (
     TcpProxy,
@@ -22,25 +20,17 @@ from worker_support import (
     wait_task_status,
 )
 
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp_testing.gateway import ServeProcess, wait_until
 
 pytestmark = pytest.mark.slow  # multi-process / long: make test-fast skips it
 
 TEST_HANDLERS = "python/tests/handlers_for_tests.py"
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        # A worker goes offline after 2 s of silence (10 heartbeats), not the default 600 ms: the partition test
-        # cuts the network for the 500 ms its task runs plus the time to notice, and a worker of a healthy
-        # partition that short must not lose its session (nothing here tests offline marking).
-        c.execute(
-            "SELECT awp.configure(lease_duration_ms => 2000, heartbeat_interval_ms => 200,"
-            " offline_after_heartbeats => 10)"
-        )
-    with serve(db_dsn) as gateway:
-        yield gateway
+# A worker goes offline after 2 s of silence (10 heartbeats), not the default 600 ms: the partition test cuts the
+# network for the 500 ms its task runs plus the time to notice, and a worker of a healthy partition that short must
+# not lose its session (nothing here tests offline marking).
+GATEWAY_SETTINGS = {"lease_duration_ms": 2000, "heartbeat_interval_ms": 200, "offline_after_heartbeats": 10}
 
 
 def worker_ids(gw: ServeProcess) -> dict[str, str]:

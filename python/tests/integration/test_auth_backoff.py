@@ -12,7 +12,6 @@ import asyncio
 import secrets
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -28,16 +27,13 @@ from awp.server.authfail import (
     AuthFailures,
     source_of,
 )
-from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer
 
 MAX_DELAY_S = 2.0
 RUNS = "/api/v1/runs"
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn, env={"AWP_AUTH_BACKOFF_MAX_MS": str(int(MAX_DELAY_S * 1000))}) as gateway:
-        yield gateway
+GATEWAY_OPTIONS = {"env": {"AWP_AUTH_BACKOFF_MAX_MS": str(int(MAX_DELAY_S * 1000))}}
 
 
 def client(gw: ServeProcess, source: str) -> httpx.Client:

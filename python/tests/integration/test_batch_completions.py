@@ -4,22 +4,25 @@ slots that use it (each result answered on its own; the freed slots claimed in t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import httpx
 import psycopg
 import pytest
-from worker_support import Workers, all_items, apply, drained_workers, mock_task, start_run, task, wait_run
+from worker_support import (
+    SHORT_LEASES,
+    Workers,
+    all_items,
+    apply,
+    mock_task,
+    start_run,
+    task,
+    wait_run,
+)
 
-from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, wait_until
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, wait_until
 
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 3000, heartbeat_interval_ms => 300)")
-    with serve(db_dsn, coordinator_interval_ms=200) as gateway:
-        yield gateway
+GATEWAY_SETTINGS = SHORT_LEASES
+GATEWAY_OPTIONS = {"coordinator_interval_ms": 200}
 
 
 class HandWorker:
@@ -125,11 +128,6 @@ def requests_by_route(gw: ServeProcess) -> dict[str, float]:
     for m in re.finditer(r'awp_http_requests_total\{method="POST",route="([^"]+)",status="200"\} ([0-9.e+]+)', text):
         out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
     return out
-
-
-@pytest.fixture
-def workers(gw: ServeProcess) -> Iterator[Workers]:
-    yield from drained_workers(gw)
 
 
 def test_a_worker_with_several_slots_sends_results_in_batches(gw: ServeProcess, workers: Workers, db_dsn: str) -> None:

@@ -4,40 +4,18 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psycopg
-import pytest
 import yaml
 from click.testing import CliRunner, Result
 from worker_support import Workers, mock_task, wait_run
 
 from awp.cli.main import main
-from awp_testing.gateway import ServeProcess, serve
+from awp_testing.gateway import ServeProcess
 
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 2000, heartbeat_interval_ms => 200)")
-    with serve(db_dsn) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-def awp(gw: ServeProcess) -> Callable[..., Result]:
-    runner = CliRunner()
-    env = {"AWP_GATEWAY_URL": gw.base_url, "AWP_OPERATOR_TOKEN": gw.tokens.operator}
-
-    def invoke(*args: str, ok: bool = True) -> Result:
-        result = runner.invoke(main, list(args), env=env, catch_exceptions=False)
-        if ok:
-            assert result.exit_code == 0, result.output
-        return result
-
-    return invoke
+GATEWAY_SETTINGS = {"lease_duration_ms": 2000, "heartbeat_interval_ms": 200}
 
 
 def write_definition(tmp_path: Path, definition: dict, suffix: str = ".yaml") -> Path:

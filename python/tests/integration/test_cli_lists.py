@@ -6,23 +6,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-import pytest
 import yaml
 from click.testing import CliRunner, Result
 
 from awp.cli.main import main
 from awp.dev.procs import awp_command
-from awp_testing.gateway import ServeProcess, serve
-
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn) as gateway:
-        yield gateway
+from awp_testing.gateway import ServeProcess
 
 
 def awp(gw: ServeProcess, *args: str) -> Result:

@@ -7,46 +7,24 @@ from __future__ import annotations
 import json
 import re
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-import psycopg
 import pytest
 import yaml
-from click.testing import CliRunner, Result
+from click.testing import Result
 from worker_support import Workers, api, get_run, mock_task, wait_run
 
 from awp.cli.demo import FAST, NORMAL, _prepare_definition, examples_dir
-from awp.cli.main import main
+from awp.cli.runs import EXIT_WAIT_TIMEOUT
 from awp.cli.terminal import cancel_message, run_duration_s
-from awp.cli.user import EXIT_WAIT_TIMEOUT
 from awp.server.errors import join_message
-from awp_testing.gateway import ServeProcess, serve
+from awp_testing.gateway import ServeProcess
 
 WIDTH = 80
-
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 2000, heartbeat_interval_ms => 200)")
-    with serve(db_dsn) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-def awp(gw: ServeProcess) -> Callable[..., Result]:
-    runner = CliRunner()
-    env = {"AWP_GATEWAY_URL": gw.base_url, "AWP_OPERATOR_TOKEN": gw.tokens.operator, "COLUMNS": str(WIDTH)}
-
-    def invoke(*args: str, ok: bool = True, stdin: str | None = None) -> Result:
-        result = runner.invoke(main, list(args), env=env, input=stdin, catch_exceptions=False)
-        if ok:
-            assert result.exit_code == 0, result.output
-        return result
-
-    return invoke
+GATEWAY_SETTINGS = {"lease_duration_ms": 2000, "heartbeat_interval_ms": 200}
+CLI_ENV = {"COLUMNS": str(WIDTH)}
 
 
 def apply_file(awp: Callable[..., Result], tmp_path: Path, definition: dict) -> Result:

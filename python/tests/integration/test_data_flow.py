@@ -5,29 +5,17 @@ input, and a ready task that no worker can take."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import httpx
-import psycopg
 import pytest
 from click.testing import CliRunner, Result
-from worker_support import Workers, api, apply, drained_workers, get_run, mock_task, task, wait_run
+from worker_support import SHORT_LEASES, Workers, api, apply, get_run, mock_task, task, wait_run
 
 from awp.cli.main import main
-from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, wait_until
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, wait_until
 
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 3000, heartbeat_interval_ms => 300)")
-    with serve(db_dsn, coordinator_interval_ms=200) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-def workers(gw: ServeProcess) -> Iterator[Workers]:
-    yield from drained_workers(gw)
+GATEWAY_SETTINGS = SHORT_LEASES
+GATEWAY_OPTIONS = {"coordinator_interval_ms": 200}
 
 
 def cli(gw: ServeProcess, *args: str) -> Result:

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
-import pytest
 from click.testing import CliRunner
 from psycopg.rows import dict_row
-from worker_support import Workers, apply, configured_gateway, python_task, start_run, wait_run
+from worker_support import SHORT_LEASES, Workers, apply, python_task, start_run, wait_run
 
 from awp.cli.main import main
 from awp_testing.gateway import ServeProcess, wait_until
@@ -23,10 +21,7 @@ from awp_testing.gateway import ServeProcess, wait_until
 HANDLERS = "python/tests/handlers_for_tests.py"
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with configured_gateway(db_dsn) as gateway:
-        yield gateway
+GATEWAY_SETTINGS = SHORT_LEASES
 
 
 def query(dsn: str, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:

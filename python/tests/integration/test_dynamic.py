@@ -5,34 +5,31 @@ an instance, kill -9 of the gateway while a for_each expands. Every instance run
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import httpx
-import psycopg
 import pytest
 from click.testing import CliRunner
-from fault_support import assert_clean, configure, query, start_registered, wait_run_db
-from worker_support import Workers, api, apply, drained_workers, get_run, mock_task, start_run, task, tasks, wait_run
+from fault_support import assert_clean, query, start_registered, wait_run_db
+from worker_support import (
+    SHORT_LEASES,
+    Workers,
+    api,
+    apply,
+    get_run,
+    mock_task,
+    start_run,
+    task,
+    tasks,
+    wait_run,
+)
 
 from awp.cli.main import main
-from awp.dev.localdb import Server
-from awp_testing.cluster import database_name, fresh_database
 from awp_testing.gateway import ServeProcess, serve, start_serve, wait_until
 
 TEST_HANDLERS = "python/tests/handlers_for_tests.py"
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 3000, heartbeat_interval_ms => 300)")
-    with serve(db_dsn, coordinator_interval_ms=100) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-def workers(gw: ServeProcess) -> Iterator[Workers]:
-    yield from drained_workers(gw)
+GATEWAY_SETTINGS = SHORT_LEASES
 
 
 def one_success_each(dsn: str, run_id: str) -> dict[str, int]:
@@ -224,17 +221,6 @@ def test_child_runs_link_both_ways(gw: ServeProcess, workers: Workers) -> None:
 
 
 # ---- faults ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def fault_dsn(pg_cluster: Server, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = database_name("dyn_" + request.node.name.removeprefix("test_"))
-    dsn = fresh_database(pg_cluster, name)
-    configure(dsn)
-    try:
-        yield dsn
-    finally:
-        pg_cluster.drop_database(name)
 
 
 def instance_report(dsn: str, run_id: str, n: int) -> None:

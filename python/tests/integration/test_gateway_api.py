@@ -27,12 +27,7 @@ from awp_testing.gateway import PROTOCOL, ServeProcess, Tokens, bearer, serve, w
 API = "/api/v1"
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 10000, heartbeat_interval_ms => 2000)")
-    with serve(db_dsn, coordinator_interval_ms=100) as process:
-        yield process
+GATEWAY_SETTINGS = {"lease_duration_ms": 10000, "heartbeat_interval_ms": 2000}
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +36,7 @@ def http(gw: ServeProcess) -> Iterator[httpx.Client]:
         yield client
 
 
-@pytest.fixture(autouse=True)
-def no_live_runs(db_dsn: str) -> Iterator[None]:
-    """Tests share one database: cancel every live run afterwards so no dispatch leaks into the next."""
-    yield
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute(
-            "SELECT awp.request_cancel(run_id) FROM awp.list_runs(NULL, NULL, NULL, 1000)"
-            " WHERE status IN ('pending', 'running')"
-        )
+pytestmark = pytest.mark.usefixtures("no_live_runs")  # conftest.py
 
 
 def error_code(r: httpx.Response) -> str:

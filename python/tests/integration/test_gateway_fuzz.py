@@ -5,32 +5,33 @@ checks). ``AWP_FUZZ_EXAMPLES`` examples per operation: 6 in ``make test``, 200 i
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer
 
 schemathesis.experimental.OPEN_API_3_1.enable()
 
 MAX_EXAMPLES = int(os.environ.get("AWP_FUZZ_EXAMPLES", "6"))  # per operation (~22): 6 stays well under a minute
 
 
+GATEWAY_SETTINGS = {"lease_duration_ms": 10000, "heartbeat_interval_ms": 2000}
+GATEWAY_OPTIONS = {"coordinator_interval_ms": 200}
+
+
 @pytest.fixture(scope="module")
-def fuzz_gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 10000, heartbeat_interval_ms => 2000)")
-    with serve(db_dsn, coordinator_interval_ms=200) as gw:
-        op = {**gw.auth("operator"), "Idempotency-Key": "fuzz-seed"}
-        wf = {"id": "fuzz", "tasks": [{"key": "a", "executor": "mock"}]}
-        httpx.post(gw.api("/workflows"), json=wf, headers=op).raise_for_status()
-        httpx.post(gw.api("/workflows/fuzz/versions/1/runs"), headers=op).raise_for_status()
-        yield gw
+def fuzz_gw(gw: ServeProcess) -> ServeProcess:
+    """The module's gateway (conftest.py) with workflow ``fuzz`` and a run of it."""
+    op = {**gw.auth("operator"), "Idempotency-Key": "fuzz-seed"}
+    wf = {"id": "fuzz", "tasks": [{"key": "a", "executor": "mock"}]}
+    httpx.post(gw.api("/workflows"), json=wf, headers=op).raise_for_status()
+    httpx.post(gw.api("/workflows/fuzz/versions/1/runs"), headers=op).raise_for_status()
+    return gw
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -31,10 +30,7 @@ from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, wait_unti
 WORKERS = 6
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn, coordinator_interval_ms=200) as gateway:
-        yield gateway
+GATEWAY_OPTIONS = {"coordinator_interval_ms": 200}
 
 
 def register(gw: ServeProcess) -> tuple[str, dict[str, str]]:

@@ -19,7 +19,7 @@ from awp.cli.retention import parse_duration
 from awp.protocol import limits as wire
 from awp.protocol import results
 from awp.server import parsing
-from awp.worker import runtime
+from awp.worker import completer
 
 REPO = Path(__file__).resolve().parents[3]
 FUNCTIONS = REPO / "db" / "functions"
@@ -90,7 +90,7 @@ def test_the_python_constants_equal_the_database_limits(conn: psycopg.Connection
     assert db["progress_bytes"] == wire.MAX_PROGRESS_BYTES
     assert db["progress_entry_bytes"] == wire.MAX_ENTRY_BYTES
     assert db["progress_entries"] == wire.MAX_ENTRIES
-    assert runtime.MAX_BATCH <= wire.MAX_BATCH_RESULTS  # the worker sends smaller batches than the gateway takes
+    assert completer.MAX_BATCH <= wire.MAX_BATCH_RESULTS  # the worker sends smaller batches than the gateway takes
     # The gateway's pages are smaller on purpose (python/awp/server/parsing.py); the SQL API's bound must admit them.
     assert 1 <= parsing.PAGE_LIMIT_DEFAULT <= parsing.PAGE_LIMIT_MAX <= db["page_rows"]
 

@@ -20,30 +20,20 @@ from typing import Any
 
 import httpx
 import psycopg
-import pytest
 from click.testing import CliRunner
-from worker_support import REPO, Workers, all_items, api, apply, drained_workers, start_run, task, wait_run
+from worker_support import REPO, Workers, all_items, api, apply, start_run, task, wait_run
 
 from awp.cli.main import main
 from awp.protocol.limits import MAX_ENTRY_BYTES, MAX_PROGRESS_BYTES
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp_testing.gateway import ServeProcess, wait_until
 
 TEST_HANDLERS = "python/tests/handlers_for_tests.py"
 PROTOCOL = {"X-Worker-Protocol-Version": "1"}
 STREAM_LIMIT = 3
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 2000, heartbeat_interval_ms => 300)")
-    with serve(db_dsn, coordinator_interval_ms=100, args=["--stream-limit", str(STREAM_LIMIT)]) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-def workers(gw: ServeProcess) -> Iterator[Workers]:
-    yield from drained_workers(gw)
+GATEWAY_SETTINGS = {"lease_duration_ms": 2000, "heartbeat_interval_ms": 300}
+GATEWAY_OPTIONS = {"args": ["--stream-limit", str(STREAM_LIMIT)]}
 
 
 def python_task(key: str, action: str, inp: dict[str, Any], **extra: Any) -> dict[str, Any]:

@@ -8,28 +8,15 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
-import pytest
 from click.testing import CliRunner, Result
-from worker_support import Workers, apply, drained_workers, mock_task, tasks, wait_run
+from worker_support import Workers, apply, mock_task, tasks, wait_run
 
 from awp.cli.main import main
-from awp_testing.gateway import ServeProcess, serve, wait_until
-
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn, coordinator_interval_ms=100) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-def workers(gw: ServeProcess) -> Iterator[Workers]:
-    yield from drained_workers(gw)
+from awp_testing.gateway import ServeProcess, wait_until
 
 
 def limits_api(

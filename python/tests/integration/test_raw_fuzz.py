@@ -18,15 +18,13 @@ import os
 import random
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
-import psycopg
 import pytest
 from raw_http import RawResponse, build, check_envelope, exchange, receive
 
-from awp_testing.gateway import PROTOCOL, ServeProcess, serve
+from awp_testing.gateway import PROTOCOL, ServeProcess
 
 EXAMPLES = 50 * int(os.environ.get("AWP_FUZZ_EXAMPLES", "6"))  # raw requests
 SEED = int(os.environ.get("AWP_FUZZ_SEED", "20261201"))
@@ -347,15 +345,17 @@ def send(port: int, req: Request) -> RawResponse | None:
         return receive(s)
 
 
+# The fuzzed worker stays online for the whole run.
+GATEWAY_SETTINGS = {"lease_duration_ms": 3600000, "heartbeat_interval_ms": 600000}
+
+
 @pytest.fixture(scope="module")
-def fuzz_gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:  # the fuzzed worker stays online for the whole run
-        c.execute("SELECT awp.configure(lease_duration_ms => 3600000, heartbeat_interval_ms => 600000)")
-    with serve(db_dsn) as gw:
-        op = gw.auth("operator")
-        wf = {"id": "fz", "tasks": [{"key": "a", "executor": "mock"}]}
-        httpx.post(gw.api("/workflows"), json=wf, headers={**op, "Idempotency-Key": "fz-seed"}).raise_for_status()
-        yield gw
+def fuzz_gw(gw: ServeProcess) -> ServeProcess:
+    """The module's gateway (conftest.py) with workflow ``fz``."""
+    op = gw.auth("operator")
+    wf = {"id": "fz", "tasks": [{"key": "a", "executor": "mock"}]}
+    httpx.post(gw.api("/workflows"), json=wf, headers={**op, "Idempotency-Key": "fz-seed"}).raise_for_status()
+    return gw
 
 
 def new_worker(gw: ServeProcess) -> Target:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -51,7 +52,7 @@ def constraint(conn: psycopg.Connection, name: str) -> str:
     return str(scalar(conn, sql, (name,)))
 
 
-def sql_refusal(conn: psycopg.Connection, result: dict[str, Any]) -> str | None:
+def sql_refusal(conn: psycopg.Connection, result: Mapping[str, Any]) -> str | None:
     """The message of awp._check_result for ``result`` as the gateway hands it over (Jsonb), None if accepted."""
     try:
         conn.execute("SELECT awp._check_result(%s)", (Jsonb(result),))

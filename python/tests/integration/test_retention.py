@@ -26,15 +26,12 @@ import pytest
 from awp.cli.retention import parse_duration
 from awp.dev.procs import awp_command
 from awp_testing.cluster import one
-from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, wait_until
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, wait_until
 
 API = "/api/v1"
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn, coordinator_interval_ms=100, env={"AWP_RETENTION_INTERVAL_MS": "200"}) as process:
-        yield process
+GATEWAY_OPTIONS = {"env": {"AWP_RETENTION_INTERVAL_MS": "200"}}
 
 
 @pytest.fixture(scope="module")

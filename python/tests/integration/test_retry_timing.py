@@ -6,12 +6,10 @@ slow 2 s coordinator interval, a real worker."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import psycopg
-import pytest
 from psycopg.rows import dict_row
-from worker_support import Workers, apply, configured_gateway, mock_task, start_run, wait_run
+from worker_support import SHORT_LEASES, Workers, apply, mock_task, start_run, wait_run
 
 from awp_testing.gateway import ServeProcess
 
@@ -19,10 +17,8 @@ INTERVAL_MS = 2000  # the coordinator's regular interval: a retry promoted only 
 RETRY_MS = 200
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with configured_gateway(db_dsn, coordinator_interval_ms=INTERVAL_MS) as gateway:
-        yield gateway
+GATEWAY_SETTINGS = SHORT_LEASES
+GATEWAY_OPTIONS = {"coordinator_interval_ms": INTERVAL_MS}
 
 
 def test_a_due_retry_starts_soon_after_its_interval(db_dsn: str, gw: ServeProcess) -> None:

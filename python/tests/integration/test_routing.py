@@ -5,14 +5,12 @@ no_worker_for_action (the API, the CLI) until one registers. Real gateway and wo
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
-import pytest
 from click.testing import CliRunner
 from psycopg.rows import dict_row
-from worker_support import Workers, apply, configured_gateway, python_task, start_run, task, wait_run
+from worker_support import SHORT_LEASES, Workers, apply, python_task, start_run, task, wait_run
 
 from awp.cli.main import main
 from awp_testing.gateway import ServeProcess, wait_until
@@ -20,10 +18,7 @@ from awp_testing.gateway import ServeProcess, wait_until
 HANDLERS = "python/tests/handlers_routing.py"
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with configured_gateway(db_dsn) as gateway:
-        yield gateway
+GATEWAY_SETTINGS = SHORT_LEASES
 
 
 def start_worker(ws: Workers, name: str, actions: str) -> Any:

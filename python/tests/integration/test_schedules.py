@@ -9,28 +9,20 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from click.testing import CliRunner, Result
 from psycopg.rows import dict_row
 from worker_support import Workers, mock_task, wait_run
 
-from awp.cli.main import main
 from awp.dev.localdb import Server
 from awp_testing.cluster import database_name, fresh_database, one
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp_testing.gateway import ServeProcess, wait_until
 
 API = "/api/v1"
-
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn, coordinator_interval_ms=100) as process:
-        yield process
 
 
 @pytest.fixture(scope="module")
@@ -170,20 +162,6 @@ def test_not_found_and_auth(http, gw):
 
 
 # -- the CLI -----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def awp(gw: ServeProcess) -> Callable[..., Result]:
-    runner = CliRunner()
-    env = {"AWP_GATEWAY_URL": gw.base_url, "AWP_OPERATOR_TOKEN": gw.tokens.operator}
-
-    def invoke(*args: str, ok: bool = True) -> Result:
-        result = runner.invoke(main, list(args), env=env, catch_exceptions=False)
-        if ok:
-            assert result.exit_code == 0, result.output
-        return result
-
-    return invoke
 
 
 def test_cli_create_list_delete(awp, http, gw, tmp_path):

@@ -5,32 +5,19 @@ gateway and PostgreSQL restarted while a signal wait and a sleep are pending, bo
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from click.testing import CliRunner
 from fault_support import assert_clean, configure, own_cluster, query, stoppable_database, wait_run_db
-from worker_support import Workers, apply, drained_workers, mock_task, start_run, task, tasks, wait_run
+from worker_support import SHORT_LEASES, Workers, apply, mock_task, start_run, task, tasks, wait_run
 
 from awp.cli.main import main
 from awp.dev.localdb import Cluster
-from awp_testing.gateway import ServeProcess, serve, start_serve, wait_until
+from awp_testing.gateway import ServeProcess, start_serve, wait_until
 
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 3000, heartbeat_interval_ms => 300)")
-    with serve(db_dsn, coordinator_interval_ms=100) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-def workers(gw: ServeProcess) -> Iterator[Workers]:
-    yield from drained_workers(gw)
+GATEWAY_SETTINGS = SHORT_LEASES
 
 
 def approval_flow(wid: str) -> dict[str, Any]:

@@ -4,30 +4,29 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
-from awp_testing.gateway import ServeProcess, serve
+from awp_testing.gateway import ServeProcess
 
 API = "/api/v1"
 BATCH = API + "/workflows/wf/versions/1/runs/batch"
 
 
 @pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn) as process:
-        tasks = [{"key": "a", "executor": "mock"}]
-        r = httpx.post(
-            process.api("/workflows"),
-            json={"id": "wf", "tasks": tasks},
-            headers={**process.auth("operator"), "Idempotency-Key": "wf"},
-        )
-        assert r.status_code == 201, r.text
-        yield process
+def gw(gw: ServeProcess) -> ServeProcess:
+    """The module's gateway (conftest.py) with workflow ``wf`` of one mock task defined."""
+    tasks = [{"key": "a", "executor": "mock"}]
+    r = httpx.post(
+        gw.api("/workflows"),
+        json={"id": "wf", "tasks": tasks},
+        headers={**gw.auth("operator"), "Idempotency-Key": "wf"},
+    )
+    assert r.status_code == 201, r.text
+    return gw
 
 
 def post(gw: ServeProcess, body: Any, role: str = "operator", path: str = BATCH) -> httpx.Response:

@@ -24,7 +24,7 @@ from worker_support import REPO, Workers, mock_task
 from awp_testing.gateway import ServeProcess, serve
 
 AWP = [sys.executable, "-c", "import sys; from awp.cli.main import main; sys.exit(main())"]
-EXIT_CONFIG = 2  # awp worker: a configuration error (python/awp/worker/runtime.py)
+EXIT_CONFIG = 2  # awp worker: a configuration error (python/awp/worker/config.py)
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 

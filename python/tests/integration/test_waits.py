@@ -21,16 +21,10 @@ from worker_support import Workers, api, apply, get_run, start_run, tasks, wait_
 
 from awp.cli.main import main
 from awp_testing.cluster import one
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp_testing.gateway import ServeProcess, wait_until
 
 WORKERS, CONCURRENCY = 2, 60  # 120 slots: more than the old default dispatch_limit (100)
 TASKS, SLEEP_MS = 240, 1000
-
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn) as gateway:  # default settings (no awp.configure)
-        yield gateway
 
 
 def active_workers(conn: psycopg.Connection) -> int:

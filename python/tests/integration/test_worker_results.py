@@ -27,7 +27,7 @@ import pytest
 from worker_support import Workers, api, apply, mock_task, start_run, task, wait_run, wait_task_status
 
 from awp.protocol.results import MAX_OUTPUT_BYTES
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp_testing.gateway import ServeProcess, wait_until
 
 pytestmark = pytest.mark.slow  # real processes
 
@@ -35,16 +35,7 @@ TEST_HANDLERS = "python/tests/handlers_for_tests.py"
 LEASE_MS = 10_000
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute(
-            "SELECT awp.configure(lease_duration_ms => %s, heartbeat_interval_ms => 500,"
-            " offline_after_heartbeats => 10)",
-            (LEASE_MS,),
-        )
-    with serve(db_dsn) as gateway:
-        yield gateway
+GATEWAY_SETTINGS = {"lease_duration_ms": LEASE_MS, "heartbeat_interval_ms": 500, "offline_after_heartbeats": 10}
 
 
 def python_task(key: str, action: str, input: dict[str, Any], **extra: Any) -> dict[str, Any]:

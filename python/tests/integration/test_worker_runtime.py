@@ -8,7 +8,6 @@ from __future__ import annotations
 import signal
 import socket
 import time
-from collections.abc import Iterator
 
 import httpx
 import psycopg
@@ -19,8 +18,8 @@ from worker_support import (
     all_items,
     api,
     apply,
-    drained_workers,
     mock_task,
+    set_settings,
     start_run,
     task,
     tasks,
@@ -28,25 +27,15 @@ from worker_support import (
     wait_task_status,
 )
 
-from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, serve, start_serve, wait_until
+from awp_testing.gateway import PROTOCOL, ServeProcess, bearer, start_serve, wait_until
+
+GATEWAY_SETTINGS = {"lease_duration_ms": 2000, "heartbeat_interval_ms": 200}
 
 
 @pytest.fixture(scope="module")
 def fast_db(db_dsn: str) -> str:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 2000, heartbeat_interval_ms => 200)")
+    set_settings(db_dsn, **GATEWAY_SETTINGS)
     return db_dsn
-
-
-@pytest.fixture(scope="module")
-def gw(fast_db: str) -> Iterator[ServeProcess]:
-    with serve(fast_db) as gateway:
-        yield gateway
-
-
-@pytest.fixture
-def workers(gw: ServeProcess) -> Iterator[Workers]:
-    yield from drained_workers(gw)
 
 
 def worker_row(gw: ServeProcess, name: str) -> dict:

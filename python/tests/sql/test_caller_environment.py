@@ -13,13 +13,9 @@ fresh connection so PL/pgSQL compiles the functions in the attacker's session:
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 from worker_support import Workers, apply, mock_task, start_run, wait_run
 
@@ -45,19 +41,6 @@ def admin(dsn: str, query: sql.Composed | str, params: tuple[object, ...] = ()) 
         return cur.fetchall() if cur.description else []
 
 
-@pytest.fixture(scope="module")
-def login(db_dsn: str) -> Iterator[str]:
-    """The DSN of a plain login that is a member of awp_gateway, as `awp db up` makes for `awp serve`."""
-    role, password = f"awp_env_{secrets.token_hex(4)}", secrets.token_hex(16)
-    admin(db_dsn, sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE awp_gateway").format(
-        sql.Identifier(role), sql.Literal(password)))  # fmt: skip
-    try:
-        yield make_conninfo(db_dsn, user=role, password=password)
-    finally:
-        admin(db_dsn, sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
-        admin(db_dsn, sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
-
-
 def role_of(dsn: str) -> str:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT current_user").fetchone()
@@ -75,9 +58,9 @@ def run_counters(dsn: str, run_id: str) -> tuple[object, ...]:
     return rows[0]
 
 
-def test_temporary_objects_are_refused_to_the_gateway_login(db_dsn: str, login: str) -> None:
+def test_temporary_objects_are_refused_to_the_gateway_login(db_dsn: str, gateway_login: str) -> None:
     assert admin(db_dsn, "SELECT has_database_privilege('public', current_database(), 'TEMPORARY')") == [(False,)]
-    with psycopg.connect(login, autocommit=True) as conn:
+    with psycopg.connect(gateway_login, autocommit=True) as conn:
         for statement in ("CREATE TEMP TABLE t (x int)", "CREATE DOMAIN pg_temp.jsonb AS pg_catalog.jsonb"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="temporary"):
                 conn.execute(statement)
@@ -86,13 +69,13 @@ def test_temporary_objects_are_refused_to_the_gateway_login(db_dsn: str, login: 
         assert row == (True,)
 
 
-def test_shadowing_types_operators_and_functions_in_pg_temp_changes_nothing(db_dsn: str, login: str) -> None:
-    role = role_of(login)
+def test_shadowing_types_operators_and_functions_in_pg_temp_changes_nothing(db_dsn: str, gateway_login: str) -> None:
+    role = role_of(gateway_login)
     grant = sql.SQL("GRANT TEMPORARY ON DATABASE {} TO {}")
     database = sql.Identifier(str(admin(db_dsn, "SELECT current_database()")[0][0]))
     admin(db_dsn, grant.format(database, sql.Identifier(role)))
     try:
-        with psycopg.connect(login, autocommit=True) as conn:
+        with psycopg.connect(gateway_login, autocommit=True) as conn:
             conn.execute(TRAP)
             for name in SHADOWED_TYPES:
                 conn.execute(f"CREATE DOMAIN pg_temp.{name} AS pg_catalog.{name} CHECK (pg_temp.trap())")
@@ -131,8 +114,8 @@ def test_shadowing_types_operators_and_functions_in_pg_temp_changes_nothing(db_d
     assert admin(db_dsn, "SELECT count(*) FROM awp.check_invariants()") == [(0,)]
 
 
-def test_a_forged_log_state_before_or_after_a_call_writes_no_run(db_dsn: str, login: str) -> None:
-    with psycopg.connect(login, autocommit=True) as conn:
+def test_a_forged_log_state_before_or_after_a_call_writes_no_run(db_dsn: str, gateway_login: str) -> None:
+    with psycopg.connect(gateway_login, autocommit=True) as conn:
         conn.execute("SELECT awp.create_workflow_version(%s)", (definition("forged", 3),))
         victim = conn.execute("SELECT awp.start_run('forged')").fetchone()
         target = conn.execute("SELECT awp.start_run('forged')").fetchone()
@@ -141,14 +124,15 @@ def test_a_forged_log_state_before_or_after_a_call_writes_no_run(db_dsn: str, lo
     before = run_counters(db_dsn, victim_id)
     forged = f";{victim_id},999,999,50"
 
-    with psycopg.connect(login) as conn:  # one transaction: forged before the call, and again after it, committed
+    # one transaction: forged before the call, and again after it, committed
+    with psycopg.connect(gateway_login) as conn:
         conn.execute("SELECT set_config('awp.log_state', %s, true)", (forged,))
         conn.execute("SELECT awp.request_cancel(%s)", (target_id,))
         conn.execute("SELECT set_config('awp.log_state', %s, true)", (forged,))
         conn.commit()
     assert run_counters(db_dsn, victim_id) == before, "the victim run's counters were written"
 
-    with psycopg.connect(login, autocommit=True) as conn:  # the coordinator's passes go on, the victim runs on
+    with psycopg.connect(gateway_login, autocommit=True) as conn:  # the coordinator's passes go on, the victim runs on
         for _ in range(3):
             row = conn.execute("SELECT awp.coordinator_tick()").fetchone()
             assert row is not None and "isolated" not in row[0], row

@@ -7,7 +7,7 @@ import json
 
 import psycopg
 
-from awp.server.db import DispatchListener
+from awp.server.listener import DispatchListener
 from awp_testing.cluster import one
 
 EMPTY = "TRUNCATE awp.events, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE"

@@ -10,30 +10,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.rows import dict_row
-from sync_support import in_thread, wait_blocked
+from sync_support import connect, in_thread, wait_blocked
 
 from awp_testing.cluster import DictConnection, one
-
-
-def connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
-    return psycopg.connect(dsn, autocommit=True, row_factory=dict_row)
-
-
-@pytest.fixture
-def db(db_dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-    with connect(db_dsn) as c:
-        c.execute("TRUNCATE awp.events, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE")
-        c.execute(
-            "SELECT awp.configure(lease_duration_ms => 15000, heartbeat_interval_ms => 5000, dispatch_limit => 100)"
-        )
-        yield c
 
 
 def start(c: DictConnection, wid: str, n: int = 1) -> str:

@@ -14,7 +14,8 @@ def test_the_lease_type_has_the_columns_of_awp_lease(conn: psycopg.Connection) -
     columns = [
         r[0]
         for r in conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'awp.lease'::regtype)"
+            "SELECT attname FROM pg_attribute"
+            " WHERE attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'awp.lease'::regtype)"
             " AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
         )
     ]

@@ -5,24 +5,11 @@ bases, and the text of ``run.py --many-runs-only``."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[3]
-RUN = REPO / "benchmarks" / "results" / "bench-full-20261202T162243Z.json"  # written before issue 46's scenarios
-
-
-def report() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_report", REPO / "benchmarks" / "report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_support import RUN, report
 
 
 def spread(*values: float) -> dict[str, Any]:

@@ -5,23 +5,11 @@ target (2)'s comparison: 16 workers against the 4-worker repetitions that altern
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]
-RUN = REPO / "benchmarks" / "results" / "bench-full-20261202T162243Z.json"
-
-
-def report() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_report", REPO / "benchmarks" / "report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_support import RUN, report
 
 
 def expected(reps: list[dict[str, Any]], cpus: int) -> str:

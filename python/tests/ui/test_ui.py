@@ -1,8 +1,9 @@
 """The web dashboard (``/ui/``) in a real headless Chromium against a real ``awp serve``, real workers and real runs.
 
 Chromium is Debian's (``/usr/bin/chromium``, installed by ``make setup`` and ``.ci/run``), driven by Playwright
-for Python with ``executable_path``: no browser is downloaded. Every page of every test is watched: a request
-to any other origin than the gateway's, a console error or an uncaught exception fails the test.
+for Python with ``executable_path``: no browser is downloaded. Every page of every test is watched
+(python/tests/ui/conftest.py, open_ui): a request to any other origin than the gateway's, a console error or an
+uncaught exception fails the test.
 
 ``AWP_UI_SCREENSHOTS=docs pytest python/tests/ui/test_ui.py`` also writes the README's screenshots.
 """
@@ -14,143 +15,34 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
+from ui_support import ui_post
 from worker_support import Workers, all_items, api, apply, get_run, mock_task, start_run, wait_run
 
 from awp.server.appstate import GatewayConfig
 from awp.server.auth import Role
-from awp.server.ui import dag, views
-from awp_testing.gateway import PROTOCOL, ServeProcess, serve, wait_until
+from awp.server.ui import dag
+from awp.server.ui.session import SESSION_TTL_S, new_session, read_session, safe_next
+from awp_testing.gateway import PROTOCOL, ServeProcess, wait_until
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = os.environ.get("AWP_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-VIEWPORT = {"width": 1280, "height": 800}
 SCREENSHOTS = os.environ.get("AWP_UI_SCREENSHOTS")
-# Every page records its longest main-thread task (ms) in window.__longest.
-LONGEST_TASK = """window.__longest = 0;
-try { new PerformanceObserver(list => {
-        for (const e of list.getEntries()) window.__longest = Math.max(window.__longest, e.duration); })
-      .observe({type: 'longtask', buffered: true}); } catch (e) {}"""
 ALL_SUCCEEDED = "[...document.querySelectorAll('#dag [data-task-key]')].every(n => n.dataset.status === 'succeeded')"
-
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 10000, heartbeat_interval_ms => 1000)")
-    with serve(db_dsn, coordinator_interval_ms=100) as process:
-        yield process
-
-
-@pytest.fixture(autouse=True)
-def no_live_runs(db_dsn: str) -> Iterator[None]:
-    """Tests share one database: cancel every live run afterwards, so none is left for the next test's workers."""
-    yield
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute(
-            "SELECT awp.request_cancel(run_id) FROM awp.list_runs(NULL, NULL, NULL, 1000)"
-            " WHERE status IN ('pending', 'running') AND workflow_id <> 'ui-big'"
-        )
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium (apt-get install chromium)")
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def workers(gw: ServeProcess) -> Iterator[Workers]:
-    with Workers(gw) as w:
-        yield w
-
-
-@dataclass
-class Watch:
-    """What the browser did: requests, console errors and uncaught exceptions, over every page of a context."""
-
-    origin: str
-    requests: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def check(self, gateway_log: str = "") -> None:
-        foreign = [url for url in self.requests if not url.startswith(self.origin + "/")]
-        assert not foreign, f"requests to another host: {foreign}"
-        assert not self.errors, f"console errors: {self.errors}\ngateway log:\n{gateway_log}"
-
-
-@pytest.fixture
-def open_ui(gw: ServeProcess, browser: Any) -> Iterator[Callable[..., Any]]:
-    """``open_ui(role)``: a new 1280x800 browser context signed in with that role's token (``None``: signed
-    out), and its page. Every context is checked when the test ends (see :class:`Watch`)."""
-    opened: list[tuple[Any, Watch]] = []
-
-    def open_(role: str | None = "operator") -> Any:
-        context = browser.new_context(viewport=VIEWPORT, base_url=gw.base_url)
-        watch = Watch(gw.base_url)
-        context.on("request", lambda r: watch.requests.append(r.url))
-        context.add_init_script(LONGEST_TASK)
-        page = context.new_page()
-
-        def console_error(m: Any) -> None:
-            if m.type == "error":
-                watch.errors.append(f"{page.url}: {m.text}")
-
-        page.on("console", console_error)
-        page.on("pageerror", lambda e: watch.errors.append(f"{page.url}: uncaught {e}"))
-        page.set_default_timeout(15_000)
-        opened.append((context, watch))
-        page.watch = watch
-        if role is not None:
-            sign_in(page, getattr(gw.tokens, role))
-            assert page.url == gw.url("/ui/runs"), page.url
-        return page
-
-    yield open_
-    for context, _ in opened:
-        context.close()
-    for _, watch in opened:
-        watch.check(gw.log_tail(60) if watch.errors else "")
-
-
-def sign_in(page: Any, token: str) -> None:
-    page.goto("/ui/")
-    page.fill("input[name=token]", token)
-    page.press("input[name=token]", "Enter")
-    page.wait_for_load_state()
+GATEWAY_SETTINGS = {"lease_duration_ms": 10000, "heartbeat_interval_ms": 1000}
+DRAIN_WORKERS = False  # conftest.py, workers: killed at the end of a test, not drained
+# Tests share one database: every live run is canceled after each (but ui-big's, kept for the module).
+pytestmark = pytest.mark.usefixtures("no_live_runs")
+KEEP_LIVE_WORKFLOWS = ("ui-big",)
 
 
 def shot(page: Any, name: str) -> None:
     if SCREENSHOTS:
         Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(Path(SCREENSHOTS) / name))
-
-
-def ui_post(page: Any, path: str, form: dict[str, str], headers: dict[str, str] | None = None) -> Any:
-    """A POST with the page's cookies (the browser context's request client), as a forged form would send it."""
-    return page.context.request.post(path, form=form, headers=headers or {}, max_redirects=0)
 
 
 def etl(wid: str, sleep: int = 700) -> dict[str, Any]:
@@ -596,15 +488,15 @@ def test_the_layout_puts_roots_first_never_overlaps_and_pages_large_graphs() -> 
 def test_a_session_is_signed_per_role_and_expires() -> None:
     config = GatewayConfig("postgresql:///unused", "view-secret", "op-secret", "boot-secret")
     now = time.time()
-    viewer = views.new_session(config, Role.VIEWER, now)
-    session = views.read_session(config, viewer, now)
+    viewer = new_session(config, Role.VIEWER, now)
+    session = read_session(config, viewer, now)
     assert session is not None and session.role is Role.VIEWER and not session.operator
-    assert views.read_session(config, viewer, now + views.SESSION_TTL_S + 1) is None  # expired
-    assert views.read_session(config, "operator" + viewer.removeprefix("viewer"), now) is None  # role swapped
-    assert views.read_session(config, "bootstrap" + viewer.removeprefix("viewer"), now) is None
+    assert read_session(config, viewer, now + SESSION_TTL_S + 1) is None  # expired
+    assert read_session(config, "operator" + viewer.removeprefix("viewer"), now) is None  # role swapped
+    assert read_session(config, "bootstrap" + viewer.removeprefix("viewer"), now) is None
     rotated = GatewayConfig("postgresql:///unused", "view-secret-2", "op-secret", "boot-secret")
-    assert views.read_session(rotated, viewer, now) is None  # a new viewer token signs its sessions out
-    operator = views.read_session(config, views.new_session(config, Role.OPERATOR, now), now)
+    assert read_session(rotated, viewer, now) is None  # a new viewer token signs its sessions out
+    operator = read_session(config, new_session(config, Role.OPERATOR, now), now)
     assert operator is not None and operator.operator and operator.csrf != session.csrf
-    assert views.safe_next("//evil.example/x") == "/ui/runs" and views.safe_next("https://evil.example") == "/ui/runs"
-    assert views.safe_next("/ui/workers") == "/ui/workers"
+    assert safe_next("//evil.example/x") == "/ui/runs" and safe_next("https://evil.example") == "/ui/runs"
+    assert safe_next("/ui/workers") == "/ui/workers"

@@ -1,5 +1,5 @@
 """The dashboard's run page for dynamic workflows (docs/dynamic.md) in Debian's Chromium against a real ``awp serve``
-(python/awp/server/ui/views.py, dag.py, templates/run.html and _task.html, static/app.js):
+(python/awp/server/ui/runview.py, dag.py, templates/run.html and _task.html, static/app.js):
 
 - a mapped (``for_each``) task is one node of the graph with a count badge "succeeded/instances", kept live; its
   instances are no nodes, its task panel lists them 50 at a time (next and previous, with and without the script);
@@ -10,7 +10,7 @@
 
 The runs are driven in SQL (as python/tests/sql/test_invariants.py does): a worker registered with awp.register_worker
 claims what the coordinator dispatched to it and reports the results the test chooses, so every status is known.
-Every page is watched as in python/tests/ui/test_ui.py: a request to another origin, a console error or an uncaught
+Every page is watched (conftest.py's open_ui): a request to another origin, a console error or an uncaught
 exception fails the test.
 """
 
@@ -26,70 +26,20 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import dict_row
-from test_ui import (
-    LONGEST_TASK,
-    VIEWPORT,
-    Watch,
-    browser,  # noqa: F401 (the module's Chromium, a fixture)
-    sign_in,
-)
 
-from awp.server.ui import views
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp.protocol.statuses import TASK_STATUSES
+from awp.server.ui.render import INSTANCES_PAGE, run_task_url, status_text
+from awp.server.ui.runview import run_view
+from awp_testing.gateway import ServeProcess, wait_until
 
-PAGE = views.INSTANCES_PAGE  # instances per page of the task panel (50)
+PAGE = INSTANCES_PAGE  # instances per page of the task panel (50)
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    # Long leases and heartbeat windows: the SQL workers below never heartbeat, and a test lasts well under a minute.
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute("SELECT awp.configure(lease_duration_ms => 300000, heartbeat_interval_ms => 60000)")
-    with serve(db_dsn, coordinator_interval_ms=100) as process:
-        yield process
-
-
-@pytest.fixture(autouse=True)
-def no_live_runs(db_dsn: str) -> Iterator[None]:
-    """Cancel every live run afterwards (but the 3,000-instance one: the module's database is dropped next)."""
-    yield
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute(
-            "SELECT awp.request_cancel(run_id) FROM awp.list_runs(NULL, NULL, NULL, 1000)"
-            " WHERE status IN ('pending', 'running') AND workflow_id <> 'ui-wide'"
-        )
-
-
-@pytest.fixture
-def open_ui(gw: ServeProcess, browser: Any) -> Iterator[Callable[[], Any]]:  # noqa: F811 (browser: the fixture)
-    """``open_ui()``: a new 1280x800 browser context signed in as the viewer, and its page; each is checked at the
-    end as in python/tests/ui/test_ui.py (:class:`test_ui.Watch`)."""
-    opened: list[tuple[Any, Watch]] = []
-
-    def open_() -> Any:
-        context = browser.new_context(viewport=VIEWPORT, base_url=gw.base_url)
-        watch = Watch(gw.base_url)
-        context.on("request", lambda r: watch.requests.append(r.url))
-        context.add_init_script(LONGEST_TASK)
-        page = context.new_page()
-
-        def console_error(m: Any) -> None:
-            if m.type == "error":
-                watch.errors.append(f"{page.url}: {m.text}")
-
-        page.on("console", console_error)
-        page.on("pageerror", lambda e: watch.errors.append(f"{page.url}: uncaught {e}"))
-        page.set_default_timeout(15_000)
-        opened.append((context, watch))
-        sign_in(page, gw.tokens.viewer)
-        assert page.url == gw.url("/ui/runs"), page.url
-        return page
-
-    yield open_
-    for context, _ in opened:
-        context.close()
-    for _, watch in opened:
-        watch.check(gw.log_tail(60) if watch.errors else "")
+# Long leases and heartbeat windows: the SQL workers below never heartbeat, and a test lasts well under a minute.
+GATEWAY_SETTINGS = {"lease_duration_ms": 300000, "heartbeat_interval_ms": 60000}
+# Every live run is canceled after each test (but the 3,000-instance one: the module's database is dropped next).
+pytestmark = pytest.mark.usefixtures("no_live_runs")
+KEEP_LIVE_WORKFLOWS = ("ui-wide",)
 
 
 class SqlWorker:
@@ -190,12 +140,12 @@ def mapped_run(wid: str, items_executor: str = "python", max_items: int | None =
 
 
 def test_a_mapped_task_is_one_node_with_a_live_count_and_a_paged_list_of_its_instances(
-    gw: ServeProcess, db_dsn: str, open_ui: Callable[[], Any], sql_worker: Callable[[list[str], int], SqlWorker]
+    gw: ServeProcess, db_dsn: str, open_ui: Callable[..., Any], sql_worker: Callable[[list[str], int], SqlWorker]
 ) -> None:
     n, done = 120, 45
     run_id = start(db_dsn, mapped_run("ui-map"))
     worker = sql_worker(["mock", "python"], done)
-    page = open_ui()
+    page = open_ui("viewer")
     page.goto(f"/ui/runs/{run_id}")
     page.evaluate("window.__sameDocument = true")
     node = page.locator('#dag [data-task-key="each"]')
@@ -282,7 +232,7 @@ def test_a_mapped_task_is_one_node_with_a_live_count_and_a_paged_list_of_its_ins
 
 
 def test_a_condition_skip_is_marked_apart_and_child_and_parent_runs_link_to_each_other(
-    gw: ServeProcess, db_dsn: str, open_ui: Callable[[], Any], sql_worker: Callable[[list[str], int], SqlWorker]
+    gw: ServeProcess, db_dsn: str, open_ui: Callable[..., Any], sql_worker: Callable[[list[str], int], SqlWorker]
 ) -> None:
     with psycopg.connect(db_dsn, autocommit=True) as c:
         kid = {"id": "ui-kid", "tasks": [{"key": "k", "executor": "mock"}]}
@@ -302,7 +252,7 @@ def test_a_condition_skip_is_marked_apart_and_child_and_parent_runs_link_to_each
         },
     )
     worker = sql_worker(["mock"], 10)
-    page = open_ui()
+    page = open_ui("viewer")
     page.goto(f"/ui/runs/{run_id}")
     page.evaluate("window.__sameDocument = true")
     roots = worker.claim(2)
@@ -364,14 +314,14 @@ def _when(label: str) -> dict[str, Any]:
 
 
 def test_the_page_of_a_run_with_3000_instances_draws_three_nodes_in_bounded_time(
-    gw: ServeProcess, db_dsn: str, open_ui: Callable[[], Any], sql_worker: Callable[[list[str], int], SqlWorker]
+    gw: ServeProcess, db_dsn: str, open_ui: Callable[..., Any], sql_worker: Callable[[list[str], int], SqlWorker]
 ) -> None:
     n = 3000
     run_id = start(db_dsn, mapped_run("ui-wide", max_items=n))  # its instances are python's: no worker runs them
     worker = sql_worker(["mock"], 1)
     worker.complete(worker.claim(1)["split"], output=list(range(n)))
     assert run_row(db_dsn, run_id)["task_counts"]["ready"] == n
-    page = open_ui()
+    page = open_ui("viewer")
     started = time.monotonic()
     response = page.goto(f"/ui/runs/{run_id}")
     assert response is not None and response.status == 200
@@ -415,14 +365,14 @@ def test_instances_are_counted_not_drawn_and_skips_say_why() -> None:
     ]
     for i in range(40):
         rows.append(row(f"{mapped_key}[{i}]", "succeeded" if i < 12 else "ready", mapped_task=mapped_key, item_index=i))
-    view = views.run_view(rows, 0, None)
+    view = run_view(rows, 0, None)
     nodes = {n.key: n for n in view.drawing.nodes}
     assert list(nodes) == ["split", mapped_key, "no"] and view.total == 3
     assert (nodes[mapped_key].badge, nodes[mapped_key].label) == ("12/40", "a-mapped-…")  # shortened beside it
     assert nodes["split"].badge == "" and nodes["no"].skip_reason == "condition_false"
-    digit = {s: "0123456789"[i] for i, s in enumerate(views.TASK_STATUSES)}
+    digit = {s: "0123456789"[i] for i, s in enumerate(TASK_STATUSES)}
     assert view.instances == {mapped_key: digit["succeeded"] * 12 + digit["ready"] * 28}
-    assert views.status_text("skipped", "condition_false") == "skipped (condition false)"
-    assert views.status_text("skipped", "dependency_failed") == "skipped (dependency failed)"
-    assert views.status_text("waiting_dependencies", None) == "waiting dependencies"
-    assert views.run_task_url("r 1", "each[3]", 1) == "/ui/runs/r%201?task=each%5B3%5D&ipage=2"
+    assert status_text("skipped", "condition_false") == "skipped (condition false)"
+    assert status_text("skipped", "dependency_failed") == "skipped (dependency failed)"
+    assert status_text("waiting_dependencies", None) == "waiting dependencies"
+    assert run_task_url("r 1", "each[3]", 1) == "/ui/runs/r%201?task=each%5B3%5D&ipage=2"

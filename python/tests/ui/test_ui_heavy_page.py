@@ -21,16 +21,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import psycopg
-import pytest
 
 from awp.server.ui import dag
-from awp_testing.gateway import ServeProcess, serve
+from awp_testing.gateway import ServeProcess
 
 ROOTS = 130  # roots, then as many tasks that each depend on every root, then 740 that depend on one each:
 TASKS = 1_000  # 1,000 tasks, 130 * 130 + 740 = 17,640 dependencies, 16,900 of them among the first page's tasks
@@ -49,12 +47,6 @@ with httpx.Client(timeout=30) as http:
         took.append(time.monotonic() - t0)
 print(json.dumps(took))
 """
-
-
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn) as process:
-        yield process
 
 
 def dense_run(gw: ServeProcess, wid: str) -> str:

@@ -1,4 +1,4 @@
-"""The run page's layout in a real headless Chromium (python/tests/ui/test_ui.py's gateway, workers and browser):
+"""The run page's layout in a real headless Chromium (with test_ui.py's gateway settings and workers):
 
 - the demo's DAG (examples/demo-etl.yaml, seven layers) is drawn in one row: every edge goes left to right;
 - Cancel asks first (as Re-run does, python/tests/ui/test_ui_rerun.py), in place with the page's script and by a
@@ -15,13 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 import yaml
-from test_ui import browser, gw, no_live_runs, open_ui, workers  # noqa: F401 (fixtures)
 from worker_support import Workers, apply, get_run, mock_task, start_run
 
 from awp_testing.gateway import ServeProcess, wait_until
 
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "demo-etl.yaml"
+# test_ui.py's gateway and workers (conftest.py's fixtures); every live run is canceled after each test.
+GATEWAY_SETTINGS = {"lease_duration_ms": 10000, "heartbeat_interval_ms": 1000}
+DRAIN_WORKERS = False
+pytestmark = pytest.mark.usefixtures("no_live_runs")
 
 # Each edge's start and end x (the path's first and last points) and each node's box, from the drawn SVG.
 EDGES_AND_NODES = """() => {
@@ -60,8 +64,8 @@ def _demo_run(db_dsn: str) -> str:
 
 
 def test_the_demo_dag_is_drawn_in_one_row_every_edge_left_to_right(
-    gw: ServeProcess,  # noqa: F811
-    open_ui: Callable[..., Any],  # noqa: F811
+    gw: ServeProcess,
+    open_ui: Callable[..., Any],
     db_dsn: str,
 ) -> None:
     run_id = _demo_run(db_dsn)
@@ -89,8 +93,8 @@ def _waiting_run(gateway: ServeProcess, wid: str) -> str:
 
 
 def test_cancel_asks_first_in_place_and_without_the_script(
-    gw: ServeProcess,  # noqa: F811
-    open_ui: Callable[..., Any],  # noqa: F811
+    gw: ServeProcess,
+    open_ui: Callable[..., Any],
 ) -> None:
     run_id = _waiting_run(gw, "ui-layout-cancel")
     page = open_ui("operator")
@@ -133,9 +137,9 @@ def test_cancel_asks_first_in_place_and_without_the_script(
 
 
 def test_an_open_drawer_shows_its_error_column_and_leaves_cancel_clickable(
-    gw: ServeProcess,  # noqa: F811
-    open_ui: Callable[..., Any],  # noqa: F811
-    workers: Workers,  # noqa: F811
+    gw: ServeProcess,
+    open_ui: Callable[..., Any],
+    workers: Workers,
 ) -> None:
     flaky = mock_task("flaky-with-a-long-name", max_attempts=2, sleep_ms=100, fail_attempts=1)
     hold = {"key": "hold", "executor": "python", "depends_on": ["flaky-with-a-long-name"]}
@@ -183,8 +187,8 @@ def test_an_open_drawer_shows_its_error_column_and_leaves_cancel_clickable(
 
 
 def test_the_run_summary_fits_a_420_px_window(
-    gw: ServeProcess,  # noqa: F811
-    open_ui: Callable[..., Any],  # noqa: F811
+    gw: ServeProcess,
+    open_ui: Callable[..., Any],
 ) -> None:
     run_id = _waiting_run(gw, "ui-layout-narrow")
     page = open_ui("operator")

@@ -2,24 +2,19 @@
 python/awp/server/ui/templates/_task.html, static/app.js, views.task_logs_part) in Debian's Chromium against a real
 ``awp serve`` and a real ``awp worker`` running a python handler that logs, emits and reports progress for a few
 seconds: lines appear in the open panel while the task still runs, in order, and the progress follows. Every page is
-watched as in python/tests/ui/test_ui.py: a request to another origin, a console error or an uncaught exception fails
+watched (conftest.py's open_ui): a request to another origin, a console error or an uncaught exception fails
 the test."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
-from test_ui import (
-    browser,  # noqa: F401 (the module's Chromium, a fixture)
-    open_ui,  # noqa: F401 (a signed-in page, checked at the end: a fixture)
-)
-from worker_support import Workers, drained_workers
+from worker_support import Workers
 
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp_testing.gateway import ServeProcess, wait_until
 
 TEST_HANDLERS = "python/tests/handlers_for_tests.py"
 
@@ -37,17 +32,6 @@ BLINK_WATCH = """() => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn, coordinator_interval_ms=100) as process:
-        yield process
-
-
-@pytest.fixture
-def workers(gw: ServeProcess) -> Iterator[Workers]:
-    yield from drained_workers(gw)
-
-
 def task_status(db_dsn: str, run_id: str, key: str) -> str:
     with psycopg.connect(db_dsn) as c:
         row = c.execute("SELECT status FROM awp.tasks WHERE run_id = %s AND task_key = %s", (run_id, key)).fetchone()
@@ -58,7 +42,7 @@ def task_status(db_dsn: str, run_id: str, key: str) -> str:
 def test_the_task_panel_shows_the_log_tail_and_progress_live(
     gw: ServeProcess,
     workers: Workers,
-    open_ui: Callable[..., Any],  # noqa: F811 (the fixture)
+    open_ui: Callable[..., Any],
     db_dsn: str,
 ) -> None:
     workers.start("ui-progress-w", executors="python", extra=["--handlers", TEST_HANDLERS])

@@ -1,5 +1,5 @@
 """Re-run on the dashboard (docs/protocol.md, "Re-run") in Debian's Chromium against a real ``awp serve``
-(python/awp/server/ui/views.py ``retry_run``, templates/_run_summary.html, static/app.js):
+(python/awp/server/ui/actions.py ``retry_run``, templates/_run_summary.html, static/app.js):
 
 - the summary of a failed run shows an operator Re-run (``data-rerun``) that asks to be confirmed
   (``data-rerun-confirm``) before anything changes, in place with the script and as a form without it; confirmed,
@@ -9,7 +9,7 @@
 - a re-run of a run that is no longer failed or canceled (AWREQ) says so on the run page, never a 500.
 
 Runs are made and driven in SQL (a worker registered with awp.register_worker fails the task). Every page is
-watched as in python/tests/ui/test_ui.py (fixtures of python/tests/ui/test_ui_signals.py).
+watched (python/tests/ui/conftest.py, open_ui).
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
-from test_ui import ui_post
-from test_ui_signals import browser, gw, no_live_runs, open_ui, sql  # noqa: F401 (fixtures)
+from ui_support import ui_post
 
 from awp_testing.gateway import ServeProcess, wait_until
+
+pytestmark = pytest.mark.usefixtures("no_live_runs")  # conftest.py: tests share one database
 
 
 def run_status(c: psycopg.Connection[dict[str, Any]], run_id: str) -> str:
@@ -72,10 +74,10 @@ def failed_run(db_dsn: str, wid: str) -> str:
 
 
 def test_the_operator_reruns_a_failed_run_after_confirming(
-    gw: ServeProcess,  # noqa: F811
+    gw: ServeProcess,
     db_dsn: str,
-    sql: psycopg.Connection[dict[str, Any]],  # noqa: F811
-    open_ui: Callable[..., Any],  # noqa: F811
+    sql: psycopg.Connection[dict[str, Any]],
+    open_ui: Callable[..., Any],
 ) -> None:
     run_id = failed_run(db_dsn, "ui-rerun")
     page = open_ui("operator")
@@ -105,10 +107,10 @@ def test_the_operator_reruns_a_failed_run_after_confirming(
 
 
 def test_without_the_script_both_steps_are_forms(
-    gw: ServeProcess,  # noqa: F811
+    gw: ServeProcess,
     db_dsn: str,
-    sql: psycopg.Connection[dict[str, Any]],  # noqa: F811
-    open_ui: Callable[..., Any],  # noqa: F811
+    sql: psycopg.Connection[dict[str, Any]],
+    open_ui: Callable[..., Any],
 ) -> None:
     run_id = failed_run(db_dsn, "ui-rerun-noscript")
     page = open_ui("operator", script=False)
@@ -125,10 +127,10 @@ def test_without_the_script_both_steps_are_forms(
 
 
 def test_a_viewer_sees_no_button_and_its_post_is_refused(
-    gw: ServeProcess,  # noqa: F811
+    gw: ServeProcess,
     db_dsn: str,
-    sql: psycopg.Connection[dict[str, Any]],  # noqa: F811
-    open_ui: Callable[..., Any],  # noqa: F811
+    sql: psycopg.Connection[dict[str, Any]],
+    open_ui: Callable[..., Any],
 ) -> None:
     run_id = failed_run(db_dsn, "ui-rerun-viewer")
     viewer = open_ui("viewer")
@@ -150,10 +152,10 @@ def test_a_viewer_sees_no_button_and_its_post_is_refused(
 
 
 def test_a_second_rerun_says_the_run_is_no_longer_failed(
-    gw: ServeProcess,  # noqa: F811
+    gw: ServeProcess,
     db_dsn: str,
-    sql: psycopg.Connection[dict[str, Any]],  # noqa: F811
-    open_ui: Callable[..., Any],  # noqa: F811
+    sql: psycopg.Connection[dict[str, Any]],
+    open_ui: Callable[..., Any],
 ) -> None:
     run_id = failed_run(db_dsn, "ui-rerun-twice")
     page = open_ui("operator")

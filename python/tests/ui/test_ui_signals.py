@@ -1,5 +1,5 @@
 """Approve and Reject on the dashboard (docs/waits.md) in Debian's Chromium against a real ``awp serve``
-(python/awp/server/ui/views.py ``signal_task``, templates/_task.html, static/app.js):
+(python/awp/server/ui/actions.py ``signal_task``, templates/_task.html, static/app.js):
 
 - the panel of a task waiting for a signal shows an operator Approve and Reject (``data-signal``); each asks to be
   confirmed (``data-signal-confirm``) before anything is sent, in place with the script and as a form without it;
@@ -9,28 +9,21 @@
 - a signal to a task that no longer waits (AWSIG, signal_not_waiting) says so in the panel, never a 500.
 
 Runs are made and read in SQL (awp.create_workflow_version, awp.start_run, awp.get_task); the gateway's coordinator
-starts the signal task. Every page is watched as in python/tests/ui/test_ui.py: a request to another origin, a console
+starts the signal task. Every page is watched (conftest.py's open_ui): a request to another origin, a console
 error or an uncaught exception fails the test.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
-from test_ui import (
-    VIEWPORT,
-    Watch,
-    browser,  # noqa: F401 (the module's Chromium, a fixture)
-    sign_in,
-    ui_post,
-)
+from ui_support import ui_post
 
-from awp_testing.gateway import ServeProcess, serve, wait_until
+from awp_testing.gateway import ServeProcess, wait_until
 
 APPROVAL_FLOW = [
     {"key": "approval", "executor": "signal"},
@@ -43,58 +36,7 @@ APPROVAL_FLOW = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gw(db_dsn: str) -> Iterator[ServeProcess]:
-    with serve(db_dsn, coordinator_interval_ms=100) as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def sql(db_dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
-    with psycopg.connect(db_dsn, autocommit=True, row_factory=dict_row) as c:
-        yield c
-
-
-@pytest.fixture(autouse=True)
-def no_live_runs(db_dsn: str) -> Iterator[None]:
-    """Tests share one database: cancel every live run afterwards."""
-    yield
-    with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute(
-            "SELECT awp.request_cancel(run_id) FROM awp.list_runs(NULL, NULL, NULL, 1000)"
-            " WHERE status IN ('pending', 'running')"
-        )
-
-
-@pytest.fixture
-def open_ui(gw: ServeProcess, browser: Any) -> Iterator[Callable[..., Any]]:  # noqa: F811 (browser: the fixture)
-    """``open_ui(role, script=True)``: a new 1280x800 browser context signed in with that role's token (with the
-    page's script or without it), and its page; each is checked at the end (python/tests/ui/test_ui.py, Watch)."""
-    opened: list[tuple[Any, Watch]] = []
-
-    def open_(role: str = "operator", script: bool = True) -> Any:
-        context = browser.new_context(viewport=VIEWPORT, base_url=gw.base_url, java_script_enabled=script)
-        watch = Watch(gw.base_url)
-        context.on("request", lambda r: watch.requests.append(r.url))
-        page = context.new_page()
-
-        def console_error(m: Any) -> None:
-            if m.type == "error":
-                watch.errors.append(f"{page.url}: {m.text}")
-
-        page.on("console", console_error)
-        page.on("pageerror", lambda e: watch.errors.append(f"{page.url}: uncaught {e}"))
-        page.set_default_timeout(15_000)
-        opened.append((context, watch))
-        sign_in(page, getattr(gw.tokens, role))
-        assert page.url == gw.url("/ui/runs"), page.url
-        return page
-
-    yield open_
-    for context, _ in opened:
-        context.close()
-    for _, watch in opened:
-        watch.check(gw.log_tail(60) if watch.errors else "")
+pytestmark = pytest.mark.usefixtures("no_live_runs")  # conftest.py: tests share one database
 
 
 # Counts the replacements of the task panel's content (window.__swaps).

@@ -3,7 +3,8 @@ gateway replica, opens no page and cancels nothing; a cookie idle for longer tha
 session in use is renewed (a new cookie of the same session) up to its absolute cap.
 
 Two real ``awp serve`` replicas on one database with the same tokens, Debian's Chromium for the sign-in and the
-sign-out, plain HTTP clients for the replays (python/awp/server/ui/views.py, db/functions/ui_sessions.sql).
+sign-out, plain HTTP clients for the replays (python/awp/server/ui/session.py,
+actions.py; db/functions/ui_sessions.sql).
 """
 
 from __future__ import annotations
@@ -15,12 +16,20 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from test_ui import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, playwright_api, sign_in
+from ui_support import VIEWPORT, sign_in
 from worker_support import apply, get_run, start_run
 
 from awp.server.appstate import GatewayConfig
 from awp.server.auth import Role
-from awp.server.ui import views
+from awp.server.ui.session import (
+    COOKIE,
+    SESSION_MAX_S,
+    SESSION_TTL_S,
+    _cookie,
+    new_session,
+    read_session,
+    renew_session,
+)
 from awp_testing.gateway import ServeProcess, serve
 
 
@@ -28,14 +37,6 @@ from awp_testing.gateway import ServeProcess, serve
 def replicas(db_dsn: str) -> Iterator[tuple[ServeProcess, ServeProcess]]:
     with serve(db_dsn) as a, serve(db_dsn, tokens=a.tokens) as b:
         yield a, b
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def signing(gw: ServeProcess) -> GatewayConfig:
@@ -49,7 +50,7 @@ def waiting_run(gw: ServeProcess, wid: str) -> str:
 
 
 def client(gw: ServeProcess, cookie: str) -> httpx.Client:
-    return httpx.Client(base_url=gw.base_url, cookies={views.COOKIE: cookie}, timeout=10)
+    return httpx.Client(base_url=gw.base_url, cookies={COOKIE: cookie}, timeout=10)
 
 
 def refused(gw: ServeProcess, cookie: str, run_id: str, csrf: str) -> None:
@@ -82,7 +83,7 @@ def test_a_cookie_replayed_after_sign_out_is_refused_by_every_replica(
         assert page.url == a.url("/ui/runs")
         page.goto(f"/ui/runs/{run_id}")
         assert page.get_by_role("button", name="Cancel").is_visible()
-        (cookie,) = [c["value"] for c in context.cookies() if c["name"] == views.COOKIE]
+        (cookie,) = [c["value"] for c in context.cookies() if c["name"] == COOKIE]
         csrf = page.locator("input[name=csrf_token]").first.get_attribute("value")
         assert csrf
         for gw in (a, b):  # the copied cookie and its CSRF token work on both replicas before the sign-out
@@ -112,19 +113,19 @@ def test_an_idle_session_expires_and_a_session_in_use_is_renewed_up_to_its_cap(
     config = signing(a)
     run_id = waiting_run(a, "ui-idle")
     now = time.time()
-    idle = views.new_session(config, Role.OPERATOR, now - views.SESSION_TTL_S - 5)  # its last request: 30 min ago
-    old = views.read_session(config, idle, now - views.SESSION_TTL_S - 5)
+    idle = new_session(config, Role.OPERATOR, now - SESSION_TTL_S - 5)  # its last request: 30 min ago
+    old = read_session(config, idle, now - SESSION_TTL_S - 5)
     assert old is not None
     refused(a, idle, run_id, old.csrf)
 
     # In use: a cookie issued 20 minutes ago (10 minutes left) gets a new one of the same session, 30 minutes long.
-    aging = views.new_session(config, Role.OPERATOR, now - 20 * 60)
+    aging = new_session(config, Role.OPERATOR, now - 20 * 60)
     with client(b, aging) as http:
         r = http.get("/ui/runs")
         assert r.status_code == 200
-        renewed = r.cookies[views.COOKIE]
+        renewed = r.cookies[COOKIE]
         assert "max-age=1800" in r.headers["set-cookie"].lower() and "httponly" in r.headers["set-cookie"].lower()
-    before, after = views.read_session(config, aging), views.read_session(config, renewed)
+    before, after = read_session(config, aging), read_session(config, renewed)
     assert before is not None and after is not None
     assert (after.session_id, after.started, after.csrf) == (before.session_id, before.started, before.csrf)
     assert after.expires - before.expires >= 20 * 60 - 5
@@ -138,20 +139,20 @@ def test_an_idle_session_expires_and_a_session_in_use_is_renewed_up_to_its_cap(
     refused(b, aging, run_id, before.csrf)
 
     # Near the cap (12 hours after the sign-in), renewal stops at the cap; past it the session is over.
-    started = int(now) - views.SESSION_MAX_S + 120
-    late = views.new_session(config, Role.VIEWER, started)
-    late_session = views.read_session(config, late, started)
+    started = int(now) - SESSION_MAX_S + 120
+    late = new_session(config, Role.VIEWER, started)
+    late_session = read_session(config, late, started)
     assert late_session is not None
-    capped = views.renew_session(config, late_session, now)
+    capped = renew_session(config, late_session, now)
     assert capped is not None
     with client(a, capped) as http:
         r = http.get("/ui/runs")
         assert r.status_code == 200 and "set-cookie" not in r.headers  # nothing left to extend
-    capped_session = views.read_session(config, capped, now)
-    assert capped_session is not None and capped_session.expires == started + views.SESSION_MAX_S
-    assert views.read_session(config, capped, started + views.SESSION_MAX_S) is None
+    capped_session = read_session(config, capped, now)
+    assert capped_session is not None and capped_session.expires == started + SESSION_MAX_S
+    assert read_session(config, capped, started + SESSION_MAX_S) is None
     # A cookie signed with a later expiry (a gateway whose cap was longer) still ends at the cap.
-    beyond = views._cookie(config, Role.VIEWER, late_session.session_id, started - 600, int(now) + 600)
+    beyond = _cookie(config, Role.VIEWER, late_session.session_id, started - 600, int(now) + 600)
     with client(a, beyond) as http:
         assert http.get("/ui/runs").status_code == 303
 

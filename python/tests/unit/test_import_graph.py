@@ -10,41 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import awp
 import awp_testing.mutate
-
-PACKAGE = Path(awp.__file__).parent
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # ``from awp.server.ui import dag`` imports the submodule awp.server.ui.dag (and runs awp.server.ui's
-            # __init__, which is
-            # not an edge of the importer's making); ``from awp.server.ui import setup_ui`` imports the package.
-            subs = [f"{node.module}.{a.name}" for a in node.names]
-            names = [s for s in subs if s in modules] or [node.module]
-        for name in names:
-            while name and name not in modules:
-                name = name.rpartition(".")[0]
-            if name and name != "awp":
-                found.add(name)
-    return found
-
-
-def import_graph() -> dict[str, set[str]]:
-    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    modules = set(files)
-    return {name: imports_of(path, modules) - {name} for name, path in files.items()}
+from awp_testing.importgraph import PACKAGE, import_graph, mermaid, module_name, package_of
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -108,7 +75,6 @@ def test_the_runtime_does_not_import_the_test_kit(tmp_path: Path) -> None:
 
 # Which package may import which (docs/architecture.md, Packages). A top-level module (handlers, eventloop,
 # logsafe) is its own "package". The CLI may import everything.
-TOP_LEVEL = {"awp.handlers", "awp.eventloop", "awp.logsafe", "awp.__main__", "awp"}
 ALLOWED = {
     "protocol": set(),
     "dev": {"logsafe"},
@@ -119,11 +85,6 @@ ALLOWED = {
     "logsafe": set(),
     "__main__": {"cli"},
 }
-
-
-def package_of(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else parts[0]
 
 
 def forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
@@ -153,3 +114,8 @@ def test_the_package_root_holds_few_files_and_no_module_is_long() -> None:
     assert len(root_files) <= 8, root_files
     long = {module_name(p): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600}
     assert long == {}
+
+
+def test_the_architecture_page_shows_the_import_graph_of_the_code() -> None:
+    page = (PACKAGE.parents[1] / "docs" / "architecture.md").read_text()
+    assert mermaid(import_graph()) in page, "regenerate it: python -m awp_testing.importgraph"

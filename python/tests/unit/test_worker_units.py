@@ -4,15 +4,25 @@ completion does with an error answer."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from awp.handlers import Context, PermanentError, handler, unregister
-from awp.worker.client import GatewayError
+from awp.protocol.wire import Lease
+from awp.worker.acklog import AckLog
+from awp.worker.backoff import Backoff
+from awp.worker.client import Client, GatewayError
+from awp.worker.completer import Completer, completion_verdict
+from awp.worker.config import WorkerConfig
+from awp.worker.executions import Execution
 from awp.worker.executors import MockExecutor, PythonExecutor, build_executors, check_result, load_handler_module
-from awp.worker.runtime import Backoff, Execution, completion_verdict
+from awp.worker.heartbeats import Heartbeats
+from awp.worker.ledger import Ledger
+from awp.worker.session import Session
 
 
 def make_ctx(attempt: int = 1, deadline_s: float = 10.0) -> Context:
@@ -132,16 +142,26 @@ def test_example_handlers_load_from_a_file_path() -> None:
     assert hasattr(module, "summarize")
 
 
-def _lease(remaining_ms: int, attempt_after_lease_s: float) -> dict[str, Any]:
+def _lease(remaining_ms: int, attempt_after_lease_s: float, dispatch_id: str = "d1") -> Lease:
     return {
-        "dispatch_id": "d1",
-        "lease_token": "tok",
+        "dispatch_id": dispatch_id,
+        "lease_token": f"tok-{dispatch_id}",
+        "workflow_id": "wf",
+        "workflow_version": 1,
         "run_id": "r",
-        "task_key": "t",
+        "task_key": f"t-{dispatch_id}",
+        "executor_kind": "mock",
+        "action": None,
+        "input": {},
         "attempt": 1,
-        "lease_remaining_ms": remaining_ms,
-        "lease_expires_at": "2026-01-01T00:00:10+00:00",
         "attempt_deadline": f"2026-01-01T00:00:{10 + attempt_after_lease_s:06.3f}+00:00",
+        "lease_expires_at": "2026-01-01T00:00:10+00:00",
+        "lease_remaining_ms": remaining_ms,
+        "fencing_token": 1,
+        "run_input": {},
+        "upstream": {},
+        "item": None,
+        "item_index": None,
     }
 
 
@@ -200,5 +220,107 @@ async def test_cancelled_async_handler_stops() -> None:
     ],
 )
 def test_a_completion_error_gets_one_verdict_on_both_paths(status: int, code: str, verdict: str) -> None:
-    """One rule for a single completion (``Worker._complete``) and a batch (``Worker._complete_batch``)."""
+    """One rule for a single completion and a batch (one path: ``Completer.send``, a single result being a batch of
+    one)."""
     assert completion_verdict(GatewayError(status, code, "m")) == verdict
+
+
+class ScriptedGateway(Client):
+    """A client whose requests are recorded (path, body) and answered from a script: an answer, or an error raised."""
+
+    def __init__(self, *answers: Any) -> None:
+        super().__init__("http://gateway.invalid")
+        self.answers = list(answers)
+        self.sent: list[tuple[str, Any]] = []
+
+    async def request(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        self.sent.append((path, json.loads(json.dumps(body))))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def completer_of(gateway: ScriptedGateway, concurrency: int) -> tuple[Completer, Ledger, list[Lease]]:
+    """A completer on ``gateway`` (registered as w1) and the leases it hands to no waiting slot."""
+    ledger = Ledger()
+    session = Session(WorkerConfig("http://gateway.invalid", "boot", concurrency=concurrency), gateway, ledger)
+    session.worker_id, session.session_token = "w1", "s1"
+    started: list[Lease] = []
+    return Completer(session, Heartbeats(session), lambda lease, _: started.append(lease)), ledger, started
+
+
+def running(ledger: Ledger, dispatch_id: str) -> Execution:
+    ex = Execution(_lease(60_000, 60.0, dispatch_id), time.monotonic())
+    ledger.start(ex)
+    return ex
+
+
+async def test_a_single_result_is_a_batch_of_one_on_its_leases_route(tmp_path: Path) -> None:
+    """Without batching, one result goes at once on its lease's own route, asking for one lease for its slot."""
+    gateway = ScriptedGateway({"applied": True, "leases": [_lease(60_000, 60.0, "d2")]})
+    completer, ledger, started = completer_of(gateway, concurrency=1)
+    completer.ack_log = AckLog(str(tmp_path / "acks.jsonl"))
+    ex = running(ledger, "d1")
+    leases = await completer.complete(ex, {"kind": "success", "output": 1})
+    assert [lease["dispatch_id"] for lease in leases] == ["d2"] and started == []
+    assert gateway.sent == [
+        (
+            "/workers/w1/leases/d1/complete",
+            {"lease_token": "tok-d1", "result": {"kind": "success", "output": 1}, "claim_slots": 1, "claim_seq": 1},
+        )
+    ]
+    assert ex.settled and completer.acknowledged == 1 and ledger.claims_pending == set()
+    assert ledger.in_hand == {"d2": leases[0]}  # listed in heartbeats until its slot starts it
+    ack = json.loads((tmp_path / "acks.jsonl").read_text())
+    assert ack == {
+        "dispatch_id": "d1",
+        "run_id": "r",
+        "task_key": "t-d1",
+        "attempt": 1,
+        "fencing_token": 1,
+        "kind": "success",
+        "applied": True,
+    }
+
+
+async def test_a_batch_of_one_sends_a_refused_result_again_once_as_result_rejected() -> None:
+    refused = GatewayError(400, "invalid_request", "output too large")
+    gateway = ScriptedGateway(refused, refused)
+    completer, ledger, _ = completer_of(gateway, concurrency=1)
+    ex = running(ledger, "d1")
+    assert await completer.complete(ex, {"kind": "success", "output": "x"}) == []
+    assert [body["result"]["kind"] for _, body in gateway.sent] == ["success", "permanent_failure"]
+    assert gateway.sent[1][1]["result"]["error_code"] == "result_rejected"
+    assert completer.rejected == 1 and not ex.settled  # never a loop: the replacement refused too is dropped
+
+
+async def test_batched_results_go_together_and_a_refused_one_is_replaced() -> None:
+    """With batching even one result uses the completions route; a result refused within a batch answer is sent
+    again as result_rejected, and each slot gets a lease of the answer."""
+    gateway = ScriptedGateway(
+        {
+            "results": [
+                {"dispatch_id": "d1", "applied": True},
+                {"dispatch_id": "d2", "error": {"code": "invalid_request", "message": "too large"}},
+            ],
+            "leases": [_lease(60_000, 60.0, "d3")],
+        },
+        {"results": [{"dispatch_id": "d2", "applied": True}], "leases": []},
+    )
+    completer, ledger, _ = completer_of(gateway, concurrency=2)
+    loop = asyncio.create_task(completer.loop())
+    try:
+        one, two = running(ledger, "d1"), running(ledger, "d2")
+        got = await asyncio.gather(
+            completer.complete(one, {"kind": "success", "output": 1}),
+            completer.complete(two, {"kind": "success", "output": 2}),
+        )
+    finally:
+        loop.cancel()
+    assert [[lease["dispatch_id"] for lease in leases] for leases in got] == [["d3"], []]
+    assert [path for path, _ in gateway.sent] == ["/workers/w1/completions"] * 2
+    first, again = (body for _, body in gateway.sent)
+    assert [r["dispatch_id"] for r in first["results"]] == ["d1", "d2"] and first["claim_slots"] == 2
+    assert [r["result"]["error_code"] for r in again["results"]] == ["result_rejected"] and "claim_slots" not in again
+    assert one.settled and two.settled and completer.acknowledged == 2 and completer.rejected == 1

@@ -21,7 +21,7 @@ The steps, each linear (or near) in tasks + edges:
 Dynamic workflows (docs/dynamic.md): the instances of a ``for_each`` task (``each[0]``, ``each[1]``, ... up to
 10,000 of them, rows with ``mapped_task`` set) are not nodes: :func:`tasks_from_rows` leaves them out, and the mapped
 task's node carries their count instead (:attr:`Node.badge`, "succeeded/instances"); the task panel lists them, a
-page at a time (python/awp/server/ui/views.py). So the graph is the definition's, whatever the lists hold.
+page at a time (python/awp/server/ui/runview.py). So the graph is the definition's, whatever the lists hold.
 
 A run with more tasks than fit one drawing is *paged*: the tasks, in layered order, are cut into pages of at
 most ``page_size``, each page drawn on its own (edges whose other end is on another page are counted, not

@@ -1,4 +1,4 @@
-"""A big live run's summary, read once for every tab for a moment (the run page's poll, python/awp/server/ui/views.py).
+"""A big live run's summary, read once for every tab for a moment (the run page's poll, python/awp/server/ui/pages.py).
 
 The run page polls ``/ui/runs/{id}/changes`` about twice a second, and a live run changes all the time, so nearly
 every poll reads the run again with ``awp.get_run``, which counts every task and what holds each waiting one:

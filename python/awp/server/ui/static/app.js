@@ -6,7 +6,7 @@
   const TERMINAL = ["succeeded", "failed", "canceled"];
   // An instance of a mapped (for_each) task: "<key>[<index>]" (a task's own key cannot end so: docs/dynamic.md).
   const INSTANCE = /^(.*)\[(\d+)\]$/;
-  // Why a task was skipped, in words (SKIP_REASONS in python/awp/server/ui/views.py).
+  // Why a task was skipped, in words (SKIP_REASONS in python/awp/server/ui/render.py).
   const SKIP_WORDS = { condition_false: "condition false", dependency_failed: "dependency failed" };
   const SVG = "http://www.w3.org/2000/svg";
 
