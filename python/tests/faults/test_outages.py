@@ -97,9 +97,21 @@ def outcome(dsn: str, run_ids: list[str], cut_at: Any, back_at: Any) -> dict[str
     }
 
 
+def lost_attempts(dsn: str, run_ids: list[str]) -> list[dict[str, Any]]:
+    """The attempts of ``run_ids`` that did not succeed, with their times and why they ended: what a failure of
+    this file shows (a flaky run on a busy machine must say which rule counted an attempt)."""
+    return query(
+        dsn,
+        "SELECT run_id, task_key, attempt, status, counted, worker_id, started_at, finished_at, error_code,"
+        " error_message FROM awp.attempts WHERE run_id = ANY(%s) AND status <> 'succeeded'"
+        " ORDER BY started_at",
+        (run_ids,),
+    )
+
+
 def check_outcome(dsn: str, run_ids: list[str], figures: dict[str, Any]) -> None:
     statuses = query(dsn, "SELECT status FROM awp.runs WHERE run_id = ANY(%s)", (run_ids,))
-    assert [r["status"] for r in statuses] == ["succeeded"] * len(run_ids), statuses
+    assert [r["status"] for r in statuses] == ["succeeded"] * len(run_ids), (statuses, lost_attempts(dsn, run_ids))
     # The long tasks were cut short by their workers' local safety deadline during the outage: their attempts end
     # without counting (max_attempts is 1, so a counted one would have failed the run).
     assert figures["attempts_not_counted"] >= 1, figures
