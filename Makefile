@@ -70,7 +70,7 @@ test-db: setup  ## pgTAP tests (db/tests) with pg_prove on a throwaway cluster a
 test-py: setup  ## pytest against a throwaway cluster (or AWP_TEST_DSN)
 	$(BIN)/pytest python/tests
 
-PGBOUNCER_SUITE := test_gateway_api.py test_worker_runtime.py test_data_flow.py test_batch_completions.py \
+PGBOUNCER_SUITE := test_gateway_api.py test_gateway_contract.py test_worker_runtime.py test_data_flow.py test_batch_completions.py \
 	test_start_runs.py test_dynamic.py test_signals.py test_drain.py test_routing.py test_progress.py \
 	test_worker_results.py test_rate_limits.py test_pgbouncer.py
 pgbouncer-test: setup  ## the HTTP and worker end-to-end suite with every gateway's requests through PgBouncer (transaction pooling)

@@ -3,12 +3,14 @@
 - ``awp`` (function): ``awp(*args, ok=True, stdin=None)`` runs the CLI (``awp.cli.main``) in this process against
   ``gw`` with the operator's token and, with ``ok``, asserts that it exited 0; a module-level ``CLI_ENV`` adds to its
   environment (``COLUMNS``, ...).
+- ``http`` (module): an httpx client of ``gw``'s base URL.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
 from click.testing import CliRunner, Result
 
@@ -32,3 +34,9 @@ def awp(gw: ServeProcess, request: pytest.FixtureRequest) -> Callable[..., Resul
         return result
 
     return invoke
+
+
+@pytest.fixture(scope="module")
+def http(gw: ServeProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gw.base_url, timeout=40) as client:
+        yield client
