@@ -233,8 +233,8 @@ def run_http(args: argparse.Namespace, variants: list[Variant], workdir: Path) -
 def measure_http(
     args: argparse.Namespace, variants: list[Variant], workdir: Path, server: Any, reaper: Any, benches: list[Any]
 ) -> None:
-    import run as bench
-    from many_runs import many_repetition
+    from harness import Bench
+    from many_load import many_repetition
 
     slots = args.workers * args.concurrency
     wid = f"ab-{args.tasks}-c{slots}"
@@ -243,7 +243,7 @@ def measure_http(
         saved = dict(os.environ)
         os.environ.update(v.env)  # the gateway inherits it
         try:
-            b = bench.Bench(dsn, server.datadir, Path(tempfile.mkdtemp(prefix="gw-", dir=workdir)), reaper)
+            b = Bench(dsn, server.datadir, Path(tempfile.mkdtemp(prefix="gw-", dir=workdir)), reaper)
             benches.append(b)
             b.gateway.start()
         finally:

@@ -1,5 +1,5 @@
 """The figures of a benchmark's repetitions: medians with their spread, nearest-rank percentiles, and the summary of a
-throughput scenario's repetitions (``benchmarks/run.py``; ``many_runs.py``)."""
+throughput scenario's repetitions (``harness.py``'s Bench; ``many_load.py``)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ full run to render them from."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -12,6 +13,8 @@ RUN = REPO / "benchmarks" / "results" / "bench-full-20261202T162243Z.json"  # wr
 
 
 def report() -> ModuleType:
+    if str(REPO / "benchmarks") not in sys.path:  # report.py imports its siblings (report_format, ...) as top-level
+        sys.path.append(str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location("bench_report", REPO / "benchmarks" / "report.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -12,7 +12,7 @@ ResultKind = Literal["success", "temporary_failure", "permanent_failure"]
 
 
 class Lease(TypedDict):
-    """One lease handed to a worker by a claim, a heartbeat's claim or a completion's claim."""
+    """One lease handed to a worker by a claim or by a completion that claims (claim on complete)."""
 
     dispatch_id: str
     lease_token: str
