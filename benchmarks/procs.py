@@ -180,7 +180,7 @@ class Gateway:
             data = f.read() if end is None else f.read(end - start)
         out: dict[str, list[float]] = {}
         for raw in data.decode(errors="replace").splitlines():
-            if "awp.server.gateway.access" not in raw:
+            if "awp.gateway.access" not in raw:
                 continue
             fields = dict(part.split("=", 1) for part in raw.split() if "=" in part)
             route, ms = fields.get("route"), fields.get("duration_ms")

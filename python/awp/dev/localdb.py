@@ -38,7 +38,7 @@ from psycopg.conninfo import make_conninfo
 
 from awp.dev.pgbin import pg_bin
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("awp.localdb")  # the log's name, not the module's (docs/operations.md, Logs)
 
 DEFAULT_PORT = 54329
 DEFAULT_DBNAME = "awp"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psycopg
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("awp.migrate")  # the log's name, not the module's (docs/operations.md, Logs)
 
 ADVISORY_LOCK_KEY = 0x4157_505F_4D49_4752  # "AWP_MIGR"
 LEDGER = "public.awp_schema_migrations"

@@ -34,7 +34,7 @@ from typing import TypedDict, TypeVar, Unpack
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("awp.procs")  # the log's name, not the module's (docs/operations.md, Logs)
 
 _PR_SET_PDEATHSIG = 1
 

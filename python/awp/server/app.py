@@ -35,7 +35,7 @@ from awp.server.middleware import api_middleware
 from awp.server.streams import setup_streams
 from awp.server.ui import setup_ui
 
-log = logging.getLogger("awp.server.serve")
+log = logging.getLogger("awp.serve")
 _BACKGROUND: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 # The route modules: importing one declares its routes in awp.server.gateway.ROUTES (awp.server.gateway lists them).
 ROUTE_MODULES = (routes_health, routes_runs, routes_workers, streams)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from awp.logsafe import escape_controls
 
-log = logging.getLogger("awp.server.gateway.auth")
+log = logging.getLogger("awp.gateway.auth")
 
 # Generous on purpose: a client that gets its configuration wrong, or a test suite walking every route without
 # a token, sends dozens of 401s from one address in a few seconds and must not crawl; a guesser sends thousands.

@@ -40,7 +40,7 @@ import psycopg
 
 from awp.server.pools import REACHABILITY, RECONNECT_MAX_S, connect, short_error
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("awp.coordinator")  # the log's name, not the module's (docs/operations.md, Logs)
 
 LOCK_KEY = 0x4157_505F_434F_4F52  # "AWP_COOR" (= awp._coordinator_lock_key(), db/functions/leadership.sql)
 LEADERSHIP_LOST = "AWLDR"  # SQLSTATE of a pass, heartbeat or retention batch whose term is over

@@ -13,7 +13,7 @@ import psycopg
 
 from awp.server.pools import REACHABILITY, RECONNECT_MAX_S, connect, short_error
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("awp.db")  # the log's name, not the module's (docs/operations.md, Logs)
 
 
 class DispatchListener:

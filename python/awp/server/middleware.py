@@ -27,8 +27,8 @@ from awp.server.errors import RETRY_AFTER_S, ApiError, from_database_error, is_t
 from awp.server.parsing import BodyTimeout
 from awp.server.pools import PoolSaturated
 
-log = logging.getLogger("awp.server.gateway")
-access_log = logging.getLogger("awp.server.gateway.access")
+log = logging.getLogger("awp.gateway")
+access_log = logging.getLogger("awp.gateway.access")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

@@ -25,9 +25,9 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
-# The outage lines keep the logger name operators know (docs/operations.md: "WARNING awp.server.db: database
+# The outage lines keep the logger name operators know (docs/operations.md: "WARNING awp.db: database
 # unreachable: ...").
-log = logging.getLogger("awp.server.db")
+log = logging.getLogger("awp.db")
 
 Row = dict[str, Any]
 

@@ -17,7 +17,7 @@ from awp.server.gateway import route
 from awp.server.metrics import CONTENT_TYPE
 from awp.server.pools import PoolSaturated
 
-log = logging.getLogger("awp.server.gateway")  # the name of its lines before the routes were split (issue 42)
+log = logging.getLogger("awp.gateway")  # the name of its lines before the routes were split (issue 42)
 
 
 # health, metrics, contract

@@ -26,7 +26,7 @@ from awp.server.appstate import (
 )
 from awp.server.webserver import GatewayRunner
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("awp.serve")  # the log's name, not the module's (docs/operations.md, Logs)
 
 
 def server_ssl_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:

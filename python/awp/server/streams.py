@@ -31,7 +31,7 @@ from awp.server.errors import SQLSTATE_ERRORS, ApiError, join_message
 from awp.server.gateway import route, worker_request, write_progress
 from awp.server.parsing import as_str, bad_request, only_fields, path_param, progress_write, query_int
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("awp.streams")  # the log's name, not the module's (docs/operations.md, Logs)
 
 LOGS_LIMIT_MAX = 1000  # = awp._limit_page_rows()
 LOGS_LIMIT_DEFAULT = 500

@@ -60,7 +60,7 @@ from awp.server.appstate import CONFIG, METRICS
 from awp.server.errors import GATEWAY_ERRORS, ApiError
 from awp.server.middleware import error_response, new_request_id
 
-log = logging.getLogger("awp.server.gateway.http")
+log = logging.getLogger("awp.gateway.http")
 
 WARN_EVERY_S = 60.0
 _ERR_INFO: type | None = getattr(web_protocol, "_ErrInfo", None)  # what aiohttp queues for a request it refused

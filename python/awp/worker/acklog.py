@@ -11,7 +11,7 @@ import os
 from awp.protocol.wire import Result
 from awp.worker.executions import Execution
 
-log = logging.getLogger("awp.worker.runtime")
+log = logging.getLogger("awp.worker")
 
 
 class AckLog:

@@ -35,7 +35,7 @@ from awp.worker.executions import Execution
 from awp.worker.heartbeats import Heartbeats
 from awp.worker.session import Session
 
-log = logging.getLogger("awp.worker.runtime")
+log = logging.getLogger("awp.worker")
 
 MAX_BATCH: Final = MAX_BATCH_RESULTS // 4  # results per completions request (64; the gateway takes up to 256)
 # Bytes of results per completions request: well under the gateway's body limit (a single result, at most

@@ -15,7 +15,7 @@ from awp.worker.config import SESSION_INVALID, SessionInvalid
 from awp.worker.executions import Execution, Runner
 from awp.worker.session import Session
 
-log = logging.getLogger("awp.worker.runtime")
+log = logging.getLogger("awp.worker")
 
 
 class Drain:

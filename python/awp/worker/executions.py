@@ -27,7 +27,7 @@ from awp.worker.config import EXIT_HUNG
 from awp.worker.executors import Executor
 from awp.worker.progress import ProgressSender
 
-log = logging.getLogger("awp.worker.runtime")
+log = logging.getLogger("awp.worker")
 
 # How long a cancelled handler may take to return before its slot counts as held by a hung handler.
 HUNG_GRACE_S = 1.0

@@ -37,7 +37,7 @@ from awp.protocol.results import check_result as check_result  # re-exported: th
 from awp.protocol.results import failure, success
 from awp.protocol.wire import Result
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("awp.executors")  # the log's name, not the module's (docs/operations.md, Logs)
 
 HANDLER_THREAD_PREFIX = "awp-handler"
 MOCK_MAX_LOGS = 10_000  # the mock executor's ``logs`` at most

@@ -13,7 +13,7 @@ from awp.worker.client import ClientError, GatewayError
 from awp.worker.config import SESSION_INVALID, SessionInvalid
 from awp.worker.session import Session
 
-log = logging.getLogger("awp.worker.runtime")
+log = logging.getLogger("awp.worker")
 
 
 class Heartbeats:

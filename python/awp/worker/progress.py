@@ -29,7 +29,7 @@ from typing import Any
 from awp.protocol.limits import MAX_BATCH_LEASES, MAX_ENTRIES, MAX_ENTRY_BYTES, MAX_PROGRESS_BYTES
 from awp.worker.client import Client, ClientError, GatewayError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("awp.progress")  # the log's name, not the module's (docs/operations.md, Logs)
 
 MAX_REQUEST_BYTES = 512 * 1024  # lines and chunks of one request (the gateway's body limit is 1 MiB)
 MAX_PENDING_BYTES = 4 * 1024 * 1024  # unsent lines and chunks one lease keeps; past it the oldest are dropped

@@ -35,7 +35,7 @@ from awp.worker.session import Session
 
 __all__ = ["Worker", "WorkerConfig", "run_worker"]
 
-log = logging.getLogger("awp.worker.runtime")
+log = logging.getLogger("awp.worker")
 
 
 class Worker:

@@ -14,7 +14,7 @@ from awp.worker.client import Client, GatewayError, TlsVerifyError, TransportErr
 from awp.worker.config import EXIT_CONFIG, EXIT_SESSION, Fatal, SessionInvalid, WorkerConfig
 from awp.worker.ledger import Ledger
 
-log = logging.getLogger("awp.worker.runtime")
+log = logging.getLogger("awp.worker")
 
 
 class Session:

@@ -79,7 +79,7 @@ def test_ready_soon_after_the_database_is_back_with_one_line_per_change(cluster:
     down = [line for line in lines if "database unreachable:" in line]
     back = [line for line in lines if "database reachable again after" in line]
     assert len(down) == 1 and len(back) == 1, "\n".join(lines)
-    assert down[0].startswith("WARNING awp.server.db: database unreachable: ") and len(down[0]) < 200, down[0]
-    assert back[0].startswith("INFO awp.server.db: database reachable again after "), back[0]
+    assert down[0].startswith("WARNING awp.db: database unreachable: ") and len(down[0]) < 200, down[0]
+    assert back[0].startswith("INFO awp.db: database reachable again after "), back[0]
     assert not [line for line in lines if "\\x0a" in line or "\\x09" in line], "\n".join(lines)
     assert not [line for line in lines if "error connecting in" in line]

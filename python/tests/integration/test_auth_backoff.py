@@ -179,7 +179,7 @@ def test_the_log_reports_a_flood_in_one_line(gw: ServeProcess) -> None:
     log = gw.log_path.read_text(errors="replace")
     lines = [line for line in log.splitlines() if "failed authentication" in line]
     assert 1 <= len(lines) <= 2, lines  # a second one when the module took over a minute
-    assert lines[0].startswith("WARNING awp.server.gateway.auth: 1 failed authentication(s) from 1 source(s)"), lines
+    assert lines[0].startswith("WARNING awp.gateway.auth: 1 failed authentication(s) from 1 source(s)"), lines
     assert "Traceback" not in log, log[-3000:]
 
 
@@ -199,9 +199,7 @@ async def test_the_back_off_table(caplog: pytest.LogCaptureFixture) -> None:
     assert failures.total == FREE_FAILURES + 6 + 2 + MAX_SOURCES + 50
     # Logged: the first failure at once, the next ones (two sources) when the clock passed the minute, the first
     # of ``off``; the last 10,050 wait for the end of the minute.
-    reports = [
-        r.getMessage() for r in caplog.records if r.name == "awp.server.gateway.auth" and r.levelname == "WARNING"
-    ]
+    reports = [r.getMessage() for r in caplog.records if r.name == "awp.gateway.auth" and r.levelname == "WARNING"]
     assert [m.split(" since")[0] for m in reports] == [
         "1 failed authentication(s) from 1 source(s)",
         f"{FREE_FAILURES + 7} failed authentication(s) from 2 source(s)",
@@ -214,9 +212,7 @@ async def test_a_flood_is_summed_up_at_the_end_of_the_period(caplog: pytest.LogC
     for i in range(50):
         failures.failed(f"10.0.1.{i % 5}", "invalid", "GET /x")
     await asyncio.sleep(0.6)  # the summary's timer is due first
-    reports = [
-        r.getMessage() for r in caplog.records if r.name == "awp.server.gateway.auth" and r.levelname == "WARNING"
-    ]
+    reports = [r.getMessage() for r in caplog.records if r.name == "awp.gateway.auth" and r.levelname == "WARNING"]
     assert [m.split(" since")[0] for m in reports] == [
         "1 failed authentication(s) from 1 source(s)",
         "49 failed authentication(s) from 5 source(s)",

@@ -320,9 +320,7 @@ def test_stored_data_is_intact_and_the_log_is_clean(seeded: Seeded) -> None:
     assert "Traceback" not in log, log[-3000:]
     lines = log.splitlines()
     assert not [line for line in lines if line.startswith(("ERROR", "CRITICAL"))], log[-3000:]
-    assert not [
-        line for line in lines if "awp.forged" in line and not line.startswith("INFO awp.server.gateway.access")
-    ]
+    assert not [line for line in lines if "awp.forged" in line and not line.startswith("INFO awp.gateway.access")]
     # About ninety requests were refused by the parser above (each counted in /metrics); the WARNING about them
     # is rate-limited (at most one a minute).
     metrics = httpx.get(gw.url("/metrics")).text
@@ -331,17 +329,17 @@ def test_stored_data_is_intact_and_the_log_is_clean(seeded: Seeded) -> None:
         for line in metrics.splitlines()
         if line.startswith("awp_http_requests_total{") and 'route="malformed"' in line
     )
-    warnings = [line for line in lines if line.startswith("WARNING awp.server.gateway.http")]
+    warnings = [line for line in lines if line.startswith("WARNING awp.gateway.http")]
     if refused >= 50:  # the whole module ran
         assert 1 <= len(warnings) <= 3, (refused, warnings)
 
 
 def test_log_lines_escape_control_characters() -> None:
     record = logging.LogRecord(
-        "awp.server.gateway", logging.WARNING, __file__, 1, "path %s", ("/a\nERROR forged\x1b[31m\u2028",), None
+        "awp.gateway", logging.WARNING, __file__, 1, "path %s", ("/a\nERROR forged\x1b[31m\u2028",), None
     )
     line = SafeFormatter("%(levelname)s %(name)s: %(message)s").format(record)
-    assert line == "WARNING awp.server.gateway: path /a\\x0aERROR forged\\x1b[31m\\u2028"
+    assert line == "WARNING awp.gateway: path /a\\x0aERROR forged\\x1b[31m\\u2028"
     assert escape_controls("tab\there\r\n\udcff", keep_newlines=True) == "tab\\x09here\\x0d\n\\udcff"
 
 
@@ -350,8 +348,8 @@ def test_the_awp_command_logs_through_the_escaping_formatter() -> None:
         "import logging\n"
         "from awp.cli.main import main\n"
         "try:\n    main(['db', '--help'], standalone_mode=False)\nexcept SystemExit:\n    pass\n"
-        "logging.getLogger('awp.server.gateway').warning('request %s', '/x\\nERROR awp.forged: injected')\n"
+        "logging.getLogger('awp.gateway').warning('request %s', '/x\\nERROR awp.forged: injected')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     lines = out.stderr.splitlines()
-    assert lines == ["WARNING awp.server.gateway: request /x\\x0aERROR awp.forged: injected"], out.stderr
+    assert lines == ["WARNING awp.gateway: request /x\\x0aERROR awp.forged: injected"], out.stderr

@@ -214,7 +214,7 @@ def test_a_handler_traceback_is_kept_with_its_attempt_and_shown(gw: ServeProcess
         assert detail.startswith("Traceback (most recent call last):") and "in _deep_helper" in detail
         assert detail.rstrip().endswith("ValueError: boom 7")
         w.wait_log("ValueError: boom 7")  # the traceback, on the WARNING line (control characters escaped: awp.logsafe)
-        assert "WARNING awp.worker.executors: handler 'test-raise' failed on t attempt 1:" in w.log()
+        assert "WARNING awp.executors: handler 'test-raise' failed on t attempt 1:" in w.log()
         env = {"AWP_GATEWAY_URL": gw.base_url, "AWP_OPERATOR_TOKEN": gw.tokens.operator, "COLUMNS": "200"}
         shown = CliRunner().invoke(main, ["run", "task", run_id, "t"], env=env, catch_exceptions=False)
         assert "in _deep_helper" in shown.output and "ValueError: boom 7" in shown.output, shown.output

@@ -84,7 +84,7 @@ def test_changed_migration_is_reported_and_not_reapplied(
     migrate(empty_db, sql_dir)
     write(sql_dir, "migrations/0001_create.sql", "CREATE TABLE t (a int, b int);")
 
-    with caplog.at_level(logging.WARNING, logger="awp.dev.migrate"):
+    with caplog.at_level(logging.WARNING, logger="awp.migrate"):
         assert migrate(empty_db, sql_dir) == []
     assert "0001_create.sql changed" in caplog.text
 
