@@ -82,8 +82,14 @@ def pgbouncer(server_dsn: str, pool_size: int = 20) -> Iterator[int]:
         )
         for f in work.iterdir():
             give_to_server_user(f)
+        # A session of its own: no signal meant for the test process's group reaches it, and stopping it reaches
+        # PgBouncer itself, not only the runuser that starts it as the server's user (which would leave it running).
         proc = subprocess.Popen(
-            as_server_user([binary(), str(ini)]), cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            as_server_user([binary(), str(ini)]),
+            cwd="/",
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         try:
             deadline = time.monotonic() + 10
@@ -97,14 +103,24 @@ def pgbouncer(server_dsn: str, pool_size: int = 20) -> Iterator[int]:
                 time.sleep(0.05)
             yield port
         finally:
-            proc.send_signal(signal.SIGINT)  # SIGINT: stop at once (SIGTERM waits for clients to leave)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the PgBouncer of ``proc`` (and its runuser): SIGTERM to its process group (Debian's 1.18 shuts down at
+    once on SIGTERM; from 1.23 SIGTERM waits for clients and SIGINT is immediate, so both are sent), SIGKILL after
+    5 s."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def pooled_dsn(dsn: str, port: int) -> str:
