@@ -55,31 +55,28 @@ def run_many_only(
     """``--many-runs-only``: the scenarios of issue 46 alone (``many_runs.py``), on their own gateway and workers;
     prints their tables and targets and writes ``many-<plan>-<time>.json`` (``latest.*`` are left as they are)."""
     started = time.monotonic()
-    b = Bench(dsn, datadir, workdir, reaper)
-    results: dict[str, Any] = {"plan": asdict(plan), "machine": machine(), "postgres": postgres_settings(b.conn)}
-    b.gateway.start()
-    log.info("awp serve on %s; workers: real `awp worker` processes", b.gateway.base_url)
-    try:
-        results["many_runs"] = many_runs.measure(b, plan)
-    finally:
-        b.pool.resize(0)
-        b.gateway.stop()
-        b.conn.close()
+    results = measure_alone(plan, dsn, datadir, workdir, reaper, "many_runs", many_runs.measure, when, postgres=True)
     results["elapsed_s"] = time.monotonic() - started
-    results["started_at"] = when.isoformat(timespec="seconds")
     results["problems"] = report_targets.problems(results)
     results["targets"] = [
         {"target": a, "measured": m, "met": c} for a, m, c in report_targets.many_runs_targets(results)
     ]
     print()
     print(report.many_runs_text(results))
+    return write_alone(out, "many", plan, when, results)
+
+
+def write_alone(out: Path, name: str, plan: Plan, when: dt.datetime, results: dict[str, Any]) -> int:
+    """Write the results of a step run alone to ``<name>-<plan>-<time>.json`` in ``out``, log its problems; the
+    exit code (1 when there are problems)."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"many-{plan.name}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path = out / f"{name}-{plan.name}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
     path.write_text(json.dumps(results, indent=2, default=str) + "\n")
     log.info("written %s", path)
-    for p in results["problems"]:
+    problems = results.get("problems", [])
+    for p in problems:
         log.error("PROBLEM: %s", p)
-    return 1 if results["problems"] else 0
+    return 1 if problems else 0
 
 
 def measure_alone(
@@ -90,12 +87,22 @@ def measure_alone(
     reaper: Reaper,
     key: str,
     measure: Callable[[Bench, Plan], dict[str, Any]],
+    when: dt.datetime,
+    postgres: bool = False,
 ) -> dict[str, Any]:
-    """One step alone (``--dynamic-only``, ``--pacing-only``, ``--progress-only``) on its own gateway and workers:
-    {"plan", "machine", key: what ``measure`` returned}."""
+    """One step alone (``--many-runs-only``, ``--dynamic-only``, ``--pacing-only``, ``--progress-only``) on its own
+    gateway and workers: {"plan", "machine", "started_at"[, "postgres": its settings], key: what ``measure``
+    returned}."""
     b = Bench(dsn, datadir, workdir, reaper)
-    results: dict[str, Any] = {"plan": asdict(plan), "machine": machine()}
+    results: dict[str, Any] = {
+        "plan": asdict(plan),
+        "machine": machine(),
+        "started_at": when.isoformat(timespec="seconds"),
+    }
+    if postgres:
+        results["postgres"] = postgres_settings(b.conn)
     b.gateway.start()
+    log.info("awp serve on %s; workers: real `awp worker` processes", b.gateway.base_url)
     try:
         results[key] = measure(b, plan)
     finally:
@@ -115,19 +122,12 @@ def run_step_only(
         "dynamic": (dynamic, report_steps.dynamic_table, report_targets.dynamic_targets),
         "pacing": (pacing, report_steps.pacing_table, report_targets.pacing_targets),
     }[step]
-    results = measure_alone(plan, dsn, datadir, workdir, reaper, step, module.measure)
-    results["started_at"] = when.isoformat(timespec="seconds")
+    results = measure_alone(plan, dsn, datadir, workdir, reaper, step, module.measure, when)
     results["problems"] = report_targets.problems(results)
     print(table(results).text())
     for name, measured, met in targets(results):
         print(f"{name}: {measured} {'NOT MEASURED' if met is None else ('PASS' if met else 'MISS')}")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{step}-{plan.name}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    log.info("written %s", path)
-    for p in results["problems"]:
-        log.error("PROBLEM: %s", p)
-    return 1 if results["problems"] else 0
+    return write_alone(out, step, plan, when, results)
 
 
 def run_progress_only(
@@ -135,11 +135,7 @@ def run_progress_only(
 ) -> int:
     """``--progress-only``: step 12 alone (``progress_cost.py``), on its own gateway and workers; prints its table and
     writes ``progress-<plan>-<time>.json`` (``latest.*`` are left as they are)."""
-    results = measure_alone(plan, dsn, datadir, workdir, reaper, "progress", progress_cost.measure)
-    results["started_at"] = when.isoformat(timespec="seconds")
+    results = measure_alone(plan, dsn, datadir, workdir, reaper, "progress", progress_cost.measure, when)
     print(progress_cost.table(results["progress"]))
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"progress-{plan.name}-{when.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    log.info("written %s", path)
+    write_alone(out, "progress", plan, when, results)
     return 0

@@ -29,7 +29,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from awp.dev.localdb import as_server_user, free_port, give_to_server_user
-from awp.server.db import DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
+from awp.server.pools import DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
 ENV_PORT = "AWP_TEST_PGBOUNCER_PORT"  # set while `make pgbouncer-test` runs: gateways then use it (awp_testing.gateway)

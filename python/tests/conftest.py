@@ -107,8 +107,8 @@ def db(db_dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
 def gateway_login(db_dsn: str) -> Iterator[str]:
     role, password = f"awp_login_{secrets.token_hex(4)}", secrets.token_hex(16)
     with psycopg.connect(db_dsn, autocommit=True) as c:
-        c.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE awp_gateway").format(
-            sql.Identifier(role), sql.Literal(password)))  # fmt: skip
+        create = sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE awp_gateway")
+        c.execute(create.format(sql.Identifier(role), sql.Literal(password)))
     try:
         yield make_conninfo(db_dsn, user=role, password=password)
     finally:

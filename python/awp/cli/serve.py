@@ -25,8 +25,8 @@ from awp.server.appstate import (
     GatewayConfig,
 )
 from awp.server.authfail import DEFAULT_MAX_DELAY_MS
-from awp.server.db import DEFAULT_HEARTBEAT_POOL_SIZE, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 from awp.server.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS
+from awp.server.pools import DEFAULT_HEARTBEAT_POOL_SIZE, DEFAULT_LOCK_TIMEOUT_MS, DEFAULT_STATEMENT_TIMEOUT_MS
 from awp.server.serve import run_server, server_ssl_context
 
 

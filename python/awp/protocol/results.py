@@ -154,12 +154,11 @@ def check_result(result: Mapping[str, Any]) -> Result:
         if problem is not None:
             return failure("permanent_failure", *problem)
         return success(output)
-    failure_kind = next((k for k in FAILURE_KINDS if k == kind), None)
-    if failure_kind is None:
+    if kind not in FAILURE_KINDS:
         return failure("permanent_failure", INVALID_RESULT, f"unknown result kind {kind!r}")
     detail = result.get("error_detail")
     return failure(
-        failure_kind,
+        kind,
         str(result.get("error_code") or "error"),
         str(result.get("error_message") or ""),
         detail if isinstance(detail, str) else None,

@@ -15,11 +15,6 @@ from typing import Any, cast
 from psycopg.types.json import Jsonb
 
 from awp.protocol.jsonio import dumps_bytes
-
-# Re-exported (the names awp.cli.serve and awp_testing.pgbouncer import from here); they belong to the pools.
-from awp.server.pools import DEFAULT_HEARTBEAT_POOL_SIZE as DEFAULT_HEARTBEAT_POOL_SIZE
-from awp.server.pools import DEFAULT_LOCK_TIMEOUT_MS as DEFAULT_LOCK_TIMEOUT_MS
-from awp.server.pools import DEFAULT_STATEMENT_TIMEOUT_MS as DEFAULT_STATEMENT_TIMEOUT_MS
 from awp.server.pools import Pools, Row
 
 

@@ -23,7 +23,7 @@ from urllib.parse import quote
 import aiohttp
 
 from awp.protocol.limits import PROTOCOL_HEADER, PROTOCOL_VERSION
-from awp.protocol.wire import Lease, LeaseRef, Result
+from awp.protocol.wire import Completion, Lease, LeaseRef, OutputWrite, ProgressItem, Result
 
 
 class ClientError(Exception):
@@ -265,7 +265,7 @@ class Client:
         result: Result,
         claim_slots: int | None = None,
         claim_seq: int | None = None,
-        live_output: list[dict[str, Any]] | None = None,
+        live_output: list[OutputWrite] | None = None,
     ) -> tuple[bool, list[Lease]]:
         """(applied, new leases); with ``claim_slots`` the gateway also claims that many in the same call
         (``claim_seq`` numbering that claim); ``live_output``: the lease's last progress writes (docs/progress.md),
@@ -290,7 +290,7 @@ class Client:
         self,
         worker_id: str,
         session_token: str,
-        items: list[dict[str, Any]],
+        items: list[Completion],
         claim_slots: int = 0,
         claim_seq: int | None = None,
     ) -> tuple[list[dict[str, Any]], list[Lease]]:
@@ -331,7 +331,7 @@ class Client:
         return await self.request("POST", path, body, token=session_token, headers=self._worker_headers())
 
     async def report_progress_many(
-        self, worker_id: str, session_token: str, items: list[dict[str, Any]]
+        self, worker_id: str, session_token: str, items: list[ProgressItem]
     ) -> list[dict[str, Any]]:
         """POST /workers/{id}/progress: several leases' writes; per item {dispatch_id, seq, truncated} or
         {dispatch_id, error: {code, message}}, in order."""

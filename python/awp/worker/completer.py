@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from awp.protocol.limits import BODY_LIMIT, MAX_BATCH_RESULTS
 from awp.protocol.results import refuses_result, rejected
-from awp.protocol.wire import Lease, Result
+from awp.protocol.wire import Completion, Lease, Result
 from awp.worker.acklog import AckLog
 from awp.worker.backoff import Backoff, is_outage, retry_after_of
 from awp.worker.client import ClientError, GatewayError, TransportError
@@ -74,10 +74,10 @@ class Pending:
         if not self.leases.done():
             self.leases.set_result(leases)
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> Completion:
         """Its item of a completions request."""
         ex = self.execution
-        item: dict[str, Any] = {"dispatch_id": ex.dispatch_id, "lease_token": ex.lease_token, "result": self.result}
+        item: Completion = {"dispatch_id": ex.dispatch_id, "lease_token": ex.lease_token, "result": self.result}
         if ex.live_output:  # its last progress writes (docs/progress.md)
             item["live_output"] = ex.live_output
         return item

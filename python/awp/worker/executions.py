@@ -22,7 +22,7 @@ from typing import Any
 
 from awp.handlers import Context
 from awp.protocol.results import check_result, failure
-from awp.protocol.wire import Lease, Result
+from awp.protocol.wire import Lease, OutputWrite, Result
 from awp.worker.config import EXIT_HUNG
 from awp.worker.executors import Executor
 from awp.worker.progress import ProgressSender
@@ -64,7 +64,7 @@ class Execution:
         self.aborted = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.settled = False  # the server acknowledged its result (else, once it ends, it is reported dropped)
-        self.live_output: list[dict[str, Any]] = []  # its last progress writes, sent with its result (docs/progress.md)
+        self.live_output: list[OutputWrite] = []  # its last progress writes, sent with its result (docs/progress.md)
 
     def set_margin(self, margin_ms: int) -> None:
         """Apply the safety margin once, at claim time (the caller caps it at half the lease)."""

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from awp.protocol.limits import MAX_BATCH_LEASES, MAX_ENTRIES, MAX_ENTRY_BYTES, MAX_PROGRESS_BYTES
+from awp.protocol.wire import OutputWrite, ProgressItem
 from awp.worker.client import Client, ClientError, GatewayError
 
 log = logging.getLogger("awp.progress")  # the log's name, not the module's (docs/operations.md, Logs)
@@ -134,7 +135,7 @@ class LeaseOutput:
         with self._lock:
             return not self.fenced and (self._progress is not _UNSET or bool(self._entries))
 
-    def take(self, budget: int) -> list[dict[str, Any]]:
+    def take(self, budget: int) -> list[ProgressItem]:
         """The next writes of this lease, at most ``budget`` bytes of entries (at least one entry): one write per
         run of log lines followed by chunks (the database numbers a write's lines before its chunks), the progress
         value on the last; none when nothing is pending."""
@@ -143,7 +144,7 @@ class LeaseOutput:
                 return []
             progress = self._progress
             self._progress = _UNSET
-            items: list[dict[str, Any]] = []
+            items: list[ProgressItem] = []
             logs: list[str] = []
             chunks: list[str] = []
             used = n = 0
@@ -167,16 +168,16 @@ class LeaseOutput:
             items[-1]["progress"] = progress
         return items
 
-    def _item(self, logs: list[str], chunks: list[str], offset: int) -> dict[str, Any]:
+    def _item(self, logs: list[str], chunks: list[str], offset: int) -> ProgressItem:
         """One write; ``offset``: the lines and chunks taken before it (the database applies a repeat once)."""
-        item: dict[str, Any] = {"dispatch_id": self.dispatch_id, "lease_token": self.lease_token, "offset": offset}
+        item: ProgressItem = {"dispatch_id": self.dispatch_id, "lease_token": self.lease_token, "offset": offset}
         if logs:
             item["logs"] = logs
         if chunks:
             item["chunks"] = chunks
         return item
 
-    def restore(self, writes: list[dict[str, Any]]) -> None:
+    def restore(self, writes: list[ProgressItem]) -> None:
         """Put back writes that got no answer (they are sent again, before anything newer)."""
         with self._lock:
             if self.fenced:
@@ -197,6 +198,15 @@ class LeaseOutput:
             self._entries.clear()
             self._bytes = 0
             self._progress = _UNSET
+
+
+def _without_lease(item: ProgressItem) -> OutputWrite:
+    """A lease's write as its completion carries it (``live_output``: the lease is the completion's)."""
+    write: OutputWrite = {}
+    for key in ("progress", "logs", "chunks", "offset"):
+        if key in item:
+            write[key] = item[key]
+    return write
 
 
 class ProgressSender:
@@ -243,7 +253,7 @@ class ProgressSender:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(self._wakeup.set)
 
-    async def finish(self, out: LeaseOutput) -> list[dict[str, Any]]:
+    async def finish(self, out: LeaseOutput) -> list[OutputWrite]:
         """A lease's last writes, for its completion request to carry (``live_output``: no round trip of their own),
         once its write in flight (if any) is answered; what is over ``FINAL_BYTES`` is sent first, at once. Then the
         lease is forgotten."""
@@ -258,9 +268,7 @@ class ProgressSender:
                 await asyncio.wait_for(out.settled.wait(), FINISH_TIMEOUT_S)
             if out.in_flight:
                 return []
-            return [
-                {k: v for k, v in w.items() if k not in ("dispatch_id", "lease_token")} for w in out.take(FINAL_BYTES)
-            ]
+            return [_without_lease(w) for w in out.take(FINAL_BYTES)]
         finally:
             self.discard(out)
 
@@ -307,8 +315,8 @@ class ProgressSender:
                 self._wakeup.clear()
 
     async def _send(self, outs: list[LeaseOutput]) -> None:
-        items: list[dict[str, Any]] = []
-        taken: list[tuple[LeaseOutput, list[dict[str, Any]]]] = []
+        items: list[ProgressItem] = []
+        taken: list[tuple[LeaseOutput, list[ProgressItem]]] = []
         budget = MAX_REQUEST_BYTES
         for out in outs:
             writes = out.take(max(1, budget // max(1, len(outs))))

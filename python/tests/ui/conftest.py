@@ -1,7 +1,8 @@
 """Fixtures of the dashboard tests (the database, ``gw``, ``workers`` and ``no_live_runs`` are
 python/tests/conftest.py's, the helpers python/tests/ui_support.py's).
 
-- ``browser`` (module): Debian's headless Chromium, through Playwright (the test is skipped without Playwright).
+- ``browser`` (module): Debian's headless Chromium, through Playwright (a dependency of the dev extra: without it
+  the tests fail, never skip).
 - ``open_ui`` (function): ``open_ui(role="operator", script=True)``, a new 1280x800 browser context signed in with
   that role's token (``None``: signed out), with the page's script or without it, and its page. Every page is
   watched (:class:`ui_support.Watch`): a request to any other origin than the gateway's, a console error or an
@@ -17,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from playwright.sync_api import sync_playwright
 from psycopg.rows import dict_row
 from ui_support import CHROMIUM, CHROMIUM_ARGS, LONGEST_TASK, VIEWPORT, Watch, sign_in
 
@@ -25,10 +27,9 @@ from awp_testing.gateway import ServeProcess
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    playwright_api = pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium (apt-get install chromium)")
-    with playwright_api.sync_playwright() as p:
+    with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
