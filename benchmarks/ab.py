@@ -7,9 +7,10 @@ in one throwaway cluster (fsync on), and compared round by round.
 A variant is ``SOURCE[:NAME=VALUE,...]``: SOURCE is a checkout (a directory holding ``db/``; ``.`` is the working
 tree) or a git revision (its ``db/`` and ``python/`` exported with ``git archive``); the NAME=VALUE pairs are
 environment variables of that variant's ``awp serve``, but for ``AB_LOGS=N``: each completion carries N log lines
-(``sql``: as a task's last lines ride on its result; ``http``: mock tasks that each log N lines). Each variant gets a
-database of its own, migrated from its SQL; its ``awp serve`` runs its ``python/awp`` (first on PYTHONPATH); every
-worker runs the working tree's.
+(``sql``: as a task's last lines ride on its result; ``http``: mock tasks that each log N lines), and ``AB_RANGES=N``
+(``sql``: N more time ranges of history, empty, before today's: partitions the hot path's plans cover). Each variant
+gets a database of its own, migrated from its SQL; its ``awp serve`` runs its ``python/awp`` (first on PYTHONPATH);
+every worker runs the working tree's.
 
 ``sql``: one worker of one slot completes every task of ``--runs`` runs of ``--tasks`` tasks (``--runs`` > 1: each
 refill goes to another run) with ``awp.complete_and_claim``; measured: the backend's CPU (``/proc``) per completion.
@@ -181,6 +182,27 @@ def complete_grouped(conn: psycopg.Connection[Any], wid: str, workers: int, logs
     return done
 
 
+def past_ranges(conn: psycopg.Connection[Any], n: int) -> None:
+    """``AB_RANGES=N``: N more (empty) time ranges of history before today's (a day each), as retention keeps them
+    (db/functions/_partitions.sql): the number of partitions the hot path's plans cover."""
+    conn.execute("SET ROLE awp_owner")  # the owner of AWP's tables owns their partitions
+    for k in range(1, n + 1):
+        conn.execute(
+            "SELECT awp._make_history_partition(t.tab, t.prefix, h.lo, h.lo + 86400000, h.suffix)"
+            " FROM awp._history_tables() t,"
+            " (SELECT min(lower_ms) - 86400000 * %s AS lo, 'past' || %s AS suffix FROM awp.history_partitions) h",
+            (k, k),
+        )
+    if n:
+        conn.execute(
+            "INSERT INTO awp.history_partitions (lower_ms, upper_ms, suffix, created_at)"
+            " SELECT m - 86400000 * k, m - 86400000 * (k - 1), 'past' || k, now()"
+            " FROM (SELECT min(lower_ms) AS m FROM awp.history_partitions) x, generate_series(1, %s) k",
+            (n,),
+        )
+    conn.execute("RESET ROLE")
+
+
 def run_sql(args: argparse.Namespace, variants: list[Variant]) -> None:
     def complete(conn: psycopg.Connection[Any], v: Variant) -> int:  # a round's work: every task of the "ab" workflow
         if args.group:
@@ -192,6 +214,7 @@ def run_sql(args: argparse.Namespace, variants: list[Variant]) -> None:
         for i, v in enumerate(variants):
             conn = psycopg.connect(fresh_database(server, database_name(f"ab{i}"), sql_dir=v.sql_dir), autocommit=True)
             conn.prepare_threshold = 0
+            past_ranges(conn, int(v.env.get("AB_RANGES", 0)))
             define(conn, "ab", args.tasks, max(1, args.group))
             if args.pre:
                 define(conn, "ab-pre", args.pre)

@@ -94,7 +94,8 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
          ('retention_ms', 0, 3153600000000, ' (0: keep forever; at most 100 years)'),
          ('leader_lease_ms', 500, 3600000, ''),
          ('progress_log_bytes', 1024, 67108864, ' (bytes of log lines one attempt keeps)'),
-         ('progress_chunk_bytes', 1024, 67108864, ' (bytes of output chunks one attempt keeps)')
+         ('progress_chunk_bytes', 1024, 67108864, ' (bytes of output chunks one attempt keeps)'),
+         ('history_partition_ms', 0, 2592000000, ' (the time range of each history partition: 0 for half the retention, else 1 s to 30 days)')
 $$;
 COMMENT ON FUNCTION awp._setting_ranges() IS 'The allowed range of each setting (awp.configure).';
 

@@ -135,7 +135,7 @@ DECLARE
 BEGIN
   SELECT x.status INTO r FROM awp.runs x WHERE x.run_id = p_run_id;
   SELECT y.task_key, y.executor INTO t FROM awp.tasks y WHERE y.run_id = p_run_id AND y.task_key = p_task_key;
-  v_id := awp._new_id('dsp');
+  v_id := awp._new_dispatch_id(p_run_id);
   INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)
   VALUES (v_id, p_run_id, t.task_key, t.executor, v_now);
   -- Remembered for awp._notify_pending (a transaction-local setting: rolled back with the transaction).
@@ -294,7 +294,7 @@ BEGIN
     RETURN 0;
   END IF;
   WITH pick AS MATERIALIZED (
-    SELECT y.task_key, y.executor, y.ordinal, y.priority, awp._new_id('dsp') AS dispatch_id FROM awp.tasks y
+    SELECT y.task_key, y.executor, y.ordinal, y.priority, awp._new_dispatch_id(p_run_id) AS dispatch_id FROM awp.tasks y
      WHERE y.run_id = p_run_id AND y.status = 'ready' AND y.executor = ANY (p_kinds) AND y.limit_buckets IS NULL
        AND awp._action_served(y.executor, y.action)   -- routing by action (db/functions/_routing.sql)
      ORDER BY y.priority DESC, y.ordinal LIMIT v_room

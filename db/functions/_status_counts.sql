@@ -10,25 +10,39 @@
 -- Statement-level DELETE (transition table `gone`): -n per status. TRUNCATE (tests, a DBA): the entity's
 -- counts go (TRUNCATE holds ACCESS EXCLUSIVE: no other change of that table is in flight). TG_ARGV[0] is
 -- the entity. Locks: none (inserts only; TRUNCATE: the entity's count rows).
+-- A run's deltas carry its time range (`part`, the suffix of its partition; '' outside the time ranges:
+-- db/functions/_partitions.sql), so that dropping a range drops its runs' counts too (a DROP fires no trigger). A
+-- row trigger of the partitioned awp.runs fires on the row's partition (TG_TABLE_NAME); the DELETE statement trigger
+-- finds each gone run's range in awp.history_partitions.
 CREATE OR REPLACE FUNCTION awp._count_status() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_part text := CASE WHEN TG_LEVEL = 'ROW' AND left(TG_TABLE_NAME, 6) = 'runs_p' THEN substr(TG_TABLE_NAME, 7)
+                      ELSE '' END;
 BEGIN
   IF TG_OP = 'TRUNCATE' THEN
     DELETE FROM awp.status_counts c WHERE c.entity = TG_ARGV[0];
+  ELSIF TG_LEVEL = 'STATEMENT' AND TG_ARGV[0] = 'run' THEN
+    INSERT INTO awp.status_counts (entity, status, delta, part)
+    SELECT 'run', g.status, -count(*), coalesce(h.suffix, '')
+      FROM gone g
+      LEFT JOIN awp.history_partitions h
+        ON g.run_id >= awp._time_key('run', h.lower_ms) AND g.run_id < awp._time_key('run', h.upper_ms)
+     GROUP BY g.status, h.suffix;
   ELSIF TG_LEVEL = 'STATEMENT' THEN
     INSERT INTO awp.status_counts (entity, status, delta)
     SELECT TG_ARGV[0], g.status, -count(*) FROM gone g GROUP BY g.status;
   ELSIF TG_OP = 'INSERT' THEN
-    INSERT INTO awp.status_counts (entity, status, delta) VALUES (TG_ARGV[0], NEW.status, 1);
+    INSERT INTO awp.status_counts (entity, status, delta, part) VALUES (TG_ARGV[0], NEW.status, 1, v_part);
   ELSE
-    INSERT INTO awp.status_counts (entity, status, delta)
-    VALUES (TG_ARGV[0], OLD.status, -1), (TG_ARGV[0], NEW.status, 1);
+    INSERT INTO awp.status_counts (entity, status, delta, part)
+    VALUES (TG_ARGV[0], OLD.status, -1, v_part), (TG_ARGV[0], NEW.status, 1, v_part);
   END IF;
   RETURN NULL;
 END $$;
 COMMENT ON FUNCTION awp._count_status() IS 'Trigger: appends run/worker status count deltas to awp.status_counts.';
 
--- awp._compact_status_counts(): folds the deltas into one row per (entity, status) (dropping zeros);
+-- awp._compact_status_counts(): folds the deltas into one row per (entity, status, part) (dropping zeros);
 -- returns the number of delta rows folded. Safe concurrently with writers (their new rows are not in
 -- this statement's snapshot and stay) and with itself (a row deleted by a concurrent compaction is
 -- skipped). Locks: the delta rows it deletes.
@@ -38,10 +52,11 @@ DECLARE
   v_n integer;
 BEGIN
   WITH gone AS (
-    DELETE FROM awp.status_counts c RETURNING c.entity, c.status, c.delta
+    DELETE FROM awp.status_counts c RETURNING c.entity, c.status, c.delta, c.part
   ), folded AS (
-    INSERT INTO awp.status_counts (entity, status, delta)
-    SELECT g.entity, g.status, sum(g.delta) FROM gone g GROUP BY g.entity, g.status HAVING sum(g.delta) <> 0
+    INSERT INTO awp.status_counts (entity, status, delta, part)
+    SELECT g.entity, g.status, sum(g.delta), g.part FROM gone g GROUP BY g.entity, g.status, g.part
+    HAVING sum(g.delta) <> 0
   )
   SELECT count(*) INTO v_n FROM gone;
   RETURN v_n;
@@ -87,7 +102,8 @@ CREATE TRIGGER workers_count_status_trunc AFTER TRUNCATE ON awp.workers
   FOR EACH STATEMENT EXECUTE FUNCTION awp._count_status('worker');
 
 DELETE FROM awp.status_counts;
-INSERT INTO awp.status_counts (entity, status, delta)
-SELECT 'run', r.status, count(*) FROM awp.runs r GROUP BY r.status
+INSERT INTO awp.status_counts (entity, status, delta, part)
+SELECT 'run', r.status, count(*), CASE WHEN left(c.relname, 6) = 'runs_p' THEN substr(c.relname, 7) ELSE '' END
+  FROM awp.runs r JOIN pg_class c ON c.oid = r.tableoid GROUP BY 2, 4
 UNION ALL
-SELECT 'worker', w.status, count(*) FROM awp.workers w GROUP BY w.status;
+SELECT 'worker', w.status, count(*), '' FROM awp.workers w GROUP BY w.status;

@@ -35,6 +35,11 @@
 --                            all of them were dispatched after the limit was last set (lowering a limit withdraws
 --                            nothing); a task with limits that is running has its start in awp.limit_starts while
 --                            its limit's window counts it (docs/limits.md)
+--   orphan_row               every task, dispatch, event, signal, progress row, log line and output counter belongs
+--                            to a run (a dispatch to a task): no foreign keys hold it since migration 0023
+--   history_partitions       each time range of awp.history_partitions has its partition in each of the eight
+--                            partitioned tables, with the range's bounds, and no other time partition exists
+--                            (db/functions/_partitions.sql)
 -- Takes no locks; raises nothing.
 
 -- awp.transitions(): every allowed (entity_type, from_status, to_status); from NULL = creation.
@@ -269,5 +274,41 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
    WHERE t.status = 'running' AND t.limit_buckets IS NOT NULL
      AND d.leased_at > awp._now() - make_interval(secs => l.window_ms / 1000.0)
      AND NOT EXISTS (SELECT 1 FROM awp.limit_starts s WHERE s.bucket = b.bucket AND s.started_at = d.leased_at)
+  UNION ALL
+  -- No foreign keys between the run-scoped tables since they are partitioned (migration 0023): no row without its run
+  -- (or, for a dispatch, its task).
+  SELECT 'orphan_row', o.run_id, o.entity_key, o.detail
+    FROM (SELECT t.run_id, t.task_key AS entity_key, 'a task of no run' AS detail FROM awp.tasks t
+           WHERE NOT EXISTS (SELECT 1 FROM awp.runs r WHERE r.run_id = t.run_id)
+          UNION ALL
+          SELECT d.run_id, d.dispatch_id, 'a dispatch of no task' FROM awp.dispatches d
+           WHERE NOT EXISTS (SELECT 1 FROM awp.tasks t WHERE t.run_id = d.run_id AND t.task_key = d.task_key)
+          UNION ALL
+          SELECT x.run_id, x.what, x.what || ' of no run'
+            FROM (SELECT DISTINCT e.run_id, 'events' AS what FROM awp.events e
+                  UNION SELECT g.run_id, 'a signal' FROM awp.signals g
+                  UNION SELECT o.run_id, 'log lines or chunks' FROM awp.task_output o
+                  UNION SELECT p.run_id, 'progress' FROM awp.task_progress p
+                  UNION SELECT u.run_id, 'an output counter' FROM awp.run_outputs u) x
+           WHERE NOT EXISTS (SELECT 1 FROM awp.runs r WHERE r.run_id = x.run_id)) o
+   WHERE p_run_ids IS NULL OR o.run_id = ANY (p_run_ids)
+  UNION ALL
+  -- Each time range of history has its partition in each of the eight tables, with the range's bounds, and no other
+  -- partition has a time bound (db/functions/_partitions.sql).
+  SELECT 'history_partitions', NULL, coalesce(h.suffix, p.suffix),
+         CASE WHEN p.suffix IS NULL THEN format('range %s has no partition of awp.%s', h.suffix, h.tab)
+              WHEN h.suffix IS NULL THEN format('partition %s is of no range of awp.history_partitions', p.relname)
+              ELSE format('partition %s has bounds %s, not %s', p.relname, p.bound, h.bound) END
+    FROM (SELECT x.suffix, t.tab, format('FOR VALUES FROM (%L) TO (%L)', awp._time_key(t.prefix, x.lower_ms),
+                                         awp._time_key(t.prefix, x.upper_ms)) AS bound
+            FROM awp.history_partitions x CROSS JOIN awp._history_tables() t) h
+    FULL JOIN (SELECT c.relname, t.tab, substr(c.relname, length(t.tab) + 3) AS suffix,
+                      pg_get_expr(c.relpartbound, c.oid) AS bound
+                 FROM awp._history_tables() t
+                 JOIN pg_inherits i ON i.inhparent = format('awp.%I', t.tab)::regclass
+                 JOIN pg_class c ON c.oid = i.inhrelid
+                WHERE c.relname NOT IN (t.tab || '_legacy', t.tab || '_default')) p
+      ON p.tab = h.tab AND p.suffix = h.suffix
+   WHERE p_run_ids IS NULL AND (p.suffix IS NULL OR h.suffix IS NULL OR p.bound <> h.bound)
 $$;
 COMMENT ON FUNCTION awp.check_invariants(text[]) IS 'Every violated invariant (one row each, with ids); empty when all hold. Optional run filter.';

@@ -299,6 +299,7 @@ DECLARE
   v_key   text;   -- the task refilled and its executor (NULL: none)
   v_exec  text;
   v_seqscan text;   -- the session's enable_seqscan, restored after the MERGE and the tasks UPDATE
+  v_hashjoin text := current_setting('enable_hashjoin');   -- the same for enable_hashjoin
   r       record;
   t       record;
   v_id    text;
@@ -352,7 +353,7 @@ BEGIN
   IF v_key IS NOT NULL THEN
     s := awp._settings();
     PERFORM awp._claim_is_alive(w, s, v_now);
-    v_id := awp._new_id('dsp');
+    v_id := awp._new_dispatch_id(v_run);
     v_token := awp._token();
     v_att := t.attempts + 1;
     SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
@@ -360,6 +361,9 @@ BEGIN
   -- enable_seqscan off for planning the MERGE and the tasks UPDATE below (see above), restored after them.
   v_seqscan := current_setting('enable_seqscan');
   PERFORM set_config('enable_seqscan', 'off', true);
+  -- And no hash join for the tasks UPDATE: over the partitions of awp.tasks (migration 0023) the planner, with the
+  -- table small, hashed the VALUES list against a full index scan of each partition instead of probing them.
+  PERFORM set_config('enable_hashjoin', 'off', true);
   IF p_done IS NOT NULL THEN   -- the hot path's completion, with the refill's row when there is one
     MERGE INTO awp.dispatches x
     USING (VALUES (p_done, true), (v_id, false)) AS m(id, done)
@@ -405,6 +409,7 @@ BEGIN
      WHERE y.run_id = v.run_id AND y.task_key = v.task_key;
   END IF;
   PERFORM set_config('enable_seqscan', v_seqscan, true);
+  PERFORM set_config('enable_hashjoin', v_hashjoin, true);
   -- Each run's row and events once: the completed run's (with the refill's when it went to the same run), then
   -- the refilled run's when it is another one.
   IF v_key IS NOT NULL AND v_run = p_run THEN

@@ -645,6 +645,8 @@ DECLARE
   v_up    jsonb;
   v_ctid  tid[];
   v_ftid  tid[];
+  v_cpair text[];            -- run_id chr(31) task_key of each completed task, of each refill: ctids are per partition
+  v_fpair text[];
   e_run   text[] := '{}';      -- the events, each of its run
   e_type  text[] := '{}';
   e_key   text[] := '{}';
@@ -727,14 +729,18 @@ BEGIN
   -- cheaper than the TID scan. A row that fails makes the count fall short: a lease not current, whose item's own
   -- call says why.
   v_now := awp._now();
+  -- awp.tasks is partitioned (migration 0023) and a ctid names a row only within its partition: each row read by TID
+  -- must also be the item's task (run and key, v_cpair), or the same ctid in another partition would pass.
   v_ctid := awp._task_rows(c_run, c_key);
+  v_cpair := ARRAY(SELECT u.r || chr(31) || u.k FROM unnest(c_run, c_key) WITH ORDINALITY AS u(r, k, o) ORDER BY u.o);
   PERFORM set_config('enable_seqscan', 'off', true);   -- planned as a TID scan (see above)
-  SELECT array_agg(y.dependants::text ORDER BY array_position(v_ctid, y.ctid)),
-         array_agg(y.mapped_task ORDER BY array_position(v_ctid, y.ctid))
+  SELECT array_agg(y.dependants::text ORDER BY array_position(v_cpair, y.run_id || chr(31) || y.task_key)),
+         array_agg(y.mapped_task ORDER BY array_position(v_cpair, y.run_id || chr(31) || y.task_key))
     INTO c_deps, c_mapped
     FROM awp.tasks y
-   WHERE y.ctid = ANY (v_ctid) AND y.status IS NOT DISTINCT FROM 'running'
-     AND y.attempts = c_att[array_position(v_ctid, y.ctid)]
+   WHERE y.ctid = ANY (v_ctid) AND y.run_id || chr(31) || y.task_key = ANY (v_cpair)
+     AND y.status IS NOT DISTINCT FROM 'running'
+     AND y.attempts = c_att[array_position(v_cpair, y.run_id || chr(31) || y.task_key)]
      AND y.limit_buckets IS NULL;   -- a task with rate limits: the general path (awp._complete_and_refill)
   PERFORM set_config('enable_seqscan', v_seqscan, true);
   IF cardinality(v_ctid) <> v_n OR coalesce(cardinality(c_deps), 0) <> v_n THEN
@@ -838,7 +844,7 @@ BEGIN
     f_exec := f_exec || t.executor;
     f_act := f_act || t.action;
     f_in := f_in || t.input;
-    f_id := f_id || awp._new_id('dsp');
+    f_id := f_id || awp._new_dispatch_id(v_run);
     f_tok := f_tok || awp._token();
     f_att := f_att || (t.attempts + 1);
     f_dl := f_dl || v_dl;
@@ -906,13 +912,15 @@ BEGIN
   -- refilled, then the refilled ones in the order of their last refill (awp._write_log takes each one's next place
   -- in the fairness order).
   v_ftid := awp._task_rows(f_run, f_key);
+  v_fpair := ARRAY(SELECT u.r || chr(31) || u.k FROM unnest(f_run, f_key) WITH ORDINALITY AS u(r, k, o) ORDER BY u.o);
   PERFORM set_config('enable_seqscan', 'off', true);   -- planned as a TID scan (see above)
-  UPDATE awp.tasks y
-     SET status = CASE WHEN y.ctid = ANY (v_ctid) THEN 'succeeded' ELSE 'running' END,
-         attempts = CASE WHEN y.ctid = ANY (v_ctid) THEN y.attempts ELSE f_att[array_position(v_ftid, y.ctid)] END,
+  UPDATE awp.tasks y   -- by TID, each row also its task's (run and key): ctids are per partition (see above)
+     SET status = CASE WHEN y.run_id || chr(31) || y.task_key = ANY (v_cpair) THEN 'succeeded' ELSE 'running' END,
+         attempts = CASE WHEN y.run_id || chr(31) || y.task_key = ANY (v_cpair) THEN y.attempts
+                         ELSE f_att[array_position(v_fpair, y.run_id || chr(31) || y.task_key)] END,
          updated_at = v_now, ready_at = NULL,
-         finished_at = CASE WHEN y.ctid = ANY (v_ctid) THEN v_now END
-   WHERE y.ctid = ANY (v_ctid || v_ftid);
+         finished_at = CASE WHEN y.run_id || chr(31) || y.task_key = ANY (v_cpair) THEN v_now END
+   WHERE y.ctid = ANY (v_ctid || v_ftid) AND y.run_id || chr(31) || y.task_key = ANY (v_cpair || v_fpair);
   PERFORM set_config('enable_seqscan', v_seqscan, true);
   FOREACH v_cand IN ARRAY ARRAY(SELECT u FROM unnest(g_run) u WHERE u <> ALL (v_order) AND u = ANY (e_run)) || v_order LOOP
     SELECT array_agg(e_type[i] ORDER BY i), array_agg(e_key[i] ORDER BY i), array_agg(e_from[i] ORDER BY i),

@@ -25,11 +25,15 @@
 -- awp._prune_batch(cutoff, max_runs, max_tasks, max_workers, max_keys): one bounded batch: at most
 -- max_runs runs (and, past the first run, at most max_tasks of their tasks), max_workers workers and
 -- max_keys idempotency records older than cutoff. Also folds the status count deltas
--- (awp._compact_status_counts). Returns {runs, tasks, dispatches, attempts, events, workers,
--- idempotency_keys, more, cutoff}; `more` is true when a limit was reached (call again).
+-- (awp._compact_status_counts). First, when a time range of history may go whole, drops its partitions instead and
+-- returns (awp._drop_history_range: its counts are estimates; `partitions` 1, `range` its bounds). p_by_range: the
+-- background's batch (awp.apply_retention), whose runs in a time range wait for its drop (see below).
+-- Returns {runs, tasks, dispatches, attempts, events, workers, idempotency_keys, more, cutoff}, plus
+-- {partitions: 1, range: [lower, upper]} after a drop; `more` is true when a limit was reached or a range was dropped
+-- (call again).
 CREATE OR REPLACE FUNCTION awp._prune_batch(p_cutoff timestamptz, p_max_runs integer DEFAULT 200,
                                             p_max_tasks integer DEFAULT 5000, p_max_workers integer DEFAULT 200,
-                                            p_max_keys integer DEFAULT 2000)
+                                            p_max_keys integer DEFAULT 2000, p_by_range boolean DEFAULT false)
 RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -45,8 +49,18 @@ DECLARE
   n_events  integer := 0;
   n_runs    integer := 0;
   n_workers integer;
+  v_drop    jsonb;
+  v_from    text;
 BEGIN
   PERFORM pg_advisory_xact_lock(hashtext('awp.prune'));
+
+  -- A whole time range of history first, when all of it may go (db/functions/_partitions.sql): its counts are the
+  -- batch's, and the batch ends there, so that the ACCESS EXCLUSIVE locks of the drop end with the caller's
+  -- transaction right after it.
+  v_drop := awp._drop_history_range(p_cutoff);
+  IF v_drop IS NOT NULL THEN
+    RETURN v_drop || jsonb_build_object('workers', 0, 'idempotency_keys', 0, 'more', true, 'cutoff', p_cutoff);
+  END IF;
 
   -- Idempotency records older than the cutoff (every pruned run's record is among them: it was written
   -- in the transaction that created the run; the run step below deletes those of its runs anyway).
@@ -62,19 +76,38 @@ BEGIN
   GET DIAGNOSTICS n_keys = ROW_COUNT;
   v_more := n_keys >= p_max_keys;
 
-  -- Runs: the oldest finished ones, cut at the task budget (runs_finished_idx).
-  SELECT array_agg(b.run_id ORDER BY b.finished_at, b.run_id) FILTER (WHERE b.before < p_max_tasks), count(*)
-    INTO v_cand, v_found
-    FROM (SELECT c.run_id, c.finished_at,
-                 sum(c.task_count) OVER (ORDER BY c.finished_at, c.run_id) - c.task_count AS before
-            FROM (SELECT r.run_id, r.finished_at, v.task_count
-                    FROM awp.runs r
-                    JOIN awp.workflow_versions v ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version
-                   WHERE r.finished_at < p_cutoff
-                     AND NOT EXISTS (SELECT 1 FROM awp.dispatches d
-                                      WHERE d.run_id = r.run_id AND d.status IN ('pending', 'leased'))
-                   ORDER BY r.finished_at, r.run_id
-                   LIMIT p_max_runs) c) b;
+  -- Runs: the oldest finished ones, cut at the task budget (runs_finished_idx). By range (the background), a run of a
+  -- time range waits for its range to go whole (or every run would be deleted row by row the moment it passed the
+  -- cutoff, before its range could be dropped) when that is at most D away, D = awp._partition_ms() (half the
+  -- retention by default): the range ends less than D after the cutoff (it goes once the cutoff passes its end) and
+  -- not more than D before it (then something pins it, a long run: its other runs go row by row). Runs outside the
+  -- time ranges (_legacy, _default) and of a range that ends far after the cutoff (say, retention_ms was just
+  -- lowered) go row by row at once.
+  IF p_by_range THEN
+    SELECT string_agg(format('SELECT * FROM awp.%I', x.p), ' UNION ALL ') INTO v_from
+      FROM (SELECT c.relname AS p FROM pg_class c
+             WHERE c.oid IN (to_regclass('awp.runs_legacy'), to_regclass('awp.runs_default'))
+            UNION ALL
+            SELECT 'runs_p' || h.suffix
+              FROM awp.history_partitions h, (SELECT floor(extract(epoch FROM p_cutoff) * 1000)::bigint AS ms,
+                                                     awp._partition_ms() AS d) k
+             WHERE NOT (h.upper_ms > k.ms - k.d AND h.upper_ms <= k.ms + k.d)) x;
+  ELSE
+    v_from := 'SELECT * FROM awp.runs';
+  END IF;
+  EXECUTE format(
+   'SELECT array_agg(b.run_id ORDER BY b.finished_at, b.run_id) FILTER (WHERE b.before < $2), count(*)
+      FROM (SELECT c.run_id, c.finished_at,
+                   sum(c.task_count) OVER (ORDER BY c.finished_at, c.run_id) - c.task_count AS before
+              FROM (SELECT r.run_id, r.finished_at, v.task_count
+                      FROM (%s) r
+                      JOIN awp.workflow_versions v ON v.workflow_id = r.workflow_id AND v.version = r.workflow_version
+                     WHERE r.finished_at < $1
+                       AND NOT EXISTS (SELECT 1 FROM awp.dispatches d
+                                        WHERE d.run_id = r.run_id AND d.status IN (''pending'', ''leased''))
+                     ORDER BY r.finished_at, r.run_id
+                     LIMIT $3) c) b', v_from)
+    INTO v_cand, v_found USING p_cutoff, p_max_tasks, p_max_runs;
   v_more := v_more OR v_found >= p_max_runs OR cardinality(v_cand) < v_found;
   IF v_cand IS NOT NULL THEN
     SELECT array_agg(x.run_id) INTO v_runs
@@ -121,14 +154,15 @@ BEGIN
                             'events', n_events, 'workers', n_workers, 'idempotency_keys', n_keys,
                             'more', v_more, 'cutoff', p_cutoff);
 END $$;
-COMMENT ON FUNCTION awp._prune_batch(timestamptz, integer, integer, integer, integer) IS 'One bounded prune batch (runs with their rows, workers, idempotency records older than a cutoff); returns counts and whether more is left.';
+COMMENT ON FUNCTION awp._prune_batch(timestamptz, integer, integer, integer, integer, boolean) IS 'One bounded prune batch (runs with their rows, workers, idempotency records older than a cutoff); returns counts and whether more is left.';
 
 -- awp.prune(older_than): deletes what finished (runs), ended (workers) or was recorded (idempotency
 -- records) more than older_than ago, by the rules at the top of this file, in batches of at most 500
 -- runs / 20,000 of their tasks / 500 workers / 5,000 records, for at most about 2 seconds per call.
 -- Returns {runs, tasks, dispatches, attempts, events, workers, idempotency_keys, batches, more, cutoff}:
--- the totals deleted; `more` true when the time budget ended the call with work left (call it again:
--- `awp prune` does). older_than NULL or negative: AWREQ. Safe on a live system at any time.
+-- the totals deleted (the rows of a time range of history dropped whole are PostgreSQL's estimates:
+-- awp._drop_history_range; a call ends after such a drop, with `more` true); `more` true when the time budget
+-- ended the call with work left (call it again: `awp prune` does). older_than NULL or negative: AWREQ. Safe on a live system at any time.
 -- Locks: as awp._prune_batch, for the whole call (one transaction).
 CREATE OR REPLACE FUNCTION awp.prune(older_than interval)
 RETURNS jsonb
@@ -152,8 +186,9 @@ BEGIN
     v_batches := v_batches + 1;
     SELECT jsonb_object_agg(k, (v_total->>k)::bigint + (b->>k)::bigint) INTO v_total FROM unnest(v_keys) k;
     v_more := (b->>'more')::boolean
-              AND (SELECT bool_or((b->>k)::bigint > 0) FROM unnest(v_keys) k);
-    EXIT WHEN NOT v_more OR clock_timestamp() - v_started > interval '2 seconds';
+              AND (b ? 'partitions' OR (SELECT bool_or((b->>k)::bigint > 0) FROM unnest(v_keys) k));
+    -- After a dropped range at once: its locks end with this transaction (the next call goes on).
+    EXIT WHEN NOT v_more OR b ? 'partitions' OR clock_timestamp() - v_started > interval '2 seconds';
   END LOOP;
   RETURN v_total || jsonb_build_object('batches', v_batches, 'more', v_more, 'cutoff', v_cutoff);
 END $$;
@@ -161,26 +196,36 @@ COMMENT ON FUNCTION awp.prune(interval) IS 'Deletes finished runs (with tasks, d
 
 -- awp.apply_retention(term): one bounded batch of awp.prune with older_than = settings.retention_ms (the
 -- active coordinator calls it every few seconds, and again at once while `more`), at most 200 runs /
--- 5,000 of their tasks / 200 workers / 2,000 records. retention_ms 0 (keep forever) deletes nothing.
+-- 5,000 of their tasks / 200 workers / 2,000 records (or one time range of history dropped whole). retention_ms 0
+-- (keep forever) deletes nothing. Last it makes the history partitions that are due (awp.maintain_partitions).
+-- By range: a run in a time range waits for its range to be dropped whole, when that is at most a range length
+-- (awp._partition_ms()) away, else it goes row by row (see awp._prune_batch); awp.prune does not wait (what it
+-- deletes is exactly what is older than its cutoff).
 -- Either way it folds the status count deltas that /metrics reads. Returns the batch's counts plus
 -- retention_ms. p_term: the active coordinator's term; AWLDR, before any write, once that term is over
 -- (db/functions/leadership.sql). Without it (by hand) there is no such check.
--- Locks: the coordinator_leader row (FOR KEY SHARE, when p_term is given), then as awp._prune_batch.
+-- Locks: the coordinator_leader row (FOR KEY SHARE, when p_term is given), then as awp._prune_batch and
+-- awp.maintain_partitions.
 CREATE OR REPLACE FUNCTION awp.apply_retention(p_term bigint DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  s awp.settings := awp._settings();
+  s       awp.settings := awp._settings();
+  v_batch jsonb;
 BEGIN
   IF p_term IS NOT NULL THEN
     PERFORM awp._check_leader(p_term, false);
   END IF;
   IF s.retention_ms = 0 THEN
+    PERFORM awp.maintain_partitions();   -- the next time ranges of history, when due (db/functions/_partitions.sql)
     PERFORM awp._compact_status_counts();
     RETURN jsonb_build_object('runs', 0, 'tasks', 0, 'dispatches', 0, 'attempts', 0, 'events', 0, 'workers', 0,
                               'idempotency_keys', 0, 'more', false, 'cutoff', NULL, 'retention_ms', 0);
   END IF;
-  RETURN awp._prune_batch(awp._now() - make_interval(secs => s.retention_ms / 1000.0))
-         || jsonb_build_object('retention_ms', s.retention_ms);
+  v_batch := awp._prune_batch(awp._now() - make_interval(secs => s.retention_ms / 1000.0), p_by_range => true);
+  -- The next time ranges of history, when due (db/functions/_partitions.sql): last, so that the locks it takes to
+  -- add them are held only until this batch's transaction ends, right after.
+  PERFORM awp.maintain_partitions();
+  RETURN v_batch || jsonb_build_object('retention_ms', s.retention_ms);
 END $$;
 COMMENT ON FUNCTION awp.apply_retention(bigint) IS 'One bounded prune batch with the configured retention_ms (nothing when 0), fenced by the active coordinator''s term when given (AWLDR); returns its counts.';

@@ -7,8 +7,8 @@
 -- it raises AWIDM. Defaults are applied here (concurrency 10, max_attempts 1,
 -- interval_ms 1000, timeout_ms 300000, input {}, action = key). Raises AWNTF for an unknown workflow
 -- or version, AWREQ for a bad key or input.
--- Locks: inserts (the unique index serialises two starts with one key), then as awp._dispatch_new_run (the
--- new run only).
+-- Locks: with a key, the transaction advisory lock (hashtext('awp.run_key'), hashtext(workflow/key)), which
+-- serialises two starts with one key; inserts; then as awp._dispatch_new_run (the new run only).
 -- A child run (docs/dynamic.md) is started by awp._start_database_tasks with its parent run and task and its depth: it is
 -- not dispatched here (the coordinator's next pass does it, woken), since its parent's lock is held and the
 -- dispatch budget's advisory lock comes before any run's (docs/architecture.md, Lock order).
@@ -33,6 +33,9 @@ BEGIN
     PERFORM awp._raise_invalid_request('invalid idempotency key', 'idempotency key must have 1-255 characters');
   END IF;
   IF p_idempotency_key IS NOT NULL THEN
+    -- One start per key at a time: a second start with the key waits here, then finds the first one's run (runs
+    -- are partitioned by run id, so (workflow_id, idempotency_key) cannot be a unique index: migration 0023).
+    PERFORM pg_advisory_xact_lock(hashtext('awp.run_key'), hashtext(p_workflow_id || '/' || p_idempotency_key));
     v_run_id := awp._existing_run(p_workflow_id, p_idempotency_key, v_input);
     IF v_run_id IS NOT NULL THEN
       RETURN v_run_id;
@@ -50,16 +53,12 @@ BEGIN
                                  format('workflow %s has no version %s', p_workflow_id, p_version));
   END IF;
 
-  v_run_id := awp._new_id('run');
+  v_run_id := awp._new_time_id('run');   -- sorts by time: its partition (db/functions/_partitions.sql)
   INSERT INTO awp.runs (run_id, workflow_id, workflow_version, concurrency, unfinished_tasks, idempotency_key,
                         input, schedule_id, created_at, parent_run_id, parent_task_key, depth, priority)
   VALUES (v_run_id, p_workflow_id, v_ver, coalesce((v_def->>'concurrency')::integer, 10),
           jsonb_array_length(v_def->'tasks'), p_idempotency_key, v_input, p_schedule_id, v_now, p_parent_run_id,
-          p_parent_task_key, p_depth, p_priority)
-  ON CONFLICT (workflow_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
-  IF NOT FOUND THEN   -- a concurrent start with the same key won
-    RETURN awp._existing_run(p_workflow_id, p_idempotency_key, v_input);
-  END IF;
+          p_parent_task_key, p_depth, p_priority);
 
   WITH defs AS (
     SELECT x.o::integer AS ordinal, x.t

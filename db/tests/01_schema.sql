@@ -2,7 +2,7 @@
 -- and the shape of every function (comment, search_path, SECURITY DEFINER, the signatures of README.md's SQL API).
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(112);
+SELECT plan(110);
 
 -- ---------------------------------------------------------------- tables
 SELECT has_table('awp', t, 'table awp.' || t || ' exists')
@@ -37,47 +37,64 @@ SELECT ok(EXISTS (SELECT 1 FROM pg_constraint c JOIN pg_class t ON t.oid = c.con
        AS x(tbl, name);
 
 -- The status sets are exactly those of docs/protocol.md, State machines (a check listing an extra or missing state fails).
-SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'run_status_is_valid'),
+SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'run_status_is_valid' AND conrelid = 'awp.runs'::regclass),
           $$CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text])))$$,
           'run statuses are the documented set');
-SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'dispatch_status_is_valid'),
+SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'dispatch_status_is_valid' AND conrelid = 'awp.dispatches'::regclass),
           $$CHECK ((status = ANY (ARRAY['pending'::text, 'leased'::text, 'completed'::text, 'expired'::text, 'canceled'::text])))$$,
           'dispatch statuses are the documented set');
 
 -- ---------------------------------------------------------------- indexes
-SELECT has_index('awp', 'dispatches', 'dispatches_one_live_per_task_uq', 'one live dispatch per task index exists');
-SELECT ok((SELECT indisunique FROM pg_index WHERE indexrelid = 'awp.dispatches_one_live_per_task_uq'::regclass),
-          'dispatches_one_live_per_task_uq is unique');
-SELECT ok((SELECT indpred IS NOT NULL FROM pg_index WHERE indexrelid = 'awp.dispatches_one_live_per_task_uq'::regclass),
-          'dispatches_one_live_per_task_uq is partial');
-SELECT is(pg_get_indexdef('awp.dispatches_attempt_uq'::regclass),
-          'CREATE UNIQUE INDEX dispatches_attempt_uq ON awp.dispatches USING btree (run_id, task_key, attempt)',
-          'attempts are unique by (run, task, number)');
-SELECT has_index('awp', 'dispatches', 'attempts_one_running_per_task_uq', 'one running attempt per task index exists');
-SELECT has_index('awp', 'dispatches', 'dispatches_fencing_token_uq', 'fencing tokens are unique');
+-- awp.dispatches is partitioned by dispatch id (migration 0023_partitioned_history): the unique indexes without it are
+-- on each partition (a run's dispatches are all in its run's partition: CHECK dispatch_in_run_range).
+SELECT is(ARRAY(SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = 'awp.dispatches'::regclass
+                   AND NOT EXISTS (SELECT 1 FROM pg_index x JOIN pg_class n ON n.oid = x.indexrelid
+                                    WHERE x.indrelid = c.oid AND x.indisunique AND x.indpred IS NOT NULL
+                                      AND n.relname LIKE 'dispatches_one_live_per_task_uq%'
+                                      AND pg_get_indexdef(x.indexrelid) LIKE '%(run_id, task_key) WHERE (status = ANY%')),
+          '{}'::text[], 'every dispatches partition has its unique partial index: one live dispatch per task');
+SELECT is(ARRAY(SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = 'awp.dispatches'::regclass
+                   AND NOT EXISTS (SELECT 1 FROM pg_index x WHERE x.indrelid = c.oid AND x.indisunique
+                                      AND pg_get_indexdef(x.indexrelid) LIKE '% USING btree (run_id, task_key, attempt)'))
+          || ARRAY(SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = 'awp.dispatches'::regclass
+                   AND NOT EXISTS (SELECT 1 FROM pg_index x WHERE x.indrelid = c.oid AND x.indisunique
+                                      AND pg_get_indexdef(x.indexrelid) LIKE '% USING btree (run_id, task_key) WHERE (attempt_status = ''running''::text)'))
+          || ARRAY(SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = 'awp.dispatches'::regclass
+                   AND NOT EXISTS (SELECT 1 FROM pg_index x WHERE x.indrelid = c.oid AND x.indisunique
+                                      AND pg_get_indexdef(x.indexrelid) LIKE '% USING btree (fencing_token)%')),
+          '{}'::text[], 'every dispatches partition: attempts unique by (run, task, number), one running attempt per task, fencing tokens unique');
+SELECT ok((SELECT count(*) FROM pg_inherits WHERE inhparent = 'awp.dispatches'::regclass) >= 3,
+          'dispatches has its default and (at least two) time partitions');
+SELECT has_index('awp', 'dispatches', 'dispatches_pkey', 'dispatches are unique by id');
 
 -- A live scenario to break: one leased task `a`, one ready task `b`.
 SELECT tests.freeze('2030-01-01 00:00:00+00') AS t0 \gset
 SELECT tests.make_run('wf', jsonb_build_array(tests.task('a'), tests.task('b', '{a}'), tests.task('c'))) AS run \gset
 SELECT * FROM tests.register_worker('w1') \gset w1_
 SELECT * FROM tests.claim_one(:'w1_worker_id', :'w1_token') \gset l_
+-- Dispatch ids in the run's time range (CHECK dispatch_in_run_range), so that the unique indexes decide.
+CREATE TEMP TABLE tests_ids AS SELECT 'dsp_' || substr(:'run', 5, 13) AS p;
 
 SELECT throws_ok(format($$INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)
-                         VALUES ('dsp_dup', %L, %L, 'mock', now())$$, :'run', :'l_task_key'),
+                         VALUES ((SELECT p FROM tests_ids) || 'dup', %L, %L, 'mock', now())$$, :'run', :'l_task_key'),
                  '23505', NULL, 'a second live dispatch for a task is rejected (pending next to leased)');
 SELECT throws_ok(format($$INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)
-                         VALUES ('dsp_c1', %L, 'c', 'mock', now()), ('dsp_c2', %L, 'c', 'mock', now())$$, :'run', :'run'),
+                         VALUES ((SELECT p FROM tests_ids) || 'c1', %L, 'c', 'mock', now()), ((SELECT p FROM tests_ids) || 'c2', %L, 'c', 'mock', now())$$, :'run', :'run'),
                  '23505', NULL, 'two pending dispatches for one task are rejected');
 SELECT lives_ok(format($$INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, finished_at)
-                         VALUES ('dsp_old', %L, %L, 'mock', now(), 'canceled', now())$$, :'run', :'l_task_key'),
+                         VALUES ((SELECT p FROM tests_ids) || 'old', %L, %L, 'mock', now(), 'canceled', now())$$, :'run', :'l_task_key'),
                 'a finished dispatch next to the live one is allowed (the index is partial)');
 SELECT throws_ok($$UPDATE awp.dispatches SET attempt = 1, attempt_status = 'canceled', attempt_finished_at = now()
-                    WHERE dispatch_id = 'dsp_old'$$,
+                    WHERE dispatch_id = (SELECT p FROM tests_ids) || 'old'$$,
                  '23505', NULL, 'a second attempt with the same number is rejected');
 SELECT throws_ok($$UPDATE awp.dispatches SET attempt_status = 'canceled', attempt_finished_at = now()
-                    WHERE dispatch_id = 'dsp_old'$$,
+                    WHERE dispatch_id = (SELECT p FROM tests_ids) || 'old'$$,
                  '23514', NULL, 'an attempt without a number (a dispatch never leased) is rejected');
-SELECT throws_ok(format($$UPDATE awp.dispatches SET fencing_token = %s WHERE dispatch_id = 'dsp_old'$$, :'l_fencing_token'),
+SELECT throws_ok(format($$UPDATE awp.dispatches SET fencing_token = %s WHERE dispatch_id = (SELECT p FROM tests_ids) || 'old'$$, :'l_fencing_token'),
                  '23505', NULL, 'a fencing token can never be issued twice');
 
 -- Illegal shapes.
@@ -174,11 +191,11 @@ SELECT has_function('awp', f, args, format('awp.%s(%s) exists', f, array_to_stri
                ('list_workers', ARRAY['timestamptz', 'text', 'integer']),
                ('get_worker', ARRAY['text']),
                ('coordinator_tick', ARRAY['boolean', 'bigint']),
-               ('configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer', 'integer', 'integer']),
+               ('configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer', 'integer', 'integer', 'bigint']),
                ('prune', ARRAY['interval'])) AS x(f, args);
 
 SELECT function_returns('awp', 'coordinator_tick', ARRAY['boolean', 'bigint'], 'jsonb', 'coordinator_tick returns jsonb');
-SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer', 'integer', 'integer'], 'jsonb', 'configure returns jsonb');
+SELECT function_returns('awp', 'configure', ARRAY['integer', 'integer', 'integer', 'integer', 'bigint', 'integer', 'integer', 'integer', 'bigint'], 'jsonb', 'configure returns jsonb');
 SELECT function_returns('awp', 'prune', ARRAY['interval'], 'jsonb', 'prune returns jsonb');
 SELECT function_returns('awp', 'start_run', ARRAY['text', 'integer', 'text', 'jsonb'], 'text', 'start_run returns the run id');
 SELECT function_returns('awp', 'complete_task', ARRAY['text', 'text', 'text', 'text', 'jsonb', 'jsonb'], 'boolean', 'complete_task returns applied');
@@ -234,9 +251,9 @@ SELECT is((tests.out_columns('awp.list_workers(timestamptz, text, integer)'))[1:
 SELECT is(tests.out_columns('awp.drain_worker(text, text)'), tests.out_columns('awp.get_worker(text)'),
           'drain_worker returns the worker summary row');
 SELECT is((SELECT array_agg(n ORDER BY i) FROM pg_proc p, unnest(p.proargnames) WITH ORDINALITY a(n, i)
-            WHERE p.oid = 'awp.configure(integer, integer, integer, integer, bigint, integer, integer, integer)'::regprocedure),
+            WHERE p.oid = 'awp.configure(integer, integer, integer, integer, bigint, integer, integer, integer, bigint)'::regprocedure),
           ARRAY['lease_duration_ms', 'heartbeat_interval_ms', 'offline_after_heartbeats', 'dispatch_limit', 'retention_ms',
-                'leader_lease_ms', 'progress_log_bytes', 'progress_chunk_bytes'],
+                'leader_lease_ms', 'progress_log_bytes', 'progress_chunk_bytes', 'history_partition_ms'],
           'configure has the fixed argument names');
 SELECT is((SELECT pronargdefaults FROM pg_proc WHERE oid = 'awp.start_run(text, integer, text, jsonb)'::regprocedure),
           3::smallint, 'start_run: version, idempotency_key and input are optional');

@@ -3,11 +3,11 @@ BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(30);
 
-SELECT is(awp.configure(), '{"lease_duration_ms": 15000, "heartbeat_interval_ms": 5000, "offline_after_heartbeats": 3, "dispatch_limit": 10000, "retention_ms": 604800000, "leader_lease_ms": 10000, "progress_log_bytes": 1048576, "progress_chunk_bytes": 1048576}'::jsonb,
+SELECT is(awp.configure(), '{"lease_duration_ms": 15000, "heartbeat_interval_ms": 5000, "offline_after_heartbeats": 3, "dispatch_limit": 10000, "retention_ms": 604800000, "leader_lease_ms": 10000, "progress_log_bytes": 1048576, "progress_chunk_bytes": 1048576, "history_partition_ms": 0}'::jsonb,
           'the defaults are 15000 / 5000 / 3 / 10000 (dispatch_limit: docs/limits.md) / 7 days / leader lease 10 s');
 SELECT is(awp.get_settings(), awp.configure(), 'get_settings returns the same');
 SELECT is(awp.configure(dispatch_limit => 7),
-          '{"lease_duration_ms": 15000, "heartbeat_interval_ms": 5000, "offline_after_heartbeats": 3, "dispatch_limit": 7, "retention_ms": 604800000, "leader_lease_ms": 10000, "progress_log_bytes": 1048576, "progress_chunk_bytes": 1048576}'::jsonb,
+          '{"lease_duration_ms": 15000, "heartbeat_interval_ms": 5000, "offline_after_heartbeats": 3, "dispatch_limit": 7, "retention_ms": 604800000, "leader_lease_ms": 10000, "progress_log_bytes": 1048576, "progress_chunk_bytes": 1048576, "history_partition_ms": 0}'::jsonb,
           'a named argument changes only that setting');
 SELECT is(awp.configure(heartbeat_interval_ms => NULL, lease_duration_ms => 20000)->>'lease_duration_ms', '20000',
           'named arguments in any order; null keeps');
@@ -31,7 +31,7 @@ SELECT throws_ok($$SELECT awp.configure(retention_ms => -1)$$, 'AWREQ', NULL, 'a
 SELECT throws_ok($$SELECT awp.configure(retention_ms => 3153600000001)$$, 'AWREQ', NULL, 'retention_ms above 100 years is AWREQ');
 SELECT throws_ok($$SELECT awp.configure(leader_lease_ms => 499)$$, 'AWREQ', 'invalid leader_lease_ms', 'leader_lease_ms 499 is AWREQ');
 SELECT throws_ok($$SELECT awp.configure(leader_lease_ms => 3600001)$$, 'AWREQ', 'invalid leader_lease_ms', 'leader_lease_ms above an hour is AWREQ');
-SELECT is(awp.get_settings(), '{"lease_duration_ms": 60000, "heartbeat_interval_ms": 40000, "offline_after_heartbeats": 3, "dispatch_limit": 100, "retention_ms": 604800000, "leader_lease_ms": 10000, "progress_log_bytes": 1048576, "progress_chunk_bytes": 1048576}'::jsonb,
+SELECT is(awp.get_settings(), '{"lease_duration_ms": 60000, "heartbeat_interval_ms": 40000, "offline_after_heartbeats": 3, "dispatch_limit": 100, "retention_ms": 604800000, "leader_lease_ms": 10000, "progress_log_bytes": 1048576, "progress_chunk_bytes": 1048576, "history_partition_ms": 0}'::jsonb,
           'rejected calls changed nothing');
 SELECT is(awp.configure(retention_ms => 0)->>'retention_ms', '0', 'retention_ms 0 (keep forever) is allowed');
 SELECT is(awp.configure(retention_ms => 30 * 86400000::bigint)->>'retention_ms', '2592000000', 'retention_ms beyond 32 bits (30 days)');

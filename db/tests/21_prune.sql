@@ -6,6 +6,7 @@
 BEGIN;
 \ir _fixtures.sql.inc
 SELECT plan(62);
+SELECT tests.no_history_ranges();   -- row by row at the frozen time (_fixtures.sql.inc)
 
 SELECT tests.freeze('2030-01-01 00:00:00+00') AS t0 \gset
 SELECT tests.make_workflow('wf');
@@ -204,7 +205,7 @@ SELECT ok(tests.worker_exists(:'wa_worker_id') AND tests.worker_exists(:'wd_work
 SELECT is((SELECT prosecdef FROM pg_proc WHERE oid = 'awp.prune(interval)'::regprocedure), true, 'prune is SECURITY DEFINER');
 SELECT ok(has_function_privilege('awp_gateway', 'awp.prune(interval)', 'EXECUTE')
           AND has_function_privilege('awp_gateway', 'awp.apply_retention(bigint)', 'EXECUTE'), 'awp_gateway may prune');
-SELECT ok(NOT has_function_privilege('awp_gateway', 'awp._prune_batch(timestamptz, integer, integer, integer, integer)', 'EXECUTE'),
+SELECT ok(NOT has_function_privilege('awp_gateway', 'awp._prune_batch(timestamptz, integer, integer, integer, integer, boolean)', 'EXECUTE'),
           '... but not call the private batch');
 SELECT isnt(obj_description('awp.prune(interval)'::regprocedure, 'pg_proc'), NULL, 'prune has a COMMENT');
 SELECT is((SELECT array_agg(a ORDER BY a) FROM pg_proc p, unnest(p.proargnames) a WHERE p.oid = 'awp.prune(interval)'::regprocedure),

@@ -33,6 +33,8 @@ SELECT ok((SELECT next_fire_at > last_fired_at FROM awp.schedules WHERE schedule
 -- Clean up what the sessions committed.
 SELECT dblink_exec('setup', format($$DELETE FROM awp.events WHERE run_id IN (SELECT run_id FROM awp.runs WHERE workflow_id = %L)$$, :'wf'));
 SELECT dblink_exec('setup', format($$DELETE FROM awp.dispatches WHERE run_id IN (SELECT run_id FROM awp.runs WHERE workflow_id = %L)$$, :'wf'));
+SELECT dblink_exec('setup', format($$DELETE FROM awp.tasks WHERE run_id IN (SELECT run_id FROM awp.runs WHERE workflow_id = %L)$$, :'wf'));
+SELECT dblink_exec('setup', format($$DELETE FROM awp.ready_queue WHERE run_id IN (SELECT run_id FROM awp.runs WHERE workflow_id = %L)$$, :'wf'));
 SELECT dblink_exec('setup', format($$DELETE FROM awp.runs WHERE workflow_id = %L$$, :'wf'));
 SELECT dblink_exec('setup', format($$DELETE FROM awp.schedules WHERE schedule_id = %L$$, :'wf'));
 SELECT dblink_exec('setup', format($$DELETE FROM awp.workflow_versions WHERE workflow_id = %L$$, :'wf'));

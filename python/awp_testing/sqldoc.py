@@ -89,6 +89,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "get_settings",
         "prune",
         "apply_retention",
+        "maintain_partitions",
         "refresh_statistics",
         "check_invariants",
         "transitions",

@@ -95,7 +95,10 @@ def db(db_dsn: str) -> Iterator[psycopg.Connection[dict[str, Any]]]:
     """A superuser connection (dict rows) on a database emptied of runs and workers, with default settings but
     ``dispatch_limit`` 100."""
     with connect(db_dsn) as c:
-        c.execute("TRUNCATE awp.events, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE")
+        c.execute(
+            "TRUNCATE awp.events, awp.dispatches, awp.tasks, awp.runs, awp.signals, awp.task_output,"
+            " awp.task_progress, awp.run_outputs, awp.ready_queue, awp.workers CASCADE"
+        )
         c.execute(
             "SELECT awp.configure(lease_duration_ms => 15000, heartbeat_interval_ms => 5000,"
             " offline_after_heartbeats => 3, dispatch_limit => 100)"

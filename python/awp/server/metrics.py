@@ -21,7 +21,7 @@ from awp.protocol.statuses import RUN_STATUSES
 
 LIVE_DISPATCH_STATUSES = ("pending", "leased")
 WORKER_STATUSES = ("active", "draining", "stopped", "offline")
-PRUNED_KINDS = ("runs", "tasks", "dispatches", "attempts", "events", "workers", "idempotency_keys")
+PRUNED_KINDS = ("runs", "tasks", "dispatches", "attempts", "events", "workers", "idempotency_keys", "partitions")
 COORDINATOR_COUNTS = (
     "canceled",
     "reaped",

@@ -10,7 +10,10 @@ import psycopg
 from awp.server.listener import DispatchListener
 from awp_testing.cluster import one
 
-EMPTY = "TRUNCATE awp.events, awp.dispatches, awp.tasks, awp.runs, awp.workers CASCADE"
+EMPTY = (
+    "TRUNCATE awp.events, awp.dispatches, awp.tasks, awp.runs, awp.signals, awp.task_output,"
+    " awp.task_progress, awp.run_outputs, awp.ready_queue, awp.workers CASCADE"
+)
 
 
 async def _woken(listener: DispatchListener, n: int, timeout: float) -> list[bool]:

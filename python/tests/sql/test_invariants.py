@@ -84,12 +84,18 @@ PLANTED = {
     "worker_capacity": "UPDATE awp.dispatches SET status = 'leased', finished_at = NULL, result_hash = NULL"
     " WHERE run_id = %(run)s AND attempt = 1; UPDATE awp.workers SET max_concurrency = 1",
     # A succeeded task with a pending dispatch (a live dispatch that nothing will ever lease).
+    # (A dispatch id begins with its run's time: CHECK dispatch_in_run_range, migration 0023.)
     "task_dispatch_match": "INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)"
-    " VALUES ('dsp_planted_b', %(run)s, 'b', 'mock', now())",
+    " VALUES ('dsp_' || substr(%(run)s, 5, 13) || 'plantedb', %(run)s, 'b', 'mock', now())",
     # Two live dispatches, one more than the limit allows.
     "dispatch_limit": "INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at)"
-    " VALUES ('dsp_planted_a', %(run)s, 'a', 'mock', now()), ('dsp_planted_b', %(run)s, 'b', 'mock', now());"
+    " VALUES ('dsp_' || substr(%(run)s, 5, 13) || 'planteda', %(run)s, 'a', 'mock', now()),"
+    " ('dsp_' || substr(%(run)s, 5, 13) || 'plantedb', %(run)s, 'b', 'mock', now());"
     " UPDATE awp.settings SET dispatch_limit = 1",
+    # The run's row gone, its tasks and events left (no foreign key holds them since migration 0023).
+    "orphan_row": "DELETE FROM awp.runs WHERE run_id = %(run)s",
+    # A time range of history without its partitions (db/functions/_partitions.sql).
+    "history_partitions": "INSERT INTO awp.history_partitions VALUES (1, 2, 'planted', now())",
     # A queue row for a run with no ready task (the fairness order would offer it for nothing).
     "ready_queue": "INSERT INTO awp.ready_queue (run_id, executor_kind, ready_tasks, last_dispatch_seq, created_at)"
     " VALUES (%(run)s, 'mock', 1, NULL, now())",

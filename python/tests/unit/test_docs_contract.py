@@ -42,6 +42,7 @@ SQL_COMMENT = re.compile(r"--[^\n]*|^COMMENT ON .*$", re.MULTILINE)
 INTERNAL_SQLSTATES = {
     "AWLDR": "leadership lost: a fenced coordinator pass, heartbeat or retention batch (db/functions/leadership.sql)",
     "AWGRP": "the group path does not apply: complete_and_claim_many settles the items one by one (complete_task.sql)",
+    "AWPIN": "a history range got a run to keep while its drop waited for its locks: not dropped (_partitions.sql)",
 }
 API_ERROR_LITERAL = re.compile(r"\bApiError\(\s*(?P<status>\d{3})\s*,\s*\"(?P<code>[a-z_]+)\"")
 
