@@ -89,6 +89,21 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._make_history_partition(text, text, bigint, bigint, text) IS 'Creates one table''s partition of a time range.';
 
+-- awp._drop_history_partitions(suffix): drops a time range's eight partitions (those that exist) and its row of
+-- awp.history_partitions. For awp._drop_history_range, which decides when; tests use it to clear ranges.
+-- Locks: ACCESS EXCLUSIVE on the eight tables (PostgreSQL's, to drop a partition).
+CREATE OR REPLACE FUNCTION awp._drop_history_partitions(p_suffix text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  t record;
+BEGIN
+  FOR t IN SELECT * FROM awp._history_tables() LOOP
+    EXECUTE format('DROP TABLE IF EXISTS awp.%I', t.tab || '_p' || p_suffix);
+  END LOOP;
+  DELETE FROM awp.history_partitions x WHERE x.suffix = p_suffix;
+END $$;
+COMMENT ON FUNCTION awp._drop_history_partitions(text) IS 'Drops a history time range''s partitions and its catalog row.';
+
 -- awp.maintain_partitions(): makes the time ranges (with their eight partitions) of now and of the next range
 -- (awp._partition_ms() each, aligned to multiples of it since 1970), after the last range that exists. A range whose rows already went to a _default partition (nobody made it in time: no coordinator for
 -- a range) is not made: those rows stay there, pruned row by row. The active coordinator calls it with each
@@ -222,10 +237,7 @@ BEGIN
     IF v_att IS NULL THEN
       EXECUTE format('SELECT count(attempt_status) FROM awp.%I', 'dispatches_p' || h.suffix) INTO v_att;
     END IF;
-    FOR t IN SELECT * FROM awp._history_tables() LOOP
-      EXECUTE format('DROP TABLE IF EXISTS awp.%I', t.tab || '_p' || h.suffix);
-    END LOOP;
-    DELETE FROM awp.history_partitions x WHERE x.lower_ms = h.lower_ms;
+    PERFORM awp._drop_history_partitions(h.suffix);
     DELETE FROM awp.status_counts c WHERE c.entity = 'run' AND c.part = h.suffix;   -- its runs' counts (/metrics)
   EXCEPTION WHEN lock_not_available OR SQLSTATE 'AWPIN' THEN
     RETURN NULL;

@@ -175,14 +175,7 @@ def test_soak_row_counts_and_table_sizes_stay_flat_under_retention() -> None:
             # The time ranges the migration made follow the default retention (3.5 days each): a new range length
             # applies from the next range on. Made again here, as if the retention had been set before the database
             # was migrated: ranges of half this retention, dropped whole during the soak (docs/retention.md).
-            c.execute(
-                "DO $$ DECLARE h record; t record; BEGIN"
-                " FOR h IN DELETE FROM awp.history_partitions RETURNING suffix LOOP"
-                "  FOR t IN SELECT * FROM awp._history_tables() LOOP"
-                "   EXECUTE format('DROP TABLE awp.%I', t.tab || '_p' || h.suffix);"
-                "  END LOOP;"
-                " END LOOP; END $$"
-            )
+            c.execute("SELECT awp._drop_history_partitions(h.suffix) FROM awp.history_partitions h")
             c.execute("SELECT awp.maintain_partitions()")
             soak.tables = [
                 r[0]
