@@ -27,27 +27,33 @@ $$;
 COMMENT ON FUNCTION awp._time_key(text, bigint) IS 'The lowest time id of a millisecond (a partition bound).';
 
 -- awp._new_time_id(prefix): a new id that sorts by the time it was made: prefix_t + 12 hex digits of awp._now() in
--- ms + 19 random hex digits (76 bits), 32 characters after the prefix like awp._new_id's (run ids).
+-- ms + 19 hex digits, 32 characters after the prefix like awp._new_id's (run ids). The 19 are random (76 bits), but on
+-- a shard (awp.shard, db/functions/shards.sql) the first two are the shard's number (the router reads it back:
+-- db/router/00_router.sql, awp_router.shard_of) and 17 are random (68 bits).
 CREATE OR REPLACE FUNCTION awp._new_time_id(p_prefix text) RETURNS text
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_shard integer := awp._shard_index();
+  v_rand  text := encode(public.gen_random_bytes(10), 'hex');
 BEGIN
   RETURN p_prefix || '_t' || lpad(to_hex(floor(extract(epoch FROM awp._now()) * 1000)::bigint), 12, '0')
-         || left(encode(public.gen_random_bytes(10), 'hex'), 19);
+         || CASE WHEN v_shard IS NULL THEN left(v_rand, 19) ELSE lpad(to_hex(v_shard), 2, '0') || left(v_rand, 17) END;
 END $$;
-COMMENT ON FUNCTION awp._new_time_id(text) IS 'A new random identifier that begins with the time it was made (run ids).';
+COMMENT ON FUNCTION awp._new_time_id(text) IS 'A new random identifier that begins with the time it was made (and, on a shard, its number: run ids).';
 
--- awp._new_dispatch_id(run_id): a new dispatch id of that run: dsp_t + the run id's 12 hex digits of time + 19
--- random hex digits, in the run's time range; for a run id that is not a time id (a legacy run), a random
--- dsp_<32 hex digits> (awp._new_id), in the legacy partition like the run.
+-- awp._new_dispatch_id(run_id): a new dispatch id of that run: dsp_t + the run id's 12 hex digits of time and the
+-- two digits after them (a shard's number) + 17 random hex digits, in the run's time range and shard; for a run id
+-- that is not a time id (a legacy run), a random dsp_<32 hex digits> (awp._new_id), in the legacy partition like
+-- the run.
 CREATE OR REPLACE FUNCTION awp._new_dispatch_id(p_run_id text) RETURNS text
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF left(p_run_id, 5) = 'run_t' THEN
-    RETURN 'dsp_' || substr(p_run_id, 5, 13) || left(encode(public.gen_random_bytes(10), 'hex'), 19);
+    RETURN 'dsp_' || substr(p_run_id, 5, 15) || left(encode(public.gen_random_bytes(9), 'hex'), 17);
   END IF;
   RETURN awp._new_id('dsp');
 END $$;
-COMMENT ON FUNCTION awp._new_dispatch_id(text) IS 'A new dispatch identifier in its run''s time range.';
+COMMENT ON FUNCTION awp._new_dispatch_id(text) IS 'A new dispatch identifier in its run''s time range (and shard).';
 
 -- awp._partition_ms(): the time range of a new history partition: settings.history_partition_ms, or when it is 0 (the
 -- default) half the retention (1 s to 30 days; 30 days when retention_ms is 0). Why not a day: every partition

@@ -47,6 +47,9 @@ BEGIN
     END IF;
   END LOOP;
 END $$;
+-- The router's login (a member of awp_router: docs/scale-out.md) copies worker sessions between shards.
+GRANT EXECUTE ON FUNCTION awp._worker_record(text), awp._adopt_worker(text, text, text[], integer, integer, bytea, jsonb)
+  TO awp_router;
 REVOKE ALL ON ALL TABLES IN SCHEMA awp FROM PUBLIC, awp_gateway;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA awp FROM PUBLIC, awp_gateway;
 

@@ -17,6 +17,7 @@ import psycopg
 from awp import __version__
 from awp.cli import limits as cli_limits
 from awp.cli import retention as cli_retention
+from awp.cli import router as cli_router
 from awp.cli import runs as cli_runs
 from awp.cli import schedules as cli_schedules
 from awp.cli import serve
@@ -218,6 +219,7 @@ COMMANDS: tuple[click.Command, ...] = (
     cli_limits.limit,
     cli_retention.prune,
     cli_user.demo,
+    cli_router.router,
 )
 for _command in COMMANDS:
     main.add_command(_command)

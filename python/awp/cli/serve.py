@@ -47,6 +47,13 @@ from awp.server.serve import run_server, server_ssl_context
     "[default: --database-url].",
 )
 @click.option(
+    "--shard-url",
+    "shard_urls",
+    multiple=True,
+    help="Behind a PL/Proxy router (--database-url is the router's; docs/scale-out.md): a shard's DSN for its "
+    "coordinator and LISTEN sessions; once per shard, in any order.",
+)
+@click.option(
     "--pgbouncer",
     envvar="AWP_PGBOUNCER",
     is_flag=True,
@@ -204,6 +211,7 @@ def serve(
     port: int,
     database_url: str | None,
     direct_database_url: str | None,
+    shard_urls: tuple[str, ...],
     pgbouncer: bool,
     tls_cert: Path | None,
     tls_key: Path | None,
@@ -248,9 +256,15 @@ def serve(
             "--pgbouncer needs --direct-database-url (AWP_DIRECT_DATABASE_URL): the coordinator holds a session "
             "advisory lock and the gateway LISTENs, which transaction pooling cannot keep"
         )
+    if shard_urls and direct_database_url:
+        raise click.UsageError(
+            "--shard-url and --direct-database-url exclude each other: behind a router each "
+            "shard's coordinator and LISTEN sessions use that shard's --shard-url"
+        )
     config = GatewayConfig(
         database_url=database_url,
         direct_database_url=direct_database_url or None,
+        shard_urls=tuple(shard_urls),
         pgbouncer=pgbouncer,
         viewer_token=viewer_token,
         operator_token=operator_token,

@@ -25,7 +25,7 @@ from awp.server.appstate import (
     GatewayConfig,
 )
 from awp.server.authfail import AuthFailures
-from awp.server.coordinator import Coordinator
+from awp.server.coordinator import Coordinator, ShardCoordinators
 from awp.server.db import Database
 from awp.server.gateway import ROUTES
 from awp.server.grouping import RunGroups
@@ -68,20 +68,26 @@ def create_app(config: GatewayConfig) -> web.Application:
         lock_wait_ms=min(config.group_lock_wait_ms, config.lock_timeout_ms),
         lanes=config.group_lanes,
     )
-    app[LISTENER] = DispatchListener(config.session_database_url)
+    app[LISTENER] = DispatchListener(config.session_database_urls)
     app[OPENAPI] = load_openapi()
     setup_streams(app, config)
     if config.coordinator:
         metrics = app[METRICS]
-        app[COORDINATOR] = Coordinator(
-            config.session_database_url,
-            interval_s=config.coordinator_interval_ms / 1000,
-            on_pass=metrics.observe_pass,
-            on_active=lambda active: metrics.coordinator_active.set(1 if active else 0),
-            serving=lambda: not app[DB].failed_within(1.0),
-            retention_interval_s=None if config.retention_interval_ms is None else config.retention_interval_ms / 1000,
-            on_retention=metrics.observe_retention,
-        )
+        coordinators = [
+            Coordinator(
+                dsn,
+                interval_s=config.coordinator_interval_ms / 1000,
+                on_pass=metrics.observe_pass,
+                on_active=lambda _active: metrics.coordinator_active.set(1 if app[COORDINATOR].active else 0),
+                serving=lambda: not app[DB].failed_within(1.0),
+                retention_interval_s=(
+                    None if config.retention_interval_ms is None else config.retention_interval_ms / 1000
+                ),
+                on_retention=metrics.observe_retention,
+            )
+            for dsn in config.session_database_urls
+        ]
+        app[COORDINATOR] = ShardCoordinators(coordinators) if config.shard_urls else coordinators[0]
     for method, path, _access, handler in ROUTES:
         app.router.add_route(method, path, handler, name=handler.__name__)
     setup_ui(app)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from awp.server.authfail import DEFAULT_MAX_DELAY_MS, AuthFailures
-from awp.server.coordinator import Coordinator
+from awp.server.coordinator import Coordinator, ShardCoordinators
 from awp.server.db import Database
 from awp.server.grouping import DEFAULT_LANES, DEFAULT_LOCK_WAIT_MS, RunGroups
 from awp.server.listener import DispatchListener
@@ -43,6 +43,9 @@ class GatewayConfig:
     # sessions of their own on direct_database_url (a session advisory lock and LISTEN need one).
     pgbouncer: bool = False
     direct_database_url: str | None = None
+    # Behind a PL/Proxy router (docs/scale-out.md): database_url is the router's; each shard's own DSN here carries
+    # that shard's coordinator and LISTEN sessions (the router has no coordinator and sends no notifications).
+    shard_urls: tuple[str, ...] = ()
     pool_size: int = 10
     coordinator: bool = True
     coordinator_interval_ms: int = 1000
@@ -71,6 +74,11 @@ class GatewayConfig:
     def session_database_url(self) -> str:
         """The DSN of the gateway's long-lived sessions (the coordinator's, the LISTEN connection)."""
         return self.direct_database_url or self.database_url
+
+    @property
+    def session_database_urls(self) -> list[str]:
+        """The DSNs of the coordinators' and LISTEN sessions: each shard's behind a router, else one."""
+        return list(self.shard_urls) or [self.session_database_url]
 
     def check(self) -> None:
         """Raise ValueError when a secret is empty, shorter than MIN_TOKEN_LENGTH, or two secrets are equal."""
@@ -152,7 +160,7 @@ DB = web.AppKey("db", Database)
 GROUPS = web.AppKey("groups", RunGroups)  # the claim-on-complete calls, grouped (python/awp/server/grouping.py)
 LISTENER = web.AppKey("listener", DispatchListener)
 METRICS = web.AppKey("metrics", Metrics)
-COORDINATOR = web.AppKey("coordinator", Coordinator)
+COORDINATOR = web.AppKey("coordinator", Coordinator | ShardCoordinators)
 OPENAPI = web.AppKey("openapi", bytes)
 AUTH_FAILURES = web.AppKey("auth_failures", AuthFailures)
 STREAMS = web.AppKey("streams", StreamHub)

@@ -415,3 +415,23 @@ class Coordinator:
                 await self._drain_notifies(conn)
                 return False
         return False
+
+
+class ShardCoordinators:
+    """One :class:`Coordinator` per shard behind a PL/Proxy router (docs/scale-out.md): each shard elects its own
+    leader among the gateways (its own advisory lock and term) and runs its own passes and retention. ``active``:
+    this gateway leads at least one shard."""
+
+    def __init__(self, members: list[Coordinator]) -> None:
+        self.members = members
+
+    @property
+    def active(self) -> bool:
+        return any(m.active for m in self.members)
+
+    def start(self) -> None:
+        for m in self.members:
+            m.start()
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        await asyncio.gather(*(m.stop(timeout) for m in self.members))

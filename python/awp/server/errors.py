@@ -9,6 +9,8 @@ with no free connection, and a ``lock_timeout`` or ``statement_timeout`` that en
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 import psycopg_pool
 
@@ -96,10 +98,37 @@ def from_database_error(exc: psycopg.Error | psycopg_pool.PoolTimeout) -> ApiErr
         diag = getattr(exc, "diag", None)
         primary = diag.message_primary if diag is not None else None
         detail = diag.message_detail if diag is not None else None
-        return from_sqlstate(sqlstate, primary, detail)
-    if is_connection_error(exc):
+        return from_sqlstate(sqlstate, *unwrap_remote(primary, detail))
+    if is_connection_error(exc) or is_shard_unreachable(exc):
         return ApiError.of(503, "the database is unavailable; retry later")
     return None
+
+
+# Behind a PL/Proxy router (docs/scale-out.md) a shard's error comes back with its SQLSTATE, and with its message
+# and detail wrapped: "awp.get_run(1): [awp] REMOTE ERROR: run not found" / "Remote detail: no run x".
+_REMOTE_PRIMARY = re.compile(r"^\S+\(\d+\): \[[^\]]*\] REMOTE \w+: ")
+_REMOTE_DETAIL = "Remote detail: "
+# A shard PL/Proxy could not reach (connection refused or lost, timeouts): PL/Proxy's own error, XX000.
+_SHARD_UNREACHABLE = re.compile(
+    r"^\S+\(\d+\): \[[^\]]*\] (PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery\w*)"
+    r"|^\S+\(\d+\): (connect timeout to|query timeout|Lost result|Unfinished connection)"
+)
+
+
+def unwrap_remote(primary: str | None, detail: str | None) -> tuple[str | None, str | None]:
+    """A shard's own message and detail out of PL/Proxy's wrapping (unchanged when not wrapped)."""
+    if primary is not None:
+        primary = _REMOTE_PRIMARY.sub("", primary, count=1)
+    if detail is not None and detail.startswith(_REMOTE_DETAIL):
+        detail = detail[len(_REMOTE_DETAIL) :]
+    return primary, detail
+
+
+def is_shard_unreachable(exc: BaseException) -> bool:
+    """True for PL/Proxy's error about a shard it cannot reach (the router answers 503 for it, as for its own)."""
+    diag = getattr(exc, "diag", None)
+    primary = diag.message_primary if diag is not None else None
+    return getattr(exc, "sqlstate", None) == "XX000" and bool(primary and _SHARD_UNREACHABLE.search(primary))
 
 
 def from_sqlstate(sqlstate: str, primary: str | None, detail: str | None) -> ApiError:

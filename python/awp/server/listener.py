@@ -7,6 +7,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -29,13 +30,19 @@ class DispatchListener:
 
     CHANNEL = "awp_dispatch"
 
-    def __init__(self, dsn: str, keepalive_s: float = 5.0) -> None:
-        self.dsn = dsn
+    def __init__(self, dsn: str | Sequence[str], keepalive_s: float = 5.0) -> None:
+        # Behind a PL/Proxy router (docs/scale-out.md) one LISTEN connection per shard: each shard's dispatches
+        # notify on its own database, and every waiter may claim from any shard.
+        self.dsns = [dsn] if isinstance(dsn, str) else list(dsn)
         self.keepalive_s = keepalive_s
-        self.connected = False
+        self._connected = [False] * len(self.dsns)
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+
+    @property
+    def connected(self) -> bool:
+        return all(self._connected)
 
     def wake_one(self) -> None:
         while self._waiters:
@@ -72,25 +79,26 @@ class DispatchListener:
         return self._closed
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="awp-dispatch-listener")
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run(i), name=f"awp-dispatch-listener-{i}") for i in range(len(self.dsns))]
 
     async def close(self) -> None:
         self._closed = True
         self.wake_all()
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
-    async def _run(self) -> None:
+    async def _run(self, index: int) -> None:
         backoff = 0.1
         while not self._closed:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
-                conn = await connect(self.dsn)
+                conn = await connect(self.dsns[index])
                 REACHABILITY.reached()
                 await conn.execute(f"LISTEN {self.CHANNEL}")
-                self.connected = True
+                self._connected[index] = True
                 backoff = 0.1
                 log.info("listening on %s", self.CHANNEL)
                 self.wake_all()  # hints may have been missed while disconnected
@@ -108,7 +116,7 @@ class DispatchListener:
                         "dispatch listener lost its connection (%s); reconnecting in %.1fs", short_error(e), backoff
                     )
             finally:
-                self.connected = False
+                self._connected[index] = False
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
