@@ -8,12 +8,12 @@ BENCH_STAMP := $(VENV)/.awp-bench.stamp
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup pgtap plpgsql-check chromium ha-deps valgrind pgbouncer pgbouncer-test test test-db test-py ha-test demo demo-dynamic bench bench-quick chaos soak fuzz mutate docs lint typecheck test-fast clean
+.PHONY: help setup pgtap plpgsql-check chromium ha-deps valgrind pgbouncer plproxy shard-test pgbouncer-test test test-db test-py ha-test demo demo-dynamic bench bench-quick chaos soak fuzz mutate docs lint typecheck test-fast clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 14
 
-setup: $(STAMP) pgtap plpgsql-check chromium ha-deps valgrind pgbouncer  ## venv + Python packages + pgTAP/pg_prove + plpgsql_check + Chromium (UI tests) + Patroni/etcd (HA test) + valgrind (benchmarks/instructions.py) + PgBouncer, idempotent
+setup: $(STAMP) pgtap plpgsql-check chromium ha-deps valgrind pgbouncer plproxy  ## venv + Python packages + pgTAP/pg_prove + plpgsql_check + Chromium (UI tests) + Patroni/etcd (HA test) + valgrind (benchmarks/instructions.py) + PgBouncer + PL/Proxy (shards), idempotent
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,14 @@ pgbouncer:  ## install Debian's pgbouncer (python/tests/integration/test_pgbounc
 	$(SUDO) apt-get update -qq && \
 	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer
 
+plproxy:  ## install Debian's PL/Proxy for the server's major version (the router of docs/scale-out.md; make shard-test) with apt-get, only when missing
+	@if ls /usr/share/postgresql/*/extension/plproxy.control >/dev/null 2>&1; then exit 0; fi; \
+	major=$$(ls /usr/lib/postgresql 2>/dev/null | sort -V | tail -n1); \
+	if [ -z "$$major" ]; then echo "PostgreSQL is not installed: apt-get install -y postgresql-15 (or postgresql)" >&2; exit 1; fi; \
+	echo "installing PL/Proxy for PostgreSQL $$major"; \
+	$(SUDO) apt-get update -qq && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql-$$major-plproxy
+
 valgrind:  ## install valgrind (benchmarks/instructions.py counts instructions under callgrind) with apt-get, only when missing
 	@if command -v valgrind >/dev/null; then exit 0; fi; \
 	echo "installing valgrind"; \
@@ -78,6 +86,12 @@ pgbouncer-test: setup  ## the HTTP and worker end-to-end suite with every gatewa
 
 test-fast: test-db  ## pgTAP, then pytest without the tests marked slow (fault, chaos, soak, HA, mutation, races)
 	$(BIN)/pytest -m "not slow" python/tests
+
+shard-test: setup  ## 200 runs over 2 shard clusters behind a PL/Proxy router, kill -9 of a worker and the gateway; last line: shards: 2 runs 200 succeeded 200 lost 0 violations 0
+	@summary=$$(mktemp); rc=0; \
+	AWP_SHARD_RUNS=$${AWP_SHARD_RUNS:-200} AWP_SHARD_SUMMARY=$$summary $(BIN)/pytest -q -s -p no:cacheprovider \
+	  python/tests/faults/test_shards.py::test_runs_over_two_shards_survive_kills_of_a_worker_and_the_gateway || rc=$$?; \
+	cat $$summary; rm -f $$summary; exit $$rc
 
 ha-test: $(STAMP) ha-deps  ## PostgreSQL failover + switchover under Patroni mid-run; prints one summary line (~1 min)
 	$(BIN)/pytest -q -s -p no:cacheprovider python/tests/faults/test_ha_patroni.py::test_patroni_failover_and_switchover_lose_nothing

@@ -14,64 +14,24 @@ runs 40.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from fault_support import HEARTBEAT_MS, LEASE_MS, configure, query
+from shard_support import Sharded, sharded
 from worker_support import Workers
 
-from awp.dev import router as router_setup
-from awp_testing.cluster import local_cluster
 from awp_testing.gateway import ServeProcess, Tokens, start_serve, wait_until
 
 pytestmark = pytest.mark.slow
 
 RUNS = int(os.environ.get("AWP_SHARD_RUNS", "40"))
 SUMMARY = os.environ.get("AWP_SHARD_SUMMARY")
-GATEWAY_LOGIN = "awp_gateway_login"
-
-
-@dataclass
-class Sharded:
-    router_admin: str  # superuser DSNs
-    shard_admins: list[str]
-    router_gateway: str  # the gateway login's DSNs (a member of awp_gateway)
-    shard_gateways: list[str]
-
-
-def _gateway_login(admin_dsn: str) -> str:
-    """The execute-only gateway login on the cluster of ``admin_dsn`` (trust authentication: a throwaway cluster)."""
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (GATEWAY_LOGIN,)).fetchone():
-            conn.execute(f"CREATE ROLE {GATEWAY_LOGIN} LOGIN IN ROLE awp_gateway")
-    info = psycopg.conninfo.conninfo_to_dict(admin_dsn)
-    info["user"] = GATEWAY_LOGIN
-    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items() if v is not None})
-
-
-@contextlib.contextmanager
-def sharded(shards: int = 2) -> Iterator[Sharded]:
-    """A router cluster and ``shards`` shard clusters, set up by ``awp router init`` (python/awp/dev/router.py)."""
-    with contextlib.ExitStack() as stack:
-        clusters = [stack.enter_context(local_cluster(prefix=f"awp-shard{i}-")) for i in range(shards + 1)]
-        dsns = [c.create_database("awp") for c in clusters]
-        router_admin, shard_admins = dsns[0], dsns[1:]
-        router_setup.init(router_admin, shard_admins)
-        yield Sharded(
-            router_admin,
-            shard_admins,
-            _gateway_login(router_admin),
-            [_gateway_login(d) for d in shard_admins],
-        )
 
 
 def start_gateway(env: Sharded, tokens: Tokens, port: int | None = None) -> ServeProcess:
@@ -140,6 +100,10 @@ def test_runs_over_two_shards_survive_kills_of_a_worker_and_the_gateway() -> Non
         gw = start_gateway(env, tokens)
         try:
             workflows = [api(gw, "POST", "/workflows", dag(i), key=f"wf-{i}") for i in range(4)]
+            # a shard's error through the router: its SQLSTATE's answer, its own message (PL/Proxy's wrapping off)
+            r = httpx.get(gw.api("/runs/run_t0000000000000000000000000000000"), headers=gw.auth("viewer"))
+            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+            assert "REMOTE" not in r.text and "no run run_t0000" in r.text, r.text
             with Workers(gw) as workers:
                 for i in range(4):
                     workers.start(f"w{i}", concurrency=2, wait_ms=1000)
@@ -162,8 +126,12 @@ def test_runs_over_two_shards_survive_kills_of_a_worker_and_the_gateway() -> Non
                 port = gw.port
                 gw.kill()  # kill -9 of the gateway (and its coordinators) mid-run
                 gw = start_gateway(env, tokens, port=port)
-                wait_until(lambda: done() + sum(c.get("failed", 0) for c in shard_counts(env)) >= RUNS, 240, 0.5,
-                           "every run to end")
+                wait_until(
+                    lambda: done() + sum(c.get("failed", 0) for c in shard_counts(env)) >= RUNS,
+                    240,
+                    0.5,
+                    "every run to end",
+                )
         finally:
             gw.stop()
 
@@ -182,7 +150,9 @@ def test_runs_over_two_shards_survive_kills_of_a_worker_and_the_gateway() -> Non
             )
         ]
         per_shard = [sum(c.values()) for c in counts]
-        summary = f"shards: {len(counts)} runs {len(run_ids)} succeeded {succeeded} lost {lost} violations {len(violations)}"
+        summary = (
+            f"shards: {len(counts)} runs {len(run_ids)} succeeded {succeeded} lost {lost} violations {len(violations)}"
+        )
         print(f"\nruns per shard: {per_shard}; tasks with two successful attempts: {len(twice)}\n{summary}")
         if SUMMARY:
             Path(SUMMARY).write_text(summary + "\n")
@@ -195,7 +165,8 @@ def test_runs_over_two_shards_survive_kills_of_a_worker_and_the_gateway() -> Non
         for i, d in enumerate(env.shard_admins):
             wrong = query(
                 d,
-                "SELECT d.dispatch_id FROM awp.dispatches d WHERE substr(d.dispatch_id, 18, 2) <> lpad(to_hex(%s::integer), 2, '0')",
+                "SELECT d.dispatch_id FROM awp.dispatches d"
+                " WHERE substr(d.dispatch_id, 18, 2) <> lpad(to_hex(%s::integer), 2, '0')",
                 (i,),
             )
             assert wrong == []
