@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.types.json import Jsonb
 
 from awp.dev.migrate import default_sql_dir, migrate
 
@@ -292,7 +293,7 @@ def router_sql_dir(sql_dir: Path | None = None) -> Path:
 def _router_connstr(shard_admin_dsn: str, password: str) -> str:
     """The router's connection string to a shard: its host, port and database, as the router's login."""
     info = conninfo_to_dict(shard_admin_dsn)
-    keep = {k: v for k, v in info.items() if k in ("host", "hostaddr", "port", "dbname") and v}
+    keep = {k: str(v) for k, v in info.items() if k in ("host", "hostaddr", "port", "dbname") and v}
     return make_conninfo(**keep, user=ROUTER_LOGIN, password=password)
 
 
@@ -361,7 +362,7 @@ def add_shard(router_admin_dsn: str, shard_admin_dsn: str, sql_dir: Path | None 
             " LATERAL awp.get_workflow_version(w.workflow_id, n) v ORDER BY w.workflow_id, n"
         ).fetchall()
         for (definition,) in versions:
-            shard.execute("SELECT * FROM awp.create_workflow_version(%s)", (psycopg.types.json.Jsonb(definition),))
+            shard.execute("SELECT * FROM awp.create_workflow_version(%s)", (Jsonb(definition),))
         settings = router.execute("SELECT awp.get_settings()").fetchone()[0]  # type: ignore[index]
         shard.execute(
             "SELECT awp.configure(" + ", ".join(f"{k} => %s" for k in settings) + ")", tuple(settings.values())

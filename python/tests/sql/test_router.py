@@ -33,7 +33,7 @@ def env() -> Iterator[Sharded]:
 
 def q(dsn: str, sql: str, params: Any = ()) -> list[dict[str, Any]]:
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as c:
-        cur = c.execute(sql, params)  # type: ignore[call-overload]
+        cur = c.execute(sql, params)
         return cur.fetchall() if cur.description else []
 
 
