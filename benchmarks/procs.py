@@ -120,6 +120,7 @@ class Gateway:
     )
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    extra_args: tuple[str, ...] = ()  # more `awp serve` options (step 13: --shard-url per shard)
 
     @property
     def log_path(self) -> Path:
@@ -140,7 +141,7 @@ class Gateway:
             "AWP_COORDINATOR_INTERVAL_MS": str(self.coordinator_interval_ms),
             "PYTHONUNBUFFERED": "1",
         }
-        args = ("serve", "--host", "127.0.0.1", "--port", str(self.port))
+        args = ("serve", "--host", "127.0.0.1", "--port", str(self.port), *self.extra_args)
         cmd = (
             awp_command(*args)
             if self.log_level is None

@@ -13,7 +13,7 @@ from typing import Any
 
 from report_chart import chart
 from report_format import PUBLISHED, PUBLISHED_NOTE, REF_LIMIT, REF_PEER, Table, _busy, _f, _ms, _pcts, _spread
-from report_steps import dynamic_table, io_table, many_runs_tables, pacing_table
+from report_steps import dynamic_table, io_table, many_runs_tables, pacing_table, sharded_table
 from report_targets import _by_label_prefix, _peer_missing, _peer_rate, _scenarios, many_runs_targets, targets
 
 
@@ -201,6 +201,8 @@ def tables(results: dict[str, Any]) -> list[Table]:
         out.append(dynamic_table(results))
     if results.get("pacing"):
         out.append(pacing_table(results))
+    if results.get("sharded"):
+        out.append(sharded_table(results))
     t_inv = _invariants_table(results)
     if t_inv is not None:
         out.append(t_inv)

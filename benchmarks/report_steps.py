@@ -342,3 +342,26 @@ def pacing_table(results: dict[str, Any]) -> Table:
             f"window {w['busiest_window']} (limit {w['per_window']})",
         )
     return t
+
+
+def sharded_table(results: dict[str, Any]) -> Table:
+    """Step 13 (issue 43, benchmarks/sharded.py): through a PL/Proxy router over two shards against one database."""
+    r = results.get("sharded") or {}
+    t = Table(
+        "Sharded (issue 43): a PL/Proxy router over 2 shard clusters vs one database, same machine, 4 workers x 1",
+        ["scenario", "router tasks/s", "one database tasks/s", "ratio"],
+    )
+    if r.get("status") == "failed":
+        t.add("FAILED", "-", "-", "-")
+        t.notes.append(str(r.get("error")))
+        return t
+    for s in r.get("scenarios", []):
+        t.add(s["label"], _f(s["router"]), _f(s["one"]), f"{s['ratio']:.2f}" if s["ratio"] else "-")
+    c = r.get("per_call_us") or {}
+    if c:
+        t.notes.append(
+            f"One awp.run_revision call, one client: {c['router']:.0f} us through the router, {c['shard']:.0f} us on "
+            f"the shard directly. Runs per shard: {r.get('runs_per_shard')}. No target: on one machine the router "
+            "cannot be faster (docs/performance.md, Sharding)."
+        )
+    return t

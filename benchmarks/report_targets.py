@@ -375,6 +375,11 @@ def problems(results: dict[str, Any]) -> list[str]:
         *(results.get("pacing") or {}).values(),
         *(s[k] for s in (results.get("progress") or {}).get("shapes", []) for k in ("none", "logs")),
     ]
+    step13 = results.get("sharded") or {}
+    if step13.get("status") == "failed":
+        out.append(f"sharded (step 13): FAILED: {step13.get('error')}")
+    elif (step13.get("invariants") or {}).get("violations"):
+        out.append(f"sharded (step 13): awp.check_invariants() returned {step13['invariants']['violations']} row(s)")
     for s in scenarios:
         if s.get("status") == "failed":
             out.append(f"{s['label']}: FAILED: {s.get('error')}")

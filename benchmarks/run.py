@@ -50,6 +50,10 @@ One fresh throwaway PostgreSQL cluster (fsync on) and one fresh migrated databas
 12. live output (issue 45, ``progress_cost.py``): one run whose every task logs 10 lines (``ctx.log``) against the
    same run logging none, 4 workers x 1 and 4 x concurrency 16, repetitions alternating: target >= 0.9 x;
    ``--progress-only`` runs just this one (about 3 minutes; ``--quick``: 1).
+13. sharded (issue 43, ``sharded.py``): 1 run x 1,000 tasks and 1,000 runs x 10 through a PL/Proxy router over two
+   shard clusters against one database (clusters of their own), 4 workers x 1, rounds alternating, and the router's
+   cost per call; no target (one machine), the ratio is stated. ``--sharded-only`` runs just this one (about 5
+   minutes; ``--quick``: 200 tasks, 100 runs x 10).
 
 Every AWP scenario ends with ``awp.check_invariants()`` (whole database; step 9: over its own runs, 1,000 a call, as
 a whole-database call costs runs x tasks there); violations are reported per scenario and make the exit status 1
@@ -88,7 +92,8 @@ import report
 import report_targets
 import retention
 import scenarios
-from alone import run_io_only, run_many_only, run_progress_only, run_step_only
+import sharded
+from alone import run_io_only, run_many_only, run_progress_only, run_step_only, write_alone
 from figures import median_spread
 from harness import Bench, enable_pg_stat_statements, machine, postgres_settings
 from plans import DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, FULL, QUICK, Plan
@@ -222,6 +227,10 @@ def run_plan(
         results["pacing"] = pacing.measure(b, plan)
         results["progress"] = progress_cost.measure(b, plan)
         log.info("%s", progress_cost.table(results["progress"]))
+        # Step 13 on clusters of its own (a router, two shards, one database); this gateway stays idle meanwhile.
+        results["sharded"] = sharded.measure(plan, workdir, reaper)
+        for line in sharded.lines(results["sharded"]):
+            log.info("%s", line)
     finally:
         b.pool.resize(0)
         b.gateway.stop()
@@ -270,9 +279,26 @@ def main() -> int:
         help="only step 12 (issue 45, progress_cost.py: tasks logging 10 lines against none), printed with its "
         "target and written to progress-<plan>-<time>.json",
     )
+    parser.add_argument(
+        "--sharded-only",
+        action="store_true",
+        help="only step 13 (issue 43, sharded.py: through a PL/Proxy router over two shards against one database), "
+        "printed and written to sharded-<plan>-<time>.json",
+    )
     args = parser.parse_args()
-    if args.io_only + args.many_runs_only + args.dynamic_only + args.pacing_only + args.progress_only > 1:
-        parser.error("--io-only, --many-runs-only, --dynamic-only, --pacing-only and --progress-only: one at a time")
+    if (
+        args.io_only
+        + args.many_runs_only
+        + args.dynamic_only
+        + args.pacing_only
+        + args.progress_only
+        + args.sharded_only
+        > 1
+    ):
+        parser.error(
+            "--io-only, --many-runs-only, --dynamic-only, --pacing-only, --progress-only and --sharded-only: one at a"
+            " time"
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     plan = QUICK if args.quick else FULL
     if args.repeats:
@@ -296,6 +322,12 @@ def main() -> int:
     reaper = Reaper()
     ok = interrupted_run = False
     try:
+        if args.sharded_only:  # clusters of its own: none of the others
+            results = sharded.measure(plan, workdir, reaper)
+            print("\n".join(sharded.lines(results)))
+            results["problems"] = report_targets.problems({"sharded": results})
+            ok = True
+            return write_alone(args.out, "sharded", plan, when, results)
         with throwaway_cluster(fsync=True) as server:
             datadir = getattr(server, "datadir", None)
             if args.profile:
