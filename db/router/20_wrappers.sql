@@ -102,7 +102,7 @@ RETURNS TABLE (item integer, run_id text, status text)
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT * FROM awp_shard.start_runs(
     awp_router.new_run_shard(CASE WHEN jsonb_typeof(p_items) = 'array' AND jsonb_typeof(p_items -> 0) = 'object'
-                                  THEN coalesce(p_items -> 0 ->> 'idempotency_key', p_items -> 0 ->> 'key') END),
+                                  THEN p_items -> 0 ->> 'idempotency_key' END),
     p_workflow_id, p_version, p_items)
 $$;
 
@@ -111,7 +111,7 @@ RETURNS TABLE (item integer, run_id text, status text, replayed boolean)
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT * FROM awp_shard.start_runs_idempotent(
     awp_router.new_run_shard(CASE WHEN jsonb_typeof(p_items) = 'array' AND jsonb_typeof(p_items -> 0) = 'object'
-                                  THEN coalesce(p_items -> 0 ->> 'idempotency_key', p_items -> 0 ->> 'key') END),
+                                  THEN p_items -> 0 ->> 'idempotency_key' END),
     p_workflow_id, p_version, p_items)
 $$;
 

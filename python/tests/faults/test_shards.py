@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,23 @@ def test_runs_over_two_shards_survive_kills_of_a_worker_and_the_gateway() -> Non
                     0.5,
                     "every run to end",
                 )
+                # the read API through the router: merged, keyset-paged lists and counts over both shards
+                listed: list[str] = []
+                cursor = None
+                while True:
+                    page = api(gw, "GET", "/runs?limit=37" + (f"&cursor={cursor}" if cursor else ""))
+                    listed += [r["run_id"] for r in page["items"]]
+                    cursor = page["next_cursor"]
+                    if cursor is None:
+                        break
+                assert sorted(listed) == sorted(run_ids) and len(listed) == len(set(listed))
+                one = api(gw, "GET", f"/runs/{run_ids[-1]}")
+                assert one["status"] == "succeeded" and len(api(gw, "GET", f"/runs/{run_ids[-1]}/tasks")["items"]) == 6
+                assert len(api(gw, "GET", "/workers")["items"]) >= 5
+                assert api(gw, "GET", "/status")
+                metrics = httpx.get(gw.url("/metrics"), timeout=10).text
+                gauge = re.search(r'^awp_runs\{status="succeeded"\} (\S+)$', metrics, re.M)
+                assert gauge and float(gauge.group(1)) == RUNS, metrics[:2000]
         finally:
             gw.stop()
 
