@@ -84,20 +84,25 @@ def pgbouncer(server_dsn: str, pool_size: int = 20) -> Iterator[int]:
             give_to_server_user(f)
         # A session of its own: no signal meant for the test process's group reaches it, and stopping it reaches
         # PgBouncer itself, not only the runuser that starts it as the server's user (which would leave it running).
-        proc = subprocess.Popen(
-            as_server_user([binary(), str(ini)]),
-            cwd="/",
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        # Its stderr goes to a file: PgBouncer not daemonized logs there as well as to its logfile, and a pipe no one
+        # reads fills up (64 kB: stats_period = 1 writes a line a second) and then blocks PgBouncer, every client
+        # with it (what made `make pgbouncer-test` fail late in the suite).
+        stderr_path = work / "pgbouncer.stderr"
+        with stderr_path.open("wb") as stderr:
+            proc = subprocess.Popen(
+                as_server_user([binary(), str(ini)]),
+                cwd="/",
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
         try:
             deadline = time.monotonic() + 10
             while True:
                 with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
                     break
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    err = proc.stderr.read().decode() if proc.stderr else ""
+                    err = stderr_path.read_text(errors="replace")
                     log = (work / "pgbouncer.log").read_text() if (work / "pgbouncer.log").exists() else ""
                     raise RuntimeError(f"pgbouncer did not start: {err}{log}")
                 time.sleep(0.05)

@@ -58,7 +58,7 @@ from awp.server.serve import run_server, server_ssl_context
     envvar="AWP_PGBOUNCER",
     is_flag=True,
     help="--database-url goes through PgBouncer in transaction pooling mode: no prepared statements, no startup "
-    "options (docs/operations.md, Behind PgBouncer); needs --direct-database-url.",
+    "options (docs/operations.md, Behind PgBouncer); needs --direct-database-url (or --shard-url).",
 )
 @click.option(
     "--tls-cert",
@@ -251,7 +251,7 @@ def serve(
             database_url = gateway_database_url()
         except ClusterError as e:
             raise click.UsageError(str(e)) from None
-    if pgbouncer and not direct_database_url:
+    if pgbouncer and not (direct_database_url or shard_urls):
         raise click.UsageError(
             "--pgbouncer needs --direct-database-url (AWP_DIRECT_DATABASE_URL): the coordinator holds a session "
             "advisory lock and the gateway LISTENs, which transaction pooling cannot keep"
