@@ -50,8 +50,11 @@ def test_the_dashboard_shows_and_acts_on_runs_of_both_shards(gw: ServeProcess, o
     assert {shard_of(r) for r in runs} == {0, 1}, runs
     with Workers(gw) as workers:
         workers.start("ui-w", concurrency=2)
-        for r in runs:
-            wait_until(lambda r=r: get_run(gw, r)["status"] == "succeeded", 30, 0.1, f"run {r}")
+
+        def all_succeeded() -> bool:
+            return all(get_run(gw, r)["status"] == "succeeded" for r in runs)
+
+        wait_until(all_succeeded, 60, 0.2, "every run to succeed")
         page = open_ui("operator")
         page.goto("/ui/runs")
         shown = page.locator("tr[data-run-id]").evaluate_all("rows => rows.map(r => r.dataset.runId)")
