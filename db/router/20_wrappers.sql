@@ -219,21 +219,33 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     FROM w LEFT JOIN e ON e.worker_id = w.worker_id ORDER BY w.o
 $$;
 
-CREATE OR REPLACE FUNCTION awp.drain_worker(p_worker_id text, p_session_token text)
+-- awp_router.drain_everywhere(worker_id, session_token, by_worker): the drain on every shard, shard 0 first (its
+-- errors are the answer: AWSES for the worker's own drain, AWNTF for the operator's), the others' leases added; a shard
+-- that does not know the worker (added after it registered) is skipped. by_worker: awp.drain_worker (the worker's
+-- session), else awp.request_drain (an operator's).
+CREATE OR REPLACE FUNCTION awp_router.drain_everywhere(p_worker_id text, p_session_token text, p_by_worker boolean)
 RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[], max_concurrency integer,
                active_leases integer, last_heartbeat_at timestamptz, registered_at timestamptz, stopped_at timestamptz)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   r record;
   s integer;
   n bigint := 0;
 BEGIN
-  SELECT * INTO r FROM awp_shard.drain_worker(0, p_worker_id, p_session_token);   -- AWSES from shard 0
+  IF p_by_worker THEN
+    SELECT * INTO r FROM awp_shard.drain_worker(0, p_worker_id, p_session_token);
+  ELSE
+    SELECT * INTO r FROM awp_shard.request_drain(0, p_worker_id);
+  END IF;
   FOR s IN SELECT * FROM awp_router.other_shards(0) LOOP
     BEGIN
-      n := n + coalesce((SELECT sum(d.active_leases) FROM awp_shard.drain_worker(s, p_worker_id, p_session_token) d), 0);
-    EXCEPTION WHEN SQLSTATE 'AWSES' THEN
+      IF p_by_worker THEN
+        n := n + coalesce((SELECT sum(d.active_leases) FROM awp_shard.drain_worker(s, p_worker_id, p_session_token) d), 0);
+      ELSE
+        n := n + coalesce((SELECT sum(d.active_leases) FROM awp_shard.request_drain(s, p_worker_id) d), 0);
+      END IF;
+    EXCEPTION WHEN SQLSTATE 'AWSES' OR SQLSTATE 'AWNTF' THEN
       NULL;   -- not on this shard
     END;
   END LOOP;
@@ -241,27 +253,19 @@ BEGIN
                       (r.active_leases + n)::integer, r.last_heartbeat_at, r.registered_at, r.stopped_at;
 END $$;
 
+CREATE OR REPLACE FUNCTION awp.drain_worker(p_worker_id text, p_session_token text)
+RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[], max_concurrency integer,
+               active_leases integer, last_heartbeat_at timestamptz, registered_at timestamptz, stopped_at timestamptz)
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  SELECT * FROM awp_router.drain_everywhere(p_worker_id, p_session_token, true)
+$$;
+
 CREATE OR REPLACE FUNCTION awp.request_drain(p_worker_id text)
 RETURNS TABLE (worker_id text, display_name text, status text, executor_kinds text[], max_concurrency integer,
                active_leases integer, last_heartbeat_at timestamptz, registered_at timestamptz, stopped_at timestamptz)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-#variable_conflict use_column
-DECLARE
-  r record;
-  s integer;
-  n bigint := 0;
-BEGIN
-  SELECT * INTO r FROM awp_shard.request_drain(0, p_worker_id);   -- AWNTF from shard 0
-  FOR s IN SELECT * FROM awp_router.other_shards(0) LOOP
-    BEGIN
-      n := n + coalesce((SELECT sum(d.active_leases) FROM awp_shard.request_drain(s, p_worker_id) d), 0);
-    EXCEPTION WHEN SQLSTATE 'AWNTF' THEN
-      NULL;
-    END;
-  END LOOP;
-  RETURN QUERY SELECT r.worker_id, r.display_name, r.status, r.executor_kinds, r.max_concurrency,
-                      (r.active_leases + n)::integer, r.last_heartbeat_at, r.registered_at, r.stopped_at;
-END $$;
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  SELECT * FROM awp_router.drain_everywhere(p_worker_id, NULL, false)
+$$;
 
 -- Claims: the shards in turn from one at random, each asked for what is still wanted. A worker's capacity is one
 -- for all shards: it never holds more leases than it asked for.
@@ -448,24 +452,25 @@ END $$;
 
 -- Rate limits: set on every shard (generated: awp.set_limit, awp.delete_limit) and enforced by each shard for its
 -- runs; their reads give shard 0's settings with what every shard holds now.
+-- awp_router.limit_counts(): what every shard holds now of each limit, added up.
+CREATE OR REPLACE FUNCTION awp_router.limit_counts()
+RETURNS TABLE (name text, in_flight integer, held integer)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+  SELECT a.name, sum(a.in_flight)::integer, sum(a.held)::integer FROM awp_shard.list_limits_all() a GROUP BY a.name
+$$;
+
 CREATE OR REPLACE FUNCTION awp.list_limits()
 RETURNS TABLE (name text, max_in_flight integer, per_window integer, window_ms integer, in_flight integer,
                held integer, created_at timestamptz, updated_at timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-  SELECT z.name, z.max_in_flight, z.per_window, z.window_ms,
-         coalesce((SELECT sum(a.in_flight) FROM awp_shard.list_limits_all() a WHERE a.name = z.name), 0)::integer,
-         coalesce((SELECT sum(a.held) FROM awp_shard.list_limits_all() a WHERE a.name = z.name), 0)::integer,
+  SELECT z.name, z.max_in_flight, z.per_window, z.window_ms, coalesce(c.in_flight, 0), coalesce(c.held, 0),
          z.created_at, z.updated_at
-    FROM awp_shard.list_limits(0) z ORDER BY z.name
+    FROM awp_shard.list_limits(0) z LEFT JOIN awp_router.limit_counts() c ON c.name = z.name ORDER BY z.name
 $$;
 
 CREATE OR REPLACE FUNCTION awp.get_limit(p_name text)
 RETURNS TABLE (name text, max_in_flight integer, per_window integer, window_ms integer, in_flight integer,
                held integer, created_at timestamptz, updated_at timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-  SELECT z.name, z.max_in_flight, z.per_window, z.window_ms,
-         coalesce((SELECT sum(a.in_flight) FROM awp_shard.list_limits_all() a WHERE a.name = z.name), 0)::integer,
-         coalesce((SELECT sum(a.held) FROM awp_shard.list_limits_all() a WHERE a.name = z.name), 0)::integer,
-         z.created_at, z.updated_at
-    FROM awp_shard.get_limit(0, p_name) z
+  SELECT * FROM awp.list_limits() l WHERE l.name = (SELECT z.name FROM awp_shard.get_limit(0, p_name) z)   -- AWNTF
 $$;

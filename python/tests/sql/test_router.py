@@ -157,7 +157,22 @@ def test_one_worker_serves_both_shards_and_is_fenced_on_each(env: Sharded) -> No
     assert {r["item"] for r in got} == {1, 2} and all(r["error"] is None for r in got), got
     for d in env.shard_admins:
         assert q(d, "SELECT * FROM awp.check_invariants()") == []
-    # a drain reaches every shard
+    # limits: set on every shard, read with what every shard holds
+    q(g, "SELECT * FROM awp.set_limit('api', 5, NULL, NULL)")
+    for d in env.shard_admins:
+        assert q(d, "SELECT max_in_flight FROM awp.get_limit('api')")[0]["max_in_flight"] == 5
+    assert q(g, "SELECT in_flight FROM awp.get_limit('api')")[0]["in_flight"] == 0
+    assert [r["name"] for r in q(g, "SELECT name FROM awp.list_limits()")] == ["api"]
+    with pytest.raises(psycopg.Error) as e:
+        q(g, "SELECT * FROM awp.get_limit('nope')")
+    assert e.value.sqlstate == "AWNTF"
+    # a worker's own drain and an operator's reach every shard
+    other = q(g, "SELECT * FROM awp.register_worker('other', '{mock}', 1)")[0]
+    q(g, "SELECT * FROM awp.drain_worker(%s, %s)", (other["worker_id"], other["session_token"]))
+    for d in env.shard_admins:
+        assert (
+            q(d, "SELECT status FROM awp.workers WHERE worker_id = %s", (other["worker_id"],))[0]["status"] == "stopped"
+        )
     q(g, "SELECT * FROM awp.request_drain(%s)", (wid,))
     for d in env.shard_admins:
         assert q(d, "SELECT status FROM awp.workers WHERE worker_id = %s", (wid,))[0]["status"] in (
