@@ -97,22 +97,23 @@ LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 
                                                p_request_hash, p_workflow_id, p_version, p_input, p_priority)
 $$;
 
+-- awp_router.batch_shard(items): the shard of a batch start: its first item's key's (at random without one).
+CREATE OR REPLACE FUNCTION awp_router.batch_shard(p_items jsonb) RETURNS integer
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+  SELECT awp_router.new_run_shard(CASE WHEN jsonb_typeof(p_items) = 'array' AND jsonb_typeof(p_items -> 0) = 'object'
+                                       THEN p_items -> 0 ->> 'idempotency_key' END)
+$$;
+
 CREATE OR REPLACE FUNCTION awp.start_runs(p_workflow_id text, p_version integer, p_items jsonb)
 RETURNS TABLE (item integer, run_id text, status text)
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-  SELECT * FROM awp_shard.start_runs(
-    awp_router.new_run_shard(CASE WHEN jsonb_typeof(p_items) = 'array' AND jsonb_typeof(p_items -> 0) = 'object'
-                                  THEN p_items -> 0 ->> 'idempotency_key' END),
-    p_workflow_id, p_version, p_items)
+  SELECT * FROM awp_shard.start_runs(awp_router.batch_shard(p_items), p_workflow_id, p_version, p_items)
 $$;
 
 CREATE OR REPLACE FUNCTION awp.start_runs_idempotent(p_workflow_id text, p_version integer, p_items jsonb)
 RETURNS TABLE (item integer, run_id text, status text, replayed boolean)
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-  SELECT * FROM awp_shard.start_runs_idempotent(
-    awp_router.new_run_shard(CASE WHEN jsonb_typeof(p_items) = 'array' AND jsonb_typeof(p_items -> 0) = 'object'
-                                  THEN p_items -> 0 ->> 'idempotency_key' END),
-    p_workflow_id, p_version, p_items)
+  SELECT * FROM awp_shard.start_runs_idempotent(awp_router.batch_shard(p_items), p_workflow_id, p_version, p_items)
 $$;
 
 -- awp.list_runs: every shard's page after the same key, merged newest first. A cursor without its created_at is

@@ -91,6 +91,13 @@ def test_runs_spread_over_the_shards_and_are_found_by_id(env: Sharded) -> None:
     first = q(env.router_gateway, "SELECT awp.start_run('routed', NULL, %s) AS id", (key,))[0]["id"]
     again = q(env.router_gateway, "SELECT awp.start_run('routed', NULL, %s) AS id", (key,))[0]["id"]
     assert first == again
+    # a batch goes whole to one shard (all or nothing there): the shard of its first item's key
+    items = [{"idempotency_key": f"b-{uuid.uuid4()}"} for _ in range(5)]
+    batch = q(env.router_gateway, "SELECT * FROM awp.start_runs('routed', NULL, %s)", (Jsonb(items),))
+    assert len(batch) == 5 and len({shard_of(r["run_id"]) for r in batch}) == 1
+    with pytest.raises(psycopg.Error) as e:  # one bad item: nothing starts
+        q(env.router_gateway, "SELECT * FROM awp.start_runs('routed', NULL, %s)", (Jsonb([{}, {"priority": 99}]),))
+    assert e.value.sqlstate == "AWREQ"
 
 
 def test_the_shards_sqlstates_come_through(env: Sharded) -> None:
