@@ -24,6 +24,16 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT (p_first + i) % n FROM (SELECT awp_router.shard_count() AS n) c, generate_series(1, c.n - 1) i
 $$;
 
+-- awp_router.unreachable(sqlstate, message): whether an error says a shard could not be reached (PL/Proxy's own
+-- connection errors, XX000, or a lost or refused connection's class 08 / 57P0x): claims and heartbeats then go on
+-- with the other shards, so one shard down (a failover) does not stop the work of the others.
+CREATE OR REPLACE FUNCTION awp_router.unreachable(p_sqlstate text, p_message text) RETURNS boolean
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+  SELECT left(p_sqlstate, 2) = '08' OR p_sqlstate IN ('57P01', '57P02', '57P03')
+      OR (p_sqlstate = 'XX000'
+          AND p_message ~ '\(\d+\): (\[[^]]*\] (PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery)|connect timeout to|query timeout|Lost result|Unfinished connection)')
+$$;
+
 -- awp_router.claim_elsewhere(shard, worker, token, slots, claim_seq): up to `slots` leases from the shards other than
 -- `shard`, in turn. A shard's refusal ends it quietly (the worker's completion was applied; it claims again later).
 CREATE OR REPLACE FUNCTION awp_router.claim_elsewhere(p_shard integer, p_worker_id text, p_session_token text,
@@ -43,6 +53,10 @@ BEGIN
       need := need - got;
     EXCEPTION WHEN SQLSTATE 'AWSES' OR SQLSTATE 'AWDRN' OR SQLSTATE 'AWCAP' OR SQLSTATE 'AWREQ' THEN
       EXIT;
+    WHEN OTHERS THEN
+      IF NOT awp_router.unreachable(SQLSTATE, SQLERRM) THEN
+        RAISE;
+      END IF;   -- that shard is down: the next one
     END;
   END LOOP;
 END $$;
@@ -278,8 +292,16 @@ DECLARE
   v_first integer := floor(random() * awp_router.shard_count())::integer;
   got     integer;
 BEGIN
-  RETURN QUERY SELECT * FROM awp_shard.claim_tasks(v_first, p_worker_id, p_session_token, p_slots, p_claim_seq);
-  GET DIAGNOSTICS got = ROW_COUNT;
+  BEGIN
+    RETURN QUERY SELECT * FROM awp_shard.claim_tasks(v_first, p_worker_id, p_session_token, p_slots, p_claim_seq);
+    GET DIAGNOSTICS got = ROW_COUNT;
+  EXCEPTION WHEN OTHERS THEN
+    -- that shard is down: the others serve (its own error when it is the only one)
+    IF NOT awp_router.unreachable(SQLSTATE, SQLERRM) OR awp_router.shard_count() = 1 THEN
+      RAISE;
+    END IF;
+    got := 0;
+  END;
   IF p_slots - got > 0 THEN
     RETURN QUERY SELECT * FROM awp_router.claim_elsewhere(v_first, p_worker_id, p_session_token, p_slots - got,
                                                           p_claim_seq);
@@ -426,8 +448,11 @@ RETURNS TABLE (dispatch_id text, status text, lease_remaining_ms bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-  s   integer;
-  out jsonb := '[]';
+  s       integer;
+  out     jsonb := '[]';
+  v_heard integer := 0;
+  v_error text;
+  v_state text;
 BEGIN
   IF NOT awp_router.is_list_of(coalesce(p_leases, '[]'), 'dispatch_id')
      OR NOT awp_router.is_list_of(coalesce(p_dropped, '[]'), 'dispatch_id') OR awp_router.shard_count() = 1 THEN
@@ -436,15 +461,29 @@ BEGIN
     RETURN;
   END IF;
   FOR s IN SELECT sh FROM generate_series(0, awp_router.shard_count() - 1) sh LOOP
-    SELECT out || coalesce(jsonb_agg(to_jsonb(h) || jsonb_build_object('_pos', m.pos[h.k])), '[]') INTO out
-      FROM (SELECT coalesce(jsonb_agg(e ORDER BY o), '[]') AS items, array_agg(o::integer ORDER BY o) AS pos
-              FROM jsonb_array_elements(coalesce(p_leases, '[]')) WITH ORDINALITY a(e, o)
-             WHERE awp_router.shard_of(e ->> 'dispatch_id') = s) m,
-           LATERAL awp_shard.heartbeat(s, p_worker_id, p_session_token, m.items, p_claimed_through, p_claims_pending,
-             (SELECT coalesce(jsonb_agg(d), '[]') FROM jsonb_array_elements(coalesce(p_dropped, '[]')) d
-               WHERE awp_router.shard_of(d ->> 'dispatch_id') = s)
-           ) WITH ORDINALITY h(dispatch_id, status, lease_remaining_ms, k);
+    BEGIN
+      SELECT out || coalesce(jsonb_agg(to_jsonb(h) || jsonb_build_object('_pos', m.pos[h.k])), '[]') INTO out
+        FROM (SELECT coalesce(jsonb_agg(e ORDER BY o), '[]') AS items, array_agg(o::integer ORDER BY o) AS pos
+                FROM jsonb_array_elements(coalesce(p_leases, '[]')) WITH ORDINALITY a(e, o)
+               WHERE awp_router.shard_of(e ->> 'dispatch_id') = s) m,
+             LATERAL awp_shard.heartbeat(s, p_worker_id, p_session_token, m.items, p_claimed_through,
+               p_claims_pending, (SELECT coalesce(jsonb_agg(d), '[]') FROM jsonb_array_elements(coalesce(p_dropped, '[]')) d
+                                   WHERE awp_router.shard_of(d ->> 'dispatch_id') = s)
+             ) WITH ORDINALITY h(dispatch_id, status, lease_remaining_ms, k);
+      v_heard := v_heard + 1;
+    EXCEPTION WHEN OTHERS THEN
+      -- a shard that is down: its leases get no answer (the worker keeps them until it hears, as in an outage),
+      -- the others are renewed; with every shard down, the error (503: the worker's outage handling)
+      IF NOT awp_router.unreachable(SQLSTATE, SQLERRM) THEN
+        RAISE;
+      END IF;
+      v_error := SQLERRM;
+      v_state := SQLSTATE;
+    END;
   END LOOP;
+  IF v_heard = 0 THEN
+    RAISE EXCEPTION USING ERRCODE = v_state, MESSAGE = v_error;
+  END IF;
   RETURN QUERY SELECT r.dispatch_id, r.status, r.lease_remaining_ms
     FROM jsonb_array_elements(out) j,
          jsonb_to_record(j) AS r(dispatch_id text, status text, lease_remaining_ms bigint, _pos integer)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import psycopg
 
 from awp.dev import router as router_setup
+from awp.dev.localdb import Cluster
 from awp_testing.cluster import local_cluster
 
 GATEWAY_LOGIN = "awp_gateway_login"
@@ -21,6 +22,7 @@ class Sharded:
     shard_admins: list[str]
     router_gateway: str  # the gateway login's DSNs (a member of awp_gateway)
     shard_gateways: list[str]
+    shard_clusters: list[Cluster]  # to stop and start a shard
 
 
 def _gateway_login(admin_dsn: str) -> str:
@@ -46,4 +48,5 @@ def sharded(shards: int = 2) -> Iterator[Sharded]:
             shard_admins,
             _gateway_login(router_admin),
             [_gateway_login(d) for d in shard_admins],
+            clusters[1:],
         )

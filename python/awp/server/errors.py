@@ -108,10 +108,12 @@ def from_database_error(exc: psycopg.Error | psycopg_pool.PoolTimeout) -> ApiErr
 # and detail wrapped: "awp.get_run(1): [awp] REMOTE ERROR: run not found" / "Remote detail: no run x".
 _REMOTE_PRIMARY = re.compile(r"^\S+\(\d+\): \[[^\]]*\] REMOTE \w+: ")
 _REMOTE_DETAIL = "Remote detail: "
-# A shard PL/Proxy could not reach (connection refused or lost, timeouts): PL/Proxy's own error, XX000.
+# A shard PL/Proxy could not reach (connection refused or lost, timeouts): PL/Proxy's own error, XX000, such as
+# "PL/Proxy function awp.get_run(1): [awp] PQconnectPoll: connection to server ... failed" (the router's
+# awp_router.unreachable, db/router/20_wrappers.sql, knows the same messages).
 _SHARD_UNREACHABLE = re.compile(
-    r"^\S+\(\d+\): \[[^\]]*\] (PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery\w*)"
-    r"|^\S+\(\d+\): (connect timeout to|query timeout|Lost result|Unfinished connection)"
+    r"\S+\(\d+\): (\[[^\]]*\] (PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery)"
+    r"|connect timeout to|query timeout|Lost result|Unfinished connection)"
 )
 
 

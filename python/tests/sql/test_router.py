@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 from shard_support import Sharded, sharded
 
 from awp.dev import router as router_setup
+from awp.server.errors import from_database_error
 
 pytestmark = pytest.mark.slow
 
@@ -226,3 +227,37 @@ def test_a_shard_added_takes_new_runs_and_the_old_ones_stay(env: Sharded) -> Non
     for i in before + ids[:5]:
         assert q(env.router_gateway, "SELECT status FROM awp.get_run(%s)", (i,))[0]["status"] in ("pending", "running")
     assert len(q(env.router_gateway, "SELECT * FROM awp.check_invariants()")) == 0
+
+
+def test_with_a_shard_down_the_others_serve_claims_and_heartbeats(env: Sharded) -> None:
+    """Last in this module: it stops shard 1's cluster (and so shard 2 of the test before, in the same cluster)."""
+    g = env.router_gateway
+    w = q(g, "SELECT * FROM awp.register_worker('survivor', '{mock}', 200)")[0]
+    wid, tok = w["worker_id"], w["session_token"]
+    tick(env)
+    held: dict[int, dict[str, Any]] = {}
+    for _ in range(60):  # a lease from each of shards 0 and 1
+        for lease in q(g, "SELECT * FROM awp.claim_tasks(%s, %s, 1, 1)", (wid, tok)):
+            held.setdefault(shard_of(lease["dispatch_id"]), lease)
+        if {0, 1} <= set(held):
+            break
+    assert {0, 1} <= set(held), held
+    down_run = held[1]["run_id"]
+    q(env.shard_admins[1], "CHECKPOINT")  # the throwaway clusters commit asynchronously: keep the claims above
+    env.shard_clusters[1].stop(mode="immediate")
+    try:
+        refs = [{"dispatch_id": held[s]["dispatch_id"], "lease_token": held[s]["lease_token"]} for s in (0, 1)]
+        for _ in range(10):  # claims never fail for the shard that is down, whichever shard they try first
+            for lease in q(g, "SELECT * FROM awp.claim_tasks(%s, %s, 1, 2)", (wid, tok)):
+                assert shard_of(lease["dispatch_id"]) == 0
+            beat = q(g, "SELECT * FROM awp.heartbeat(%s, %s, %s)", (wid, tok, Jsonb(refs)))
+            assert [(b["dispatch_id"], b["status"]) for b in beat] == [(refs[0]["dispatch_id"], "renewed")]
+        with pytest.raises(psycopg.Error) as e:  # what lives on that shard: unavailable (the gateway: 503)
+            q(g, "SELECT * FROM awp.get_run(%s)", (down_run,))
+        api_error = from_database_error(e.value)
+        assert api_error is not None and api_error.status == 503, e.value
+    finally:
+        env.shard_clusters[1].start()
+    assert q(g, "SELECT status FROM awp.get_run(%s)", (down_run,))[0]["status"] == "running"
+    beat = q(g, "SELECT * FROM awp.heartbeat(%s, %s, %s)", (wid, tok, Jsonb(refs)))
+    assert [b["status"] for b in beat] == ["renewed", "renewed"]
