@@ -105,7 +105,7 @@ demo-dynamic: setup  ## the same with the dynamic example: for_each over chunks 
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]' && touch $@
 
-bench: setup $(BENCH_STAMP)  ## full benchmark (about 25 min: step 9, many runs, adds about 7; step 10, for_each, about 2; step 11, rate limits, about 1; step 12, live output, about 3); results, table and chart go to benchmarks/results/
+bench: setup $(BENCH_STAMP)  ## full benchmark (about 25 min: step 9, many runs, adds about 7; step 10, for_each, about 2; step 11, rate limits, about 1; step 12, live output, about 3; step 13, through a PL/Proxy router, about 4); results, table and chart go to benchmarks/results/
 	$(BIN)/python benchmarks/run.py
 
 bench-quick: setup $(BENCH_STAMP)  ## a reduced benchmark (about 3 min), for a smoke test
