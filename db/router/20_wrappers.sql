@@ -407,6 +407,10 @@ BEGIN
       need := coalesce(p_slots, 0) - jsonb_array_length(leases);
     EXCEPTION WHEN SQLSTATE 'AWSES' OR SQLSTATE 'AWDRN' OR SQLSTATE 'AWCAP' OR SQLSTATE 'AWREQ' THEN
       EXIT;
+    WHEN OTHERS THEN
+      IF NOT awp_router.unreachable(SQLSTATE, SQLERRM) THEN
+        RAISE;
+      END IF;   -- that shard is down: the next one
     END;
   END LOOP;
   RETURN jsonb_build_object(
