@@ -283,28 +283,43 @@ LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 
 $$;
 
 -- Claims: the shards in turn from one at random, each asked for what is still wanted. A worker's capacity is one
--- for all shards: it never holds more leases than it asked for.
+-- for all shards: it never holds more leases than it asked for. The first shard's refusal is the answer (AWSES,
+-- AWDRN, AWCAP, AWREQ), a later one's ends the claim quietly; a shard that is down is skipped, and with every shard
+-- down the claim fails as it would on one database (503 for the worker).
 CREATE OR REPLACE FUNCTION awp.claim_tasks(p_worker_id text, p_session_token text, p_slots integer,
                                            p_claim_seq bigint DEFAULT NULL)
 RETURNS SETOF awp.lease
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+  n       integer := awp_router.shard_count();
   v_first integer := floor(random() * awp_router.shard_count())::integer;
+  i       integer;
   got     integer;
+  need    integer := p_slots;
+  v_down  integer := 0;
+  v_state text;
+  v_error text;
 BEGIN
-  BEGIN
-    RETURN QUERY SELECT * FROM awp_shard.claim_tasks(v_first, p_worker_id, p_session_token, p_slots, p_claim_seq);
-    GET DIAGNOSTICS got = ROW_COUNT;
-  EXCEPTION WHEN OTHERS THEN
-    -- that shard is down: the others serve (its own error when it is the only one)
-    IF NOT awp_router.unreachable(SQLSTATE, SQLERRM) OR awp_router.shard_count() = 1 THEN
-      RAISE;
-    END IF;
-    got := 0;
-  END;
-  IF p_slots - got > 0 THEN
-    RETURN QUERY SELECT * FROM awp_router.claim_elsewhere(v_first, p_worker_id, p_session_token, p_slots - got,
-                                                          p_claim_seq);
+  FOR i IN 0 .. n - 1 LOOP
+    EXIT WHEN i > 0 AND need <= 0;
+    BEGIN
+      RETURN QUERY SELECT * FROM awp_shard.claim_tasks((v_first + i) % n, p_worker_id, p_session_token, need,
+                                                       p_claim_seq);
+      GET DIAGNOSTICS got = ROW_COUNT;
+      need := need - got;
+    EXCEPTION WHEN OTHERS THEN
+      IF i > 0 AND SQLSTATE IN ('AWSES', 'AWDRN', 'AWCAP', 'AWREQ') THEN
+        EXIT;
+      ELSIF NOT awp_router.unreachable(SQLSTATE, SQLERRM) OR n = 1 THEN
+        RAISE;
+      END IF;
+      v_down := v_down + 1;   -- that shard is down: the next one
+      v_state := SQLSTATE;
+      v_error := SQLERRM;
+    END;
+  END LOOP;
+  IF v_down = n THEN
+    RAISE EXCEPTION USING ERRCODE = v_state, MESSAGE = v_error;
   END IF;
 END $$;
 

@@ -256,6 +256,19 @@ def test_with_a_shard_down_the_others_serve_claims_and_heartbeats(env: Sharded) 
             q(g, "SELECT * FROM awp.get_run(%s)", (down_run,))
         api_error = from_database_error(e.value)
         assert api_error is not None and api_error.status == 503, e.value
+        q(env.shard_admins[0], "CHECKPOINT")
+        env.shard_clusters[0].stop(mode="immediate")  # every shard down: claims and heartbeats fail (503)
+        try:
+            for sql, args in (
+                ("SELECT * FROM awp.claim_tasks(%s, %s, 1, 3)", (wid, tok)),
+                ("SELECT * FROM awp.heartbeat(%s, %s, %s)", (wid, tok, Jsonb(refs))),
+            ):
+                with pytest.raises(psycopg.Error) as e:
+                    q(g, sql, args)
+                api_error = from_database_error(e.value)
+                assert api_error is not None and api_error.status == 503, e.value
+        finally:
+            env.shard_clusters[0].start()
     finally:
         env.shard_clusters[1].start()
     assert q(g, "SELECT status FROM awp.get_run(%s)", (down_run,))[0]["status"] == "running"
