@@ -27,6 +27,9 @@ from awp.dev.migrate import default_sql_dir, migrate
 log = logging.getLogger("awp.migrate")
 
 ROUTER_LOGIN = "awp_router_login"  # the router's login on each shard: a member of awp_router (migration 0024)
+# The lock_timeout of the router's sessions on a shard: the gateway's default (--lock-timeout-ms, 2 s). A gateway
+# sets its own on its router session, which PL/Proxy does not carry to the shards (docs/scale-out.md).
+ROUTER_LOCK_TIMEOUT = "2s"
 CLUSTER = "awp"
 
 # How the router runs each public function of a shard:
@@ -310,6 +313,11 @@ def prepare_shard(shard_admin_dsn: str, index: int, password: str, sql_dir: Path
             sql.SQL("{} ROLE {} LOGIN PASSWORD {}").format(verb, sql.Identifier(ROUTER_LOGIN), sql.Literal(password))
         )
         conn.execute(sql.SQL("GRANT awp_router TO {}").format(sql.Identifier(ROUTER_LOGIN)))
+        conn.execute(
+            sql.SQL("ALTER ROLE {} SET lock_timeout = {}").format(
+                sql.Identifier(ROUTER_LOGIN), sql.Literal(ROUTER_LOCK_TIMEOUT)
+            )
+        )
     return _router_connstr(shard_admin_dsn, password)
 
 

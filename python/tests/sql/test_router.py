@@ -79,6 +79,12 @@ def test_the_gateway_login_runs_the_awp_functions_and_reads_nothing_else(env: Sh
             q(env.router_gateway, sql)
 
 
+def test_the_router_logs_in_to_each_shard_with_the_gateways_lock_timeout(env: Sharded) -> None:
+    for d in env.shard_admins:
+        config = q(d, "SELECT rolconfig FROM pg_roles WHERE rolname = 'awp_router_login'")[0]["rolconfig"]
+        assert f"lock_timeout={router_setup.ROUTER_LOCK_TIMEOUT}" in config
+
+
 def test_runs_spread_over_the_shards_and_are_found_by_id(env: Sharded) -> None:
     ids = start_runs(env, 40)
     shards = [shard_of(i) for i in ids]
