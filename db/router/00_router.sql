@@ -155,13 +155,4 @@ BEGIN
   END IF;
   RETURN a;
 END $$;
-
-DO $$
-DECLARE
-  f record;
-BEGIN
-  FOR f IN SELECT p.oid::regprocedure AS sig FROM pg_proc p WHERE p.pronamespace = 'awp_router'::regnamespace LOOP
-    EXECUTE format('ALTER FUNCTION %s OWNER TO awp_owner', f.sig);
-    EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.sig);
-  END LOOP;
-END $$;
+-- Ownership and grants of every function here: python/awp/dev/router.py (GRANTS_SQL), once all are made.

@@ -34,9 +34,10 @@ LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
           AND p_message ~ '\(\d+\): (\[[^]]*\] (PQconnectPoll|PQconnectStart|PQconsumeInput|PQflush|PQsendQuery)|connect timeout to|query timeout|Lost result|Unfinished connection)')
 $$;
 
--- awp_router.claim_elsewhere(shard, worker, token, slots, claim_seq): up to `slots` leases from the shards other than
--- `shard`, in turn. A shard's refusal ends it quietly (the worker's completion was applied; it claims again later).
-CREATE OR REPLACE FUNCTION awp_router.claim_elsewhere(p_shard integer, p_worker_id text, p_session_token text,
+-- awp_router.claim_elsewhere(shards, worker, token, slots, claim_seq): up to `slots` leases from the shards not in
+-- `shards` (those already asked), in turn from the one after the first of them. A shard's refusal ends it quietly (the
+-- worker's completion was applied; it claims again later); a shard that is down is skipped.
+CREATE OR REPLACE FUNCTION awp_router.claim_elsewhere(p_asked integer[], p_worker_id text, p_session_token text,
                                                       p_slots integer, p_claim_seq bigint)
 RETURNS SETOF awp.lease
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
@@ -45,7 +46,7 @@ DECLARE
   got  integer;
   need integer := p_slots;
 BEGIN
-  FOR s IN SELECT * FROM awp_router.other_shards(p_shard) LOOP
+  FOR s IN SELECT o FROM awp_router.other_shards(p_asked[1]) o WHERE o <> ALL (p_asked) LOOP
     EXIT WHEN need <= 0;
     BEGIN
       RETURN QUERY SELECT * FROM awp_shard.claim_tasks(s, p_worker_id, p_session_token, need, p_claim_seq);
@@ -337,7 +338,7 @@ BEGIN
                                                           p_lease_token, p_result, p_slots, p_claim_seq, p_live_output);
   GET DIAGNOSTICS got = ROW_COUNT;
   IF p_slots - got > 0 THEN
-    RETURN QUERY SELECT * FROM awp_router.claim_elsewhere(v_shard, p_worker_id, p_session_token, p_slots - got,
+    RETURN QUERY SELECT * FROM awp_router.claim_elsewhere(ARRAY[v_shard], p_worker_id, p_session_token, p_slots - got,
                                                           p_claim_seq);
   END IF;
 END $$;
@@ -373,7 +374,7 @@ BEGIN
     HAVING bool_and(r.error IS NULL)
   LOOP
     CONTINUE WHEN it.free <= 0;
-    extra := ARRAY(SELECT l FROM awp_router.claim_elsewhere(awp_router.shard_of(it.e ->> 'dispatch_id'),
+    extra := ARRAY(SELECT l FROM awp_router.claim_elsewhere(ARRAY[awp_router.shard_of(it.e ->> 'dispatch_id')],
                                                            it.e ->> 'worker_id', it.e ->> 'session_token', it.free::integer,
                                                            (it.e ->> 'claim_seq')::bigint) l);
     IF cardinality(extra) > 0 THEN
@@ -386,7 +387,7 @@ BEGIN
 END $$;
 
 -- awp.complete_tasks: each shard's results in one call there; the slots go to the first shard called, what it
--- leaves to the next, then to a claim on the rest. Results in the order given.
+-- leaves to the next, then to a claim on the rest (awp_router.claim_elsewhere). Results in the order given.
 CREATE OR REPLACE FUNCTION awp.complete_tasks(p_worker_id text, p_session_token text, p_results jsonb,
                                               p_slots integer DEFAULT 0, p_claim_seq bigint DEFAULT NULL)
 RETURNS jsonb
@@ -398,7 +399,6 @@ DECLARE
   leases  jsonb := '[]';
   need    integer := coalesce(p_slots, 0);
   called  integer[] := '{}';
-  s       integer;
 BEGIN
   IF NOT awp_router.is_list_of(p_results, 'dispatch_id') OR awp_router.shard_count() = 1
      OR jsonb_array_length(p_results) = 0 THEN
@@ -414,20 +414,10 @@ BEGIN
     leases := leases || (a -> 'leases');
     need := need - jsonb_array_length(a -> 'leases');
   END LOOP;
-  FOR s IN SELECT sh FROM generate_series(0, awp_router.shard_count() - 1) sh WHERE sh <> ALL (called) LOOP
-    EXIT WHEN need <= 0;
-    BEGIN
-      SELECT leases || coalesce(jsonb_agg(to_jsonb(l)), '[]') INTO leases
-        FROM awp_shard.claim_tasks(s, p_worker_id, p_session_token, need, p_claim_seq) l;
-      need := coalesce(p_slots, 0) - jsonb_array_length(leases);
-    EXCEPTION WHEN SQLSTATE 'AWSES' OR SQLSTATE 'AWDRN' OR SQLSTATE 'AWCAP' OR SQLSTATE 'AWREQ' THEN
-      EXIT;
-    WHEN OTHERS THEN
-      IF NOT awp_router.unreachable(SQLSTATE, SQLERRM) THEN
-        RAISE;
-      END IF;   -- that shard is down: the next one
-    END;
-  END LOOP;
+  IF need > 0 THEN
+    SELECT leases || coalesce(jsonb_agg(to_jsonb(l)), '[]') INTO leases
+      FROM awp_router.claim_elsewhere(called, p_worker_id, p_session_token, need, p_claim_seq) l;
+  END IF;
   RETURN jsonb_build_object(
     'results', (SELECT jsonb_agg(results -> k::text ORDER BY k) FROM generate_series(1, jsonb_array_length(p_results)) k),
     'leases', leases);

@@ -30,9 +30,7 @@ def _gateway_login(admin_dsn: str) -> str:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (GATEWAY_LOGIN,)).fetchone():
             conn.execute(f"CREATE ROLE {GATEWAY_LOGIN} LOGIN IN ROLE awp_gateway")
-    info = psycopg.conninfo.conninfo_to_dict(admin_dsn)
-    info["user"] = GATEWAY_LOGIN
-    return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in info.items() if v is not None})
+    return psycopg.conninfo.make_conninfo(admin_dsn, user=GATEWAY_LOGIN)
 
 
 @contextlib.contextmanager

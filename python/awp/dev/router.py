@@ -174,11 +174,13 @@ def composite_types_sql(conn: psycopg.Connection[Any]) -> str:
     return "\n".join(out)
 
 
-def _proxy(name: str, args: str, result: str, run_on: str, target: str, nargs: int, first: int) -> str:
-    call = ", ".join(f"${i}" for i in range(first, first + nargs))
+def _proxy(name: str, args: str, f: Function, run_on: str, first: int) -> str:
+    """A PL/Proxy function ``name(args)`` that runs ``awp.<f>`` on the shards of ``run_on`` with its arguments from
+    ``$first`` on."""
     return (
-        f"CREATE FUNCTION {name}({args}) RETURNS {result}\n"
-        f"LANGUAGE plproxy AS $p$ CLUSTER '{CLUSTER}'; RUN ON {run_on}; SELECT * FROM awp.{target}({call}); $p$;"
+        f"CREATE FUNCTION {name}({args}) RETURNS {f.result}\n"
+        f"LANGUAGE plproxy AS $p$ CLUSTER '{CLUSTER}'; RUN ON {run_on};"
+        f" SELECT * FROM awp.{f.name}({f.call_args(first)}); $p$;"
     )
 
 
@@ -251,9 +253,9 @@ def proxies_sql(conn: psycopg.Connection[Any]) -> str:
         if rule == "shard":
             continue
         shard_args = f"p_shard integer{', ' if f.identity_args else ''}{f.identity_args}"
-        parts.append(_proxy(f"awp_shard.{f.name}", shard_args, f.result, "p_shard", f.name, f.nargs, 2))
+        parts.append(_proxy(f"awp_shard.{f.name}", shard_args, f, "p_shard", 2))
         if f.name in ALL_FORMS:
-            parts.append(_proxy(f"awp_shard.{f.name}_all", f.identity_args, f.result, "ALL", f.name, f.nargs, 1))
+            parts.append(_proxy(f"awp_shard.{f.name}_all", f.identity_args, f, "ALL", 1))
         kind, _, arg = rule.partition(":")
         if kind in ("run", "dispatch"):
             on = f"awp_router.shard_of(${_arg_index(f, arg)})"
@@ -268,7 +270,7 @@ def proxies_sql(conn: psycopg.Connection[Any]) -> str:
             continue
         else:  # custom, internal
             continue
-        parts.append(_definer(_proxy(f"awp.{f.name}", f.args, f.result, on, f.name, f.nargs, 1)))
+        parts.append(_definer(_proxy(f"awp.{f.name}", f.args, f, on, 1)))
     return "\n\n".join(parts) + "\n"
 
 

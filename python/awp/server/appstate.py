@@ -71,14 +71,10 @@ class GatewayConfig:
     stream_write_timeout_ms: int = DEFAULT_STREAM_WRITE_TIMEOUT_MS
 
     @property
-    def session_database_url(self) -> str:
-        """The DSN of the gateway's long-lived sessions (the coordinator's, the LISTEN connection)."""
-        return self.direct_database_url or self.database_url
-
-    @property
     def session_database_urls(self) -> list[str]:
-        """The DSNs of the coordinators' and LISTEN sessions: each shard's behind a router, else one."""
-        return list(self.shard_urls) or [self.session_database_url]
+        """The DSNs of the gateway's long-lived sessions (the coordinators', the LISTEN connections): each shard's
+        behind a router, else the direct one (past a pooler) or the requests' one."""
+        return list(self.shard_urls) or [self.direct_database_url or self.database_url]
 
     def check(self) -> None:
         """Raise ValueError when a secret is empty, shorter than MIN_TOKEN_LENGTH, or two secrets are equal."""
