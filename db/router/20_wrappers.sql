@@ -26,7 +26,8 @@ $$;
 
 -- awp_router.unreachable(sqlstate, message): whether an error says a shard could not be reached (PL/Proxy's own
 -- connection errors, XX000, or a lost or refused connection's class 08 / 57P0x): claims and heartbeats then go on
--- with the other shards, so one shard down (a failover) does not stop the work of the others.
+-- with the other shards, so one shard down (a failover) does not stop the work of the others. (The gateway knows the
+-- same messages to answer 503: python/awp/server/errors.py, _SHARD_UNREACHABLE.)
 CREATE OR REPLACE FUNCTION awp_router.unreachable(p_sqlstate text, p_message text) RETURNS boolean
 LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
   SELECT left(p_sqlstate, 2) = '08' OR p_sqlstate IN ('57P01', '57P02', '57P03')
