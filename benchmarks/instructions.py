@@ -7,7 +7,8 @@ where CPU time drifts by 20% from minute to minute and by up to 4 x between phas
     .venv/bin/python benchmarks/instructions.py . --profile out.cg  # and keep the profile (callgrind_annotate)
 
 A variant is a checkout (a directory holding ``db/``; ``.`` is the working tree) or a git revision (its ``db/``
-exported with ``git archive``). Each gets a database of its own in one throwaway cluster, migrated from its SQL,
+exported with ``git archive``), optionally followed by ``:AB_LOGS=N``: each completion then carries N log lines (its
+``live_output``, as a worker sends a task's last lines; docs/progress.md). Each gets a database of its own in one throwaway cluster, migrated from its SQL,
 with one run of ``--tasks`` tasks (run concurrency = ``--group``) and ``--group`` workers of one slot holding a lease
 each (``--pre N``: N tasks completed first, so that the tables are not small). Then the cluster stops, and each
 database is opened by a single-user backend (``postgres --single``) under callgrind that runs ``ab_step()`` again
@@ -22,6 +23,7 @@ for every variant.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 import shutil
@@ -31,13 +33,14 @@ import tempfile
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 from awp.dev.localdb import Cluster, as_server_user, free_port, give_to_server_user
 from awp.dev.pgbin import pg_bin
 from awp_testing.cluster import database_name, fresh_database, one
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ab import Variant, complete_all, define, variant
+from ab import Variant, complete_all, define, live_output, variant
 
 # The step: every held lease completed in one call, each refilled; the new leases replace the old ones.
 STEP_SQL = """
@@ -52,13 +55,14 @@ BEGIN
   SELECT jsonb_agg(jsonb_build_object('worker_id', l.worker_id, 'session_token', l.session_token,
                                       'dispatch_id', l.dispatch_id, 'lease_token', l.lease_token,
                                       'result', '{"kind": "success"}'::jsonb, 'slots', 1, 'claim_seq', NULL)
+                   || CASE WHEN public.ab_live() IS NULL THEN '{}' ELSE jsonb_build_object('live_output', public.ab_live()) END
                    ORDER BY l.pos), count(*)
     INTO v_items, v_n FROM public.ab_leases l;
   IF v_n = 1 THEN
     FOR r IN SELECT 1 AS item, c.dispatch_id, c.lease_token
                FROM public.ab_leases l,
                     awp.complete_and_claim(l.worker_id, l.session_token, l.dispatch_id, l.lease_token,
-                                           '{"kind": "success"}', 1) c LOOP
+                                           '{"kind": "success"}', 1, NULL, public.ab_live()) c LOOP
       UPDATE public.ab_leases SET dispatch_id = r.dispatch_id, lease_token = r.lease_token WHERE pos = r.item;
     END LOOP;
   ELSE
@@ -74,8 +78,9 @@ END $$;
 """
 
 
-def prepare(dsn: str, tasks: int, group: int, pre: int) -> None:
-    """One run of ``tasks`` tasks and ``group`` workers of one slot, each holding one of its leases."""
+def prepare(dsn: str, tasks: int, group: int, pre: int, logs: int = 0) -> None:
+    """One run of ``tasks`` tasks and ``group`` workers of one slot, each holding one of its leases; each completion
+    carries ``logs`` log lines (its ``live_output``) when not 0."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         if pre:
             define(conn, "ab-pre", pre)
@@ -85,6 +90,12 @@ def prepare(dsn: str, tasks: int, group: int, pre: int) -> None:
         conn.execute("SELECT awp.configure(lease_duration_ms => 86400000, heartbeat_interval_ms => 3600000)")
         define(conn, "ab", tasks, group, timeout_ms=86400000)
         conn.execute(STEP_SQL)
+        live = sql.Literal(json.dumps(live_output(logs))) if logs else sql.SQL("NULL")
+        conn.execute(
+            sql.SQL("CREATE FUNCTION public.ab_live() RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT {}::jsonb $$").format(
+                live
+            )
+        )
         register = "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', 1)"
         workers = [one(conn, register) for _ in range(group)]
         conn.execute("SELECT awp.start_run('ab')")
@@ -139,7 +150,13 @@ def measure(args: argparse.Namespace, variants: list[Variant], workdir: Path) ->
     try:
         for i, v in enumerate(variants):
             name = database_name(f"instr{i}")
-            prepare(fresh_database(cluster, name, sql_dir=v.sql_dir), args.tasks, args.group, args.pre)
+            prepare(
+                fresh_database(cluster, name, sql_dir=v.sql_dir),
+                args.tasks,
+                args.group,
+                args.pre,
+                int(v.env.get("AB_LOGS", 0)),
+            )
             names.append(name)
     finally:
         cluster.stop()

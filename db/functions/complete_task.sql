@@ -88,7 +88,7 @@ COMMENT ON FUNCTION awp._wake_for_fan_out(text, text, text) IS 'Wakes the coordi
 
 -- awp.complete_task(worker_id, session_token, dispatch_id, lease_token, result, live_output DEFAULT NULL): as
 -- above; live_output, the lease's last progress writes (docs/progress.md), is written first, before any lock of the
--- completion, fenced per write (a refused one is dropped) by awp._write_live_output (AWREQ when malformed).
+-- completion, fenced per write (a refused one is dropped) by awp._write_lease_output (AWREQ when malformed).
 CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
                                              p_lease_token text, p_result jsonb, p_live_output jsonb DEFAULT NULL)
 RETURNS boolean
@@ -98,8 +98,8 @@ DECLARE
   v_applied boolean;
 BEGIN
   IF p_live_output IS NOT NULL THEN
-    PERFORM awp._write_live_output(awp._live_item(p_worker_id, p_session_token, p_dispatch_id, p_lease_token,
-                                                  p_live_output), 'invalid live_output', true);
+    PERFORM awp._write_lease_output(p_worker_id, p_session_token, p_dispatch_id, p_lease_token, p_live_output,
+                                    'invalid live_output', true);
   END IF;
   v_applied := awp._complete_task(w, p_dispatch_id, p_lease_token, p_result);
   PERFORM awp._notify_pending();
@@ -286,8 +286,8 @@ DECLARE
 BEGIN
   IF p_live_output IS NOT NULL THEN
     PERFORM awp._session(p_worker_id, p_session_token, false);   -- AWSES first, before the output is looked at
-    PERFORM awp._write_live_output(awp._live_item(p_worker_id, p_session_token, p_dispatch_id, p_lease_token,
-                                                  p_live_output), 'invalid live_output', true);
+    PERFORM awp._write_lease_output(p_worker_id, p_session_token, p_dispatch_id, p_lease_token, p_live_output,
+                                    'invalid live_output', true);
   END IF;
   PERFORM awp._queue_for_runs(p_worker_id, ARRAY[p_dispatch_id], ARRAY[p_lease_token]);
   w := awp._session(p_worker_id, p_session_token, true);   -- AWSES first

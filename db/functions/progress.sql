@@ -5,66 +5,13 @@
 -- A write is fenced like a completion and never locks the run, its dispatches or its tasks: it locks the run's row
 -- of awp.run_outputs (its sequence counter) and its attempt's row of awp.task_progress, for one short transaction.
 
--- awp._progress_problem(worker_id, dispatch_id, lease_token, progress, logs, chunks, offset): why this progress write
--- is refused, as ARRAY[sqlstate, message, detail], or NULL when it may be written. In this order: AWREQ when none of
--- the three is given, a line or chunk is null or the offset is negative; AWBIG (413) when the progress value is over
--- awp._limit_progress_bytes(), the lines and chunks together more than awp._limit_progress_entries(), or a line or
--- chunk over awp._limit_progress_entry_bytes() (each message names the limit); then AWLST unless this worker may
--- still write the dispatch's progress: it holds the lease (awp._holds_lease, the ownership test of a completion),
--- the dispatch is leased, its attempt deadline and lease have not passed, and its run is running without a
--- cancellation request (the reasons awp.complete_task gives). A progress write does not renew the lease; a
--- heartbeat does. No exception: awp.report_progress_many answers each item without a subtransaction (more than 64
--- in one transaction would slow every other session's snapshots). Locks: none (plain reads of the dispatch and
--- its run; the lease's state at that read decides).
-CREATE OR REPLACE FUNCTION awp._progress_problem(p_worker_id text, p_dispatch_id text, p_lease_token text,
-                                                 p_progress jsonb, p_logs text[], p_chunks text[], p_offset bigint)
-RETURNS text[]
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_bytes   integer;
-  v_entries integer := coalesce(cardinality(p_logs), 0) + coalesce(cardinality(p_chunks), 0);
-  d         awp.dispatches;
-  r         awp.runs;
-  v_now     timestamptz;
-BEGIN
-  IF p_progress IS NULL AND p_logs IS NULL AND p_chunks IS NULL THEN
-    RETURN ARRAY['AWREQ', 'nothing to report', 'give progress, logs or chunks'];
-  ELSIF array_position(p_logs, NULL) IS NOT NULL OR array_position(p_chunks, NULL) IS NOT NULL THEN
-    RETURN ARRAY['AWREQ', 'invalid logs or chunks', 'logs and chunks must be arrays of strings'];
-  ELSIF p_offset < 0 THEN
-    RETURN ARRAY['AWREQ', 'invalid offset', 'offset must be 0 or more'];
-  END IF;
-  v_bytes := octet_length(p_progress::text);
-  IF v_bytes > awp._limit_progress_bytes() THEN
-    RETURN ARRAY['AWBIG', 'progress too large',
-                 format('progress is %s bytes, over the %s-byte limit', v_bytes, awp._limit_progress_bytes())];
-  ELSIF v_entries > awp._limit_progress_entries() THEN
-    RETURN ARRAY['AWBIG', 'too many entries',
-                 format('%s log lines and chunks in one write, over the limit of %s', v_entries,
-                        awp._limit_progress_entries())];
-  END IF;
-  SELECT max(octet_length(x)) INTO v_bytes FROM (SELECT unnest(p_logs) UNION ALL SELECT unnest(p_chunks)) e(x);
-  IF v_bytes > awp._limit_progress_entry_bytes() THEN
-    RETURN ARRAY['AWBIG', 'log line or chunk too large',
-                 format('a log line or chunk is %s bytes, over the %s-byte limit', v_bytes,
-                        awp._limit_progress_entry_bytes())];
-  END IF;
-  SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
-  IF NOT FOUND OR NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN
-    RETURN ARRAY['AWLST', 'lease lost', 'the dispatch is not leased to this worker with this lease token'];
-  END IF;
-  SELECT * INTO r FROM awp.runs x WHERE x.run_id = d.run_id;
-  v_now := awp._now();
-  RETURN CASE
-    WHEN d.status <> 'leased' THEN ARRAY['AWLST', 'lease lost', format('the dispatch is %s', d.status)]
-    WHEN v_now >= d.attempt_deadline THEN ARRAY['AWLST', 'lease lost', 'the attempt deadline has passed']
-    WHEN v_now >= d.lease_expires_at THEN ARRAY['AWLST', 'lease lost', 'the lease has expired']
-    WHEN r.cancel_requested_at IS NOT NULL OR r.status <> 'running' THEN
-      ARRAY['AWLST', 'lease lost', format('the run is %s%s', r.status,
-            CASE WHEN r.cancel_requested_at IS NOT NULL THEN ' (cancel requested)' ELSE '' END)]
-  END;
-END $$;
-COMMENT ON FUNCTION awp._progress_problem(text, text, text, jsonb, text[], text[], bigint) IS 'Why a progress write is refused (AWREQ, AWBIG, AWLST as sqlstate, message, detail), or NULL.';
+-- awp._progress_refusal(sqlstate, message, detail): a refused progress write's answer, {"error": {"sqlstate",
+-- "message", "detail"}} (awp._write_progress). Locks: none.
+CREATE OR REPLACE FUNCTION awp._progress_refusal(p_sqlstate text, p_message text, p_detail text) RETURNS jsonb
+LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+  SELECT jsonb_build_object('error', jsonb_build_object('sqlstate', p_sqlstate, 'message', p_message, 'detail', p_detail))
+$$;
+COMMENT ON FUNCTION awp._progress_refusal(text, text, text) IS 'A refused progress write''s answer: {"error": {sqlstate, message, detail}}.';
 
 -- awp._truncate_output(attempt row, kind, excess): drops the oldest entries of one kind ('log' or 'chunk') of an
 -- attempt until at least `excess` bytes are gone (whole rows, then the leading entries of the next one), and counts
@@ -112,24 +59,34 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._truncate_output(awp.task_progress, text, bigint) IS 'Drops an attempt''s oldest log lines or chunks past its bound and counts them.';
 
--- awp._write_progress(worker_id, dispatch_id, lease_token, progress, logs, chunks, offset, checked): one fenced write
--- (awp._progress_problem, raised with its SQLSTATE unless the caller has checked it already: checked); nothing is
--- written when it refuses. offset (optional): how many
--- lines and chunks the worker sent for this attempt before this write; the ones the attempt already has (a write
--- sent again after a lost answer) are skipped, so a write with its offset is applied once. The run's next sequence
--- numbers go to the (new) log lines in order, then the chunks in order, then the progress value (latest wins). Past
--- the attempt's bound (settings progress_log_bytes, progress_chunk_bytes) the oldest entries of that kind are
--- dropped. Returns {"seq": the last sequence number given (null when nothing was written), "truncated": whether
--- this attempt has dropped entries, "run_id"}.
+-- awp._write_progress(worker_id, dispatch_id, lease_token, progress, logs, chunks, offset): one progress write of a
+-- lease, checked and (when allowed) applied, in one call that never raises for a refused write: it answers
+-- {"error": {"sqlstate", "message", "detail"}} and writes nothing (awp.report_progress raises it; the batch form and
+-- the completions' live output need no subtransaction: more than 64 in one transaction would slow every other
+-- session's snapshots). Refused, in this order: AWREQ when none of the three is given, a line or chunk is null or the
+-- offset is negative; AWBIG (413) when the progress value is over awp._limit_progress_bytes(), the lines and chunks
+-- together more than awp._limit_progress_entries(), or a line or chunk over awp._limit_progress_entry_bytes() (each
+-- message names the limit); then AWLST unless this worker may still write the dispatch's progress: it holds the lease
+-- (awp._holds_lease, the ownership test of a completion), the dispatch is leased, its attempt deadline and lease have
+-- not passed, and its run is running without a cancellation request (the reasons awp.complete_task gives). A progress
+-- write does not renew the lease; a heartbeat does.
+-- offset (optional): how many lines and chunks the worker sent for this attempt before this write; the ones the
+-- attempt already has (a write sent again after a lost answer) are skipped, so a write with its offset is applied
+-- once. The run's next sequence numbers go to the (new) log lines in order, then the chunks in order, then the
+-- progress value (latest wins). Past the attempt's bound (settings progress_log_bytes, progress_chunk_bytes) the
+-- oldest entries of that kind are dropped. Answers {"seq": the last sequence number given (null when nothing was
+-- written), "truncated": whether this attempt has dropped entries, "run_id"}.
 -- The attempt's awp.task_progress row is written only when it has something its awp.task_output rows do not say: a
 -- progress value, dropped entries, an offset past the entries it has (a write lost on its way), or bytes near a
 -- bound (over 1 KiB of a kind, the smallest bound the settings allow). Without it, the attempt's entries and bytes are
 -- those of its awp.task_output rows: a short task's only write (its last lines, riding on its completion) is one row.
--- Locks: the run's awp.run_outputs row (its writers queue there, one short transaction each), then the attempt's
--- awp.task_progress row. Never the run, a dispatch, a task or a worker row.
+-- Locks: the run's awp.run_outputs row (its writers queue there, one short transaction each; the sequence numbers
+-- are taken with the lock, and the ones a repeat does not use are given back under it), then the attempt's
+-- awp.task_progress row. Never the run, a dispatch, a task or a worker row (the lease's state at its plain read
+-- decides).
 CREATE OR REPLACE FUNCTION awp._write_progress(p_worker_id text, p_dispatch_id text, p_lease_token text,
                                                p_progress jsonb, p_logs text[], p_chunks text[],
-                                               p_offset bigint DEFAULT NULL, p_checked boolean DEFAULT false)
+                                               p_offset bigint DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -139,68 +96,95 @@ DECLARE
   v_now   timestamptz;
   v_logs  integer := coalesce(cardinality(p_logs), 0);
   v_sent  integer := coalesce(cardinality(p_logs), 0) + coalesce(cardinality(p_chunks), 0);
+  v_status  text;
+  v_cancel  timestamptz;
   v_row   boolean;
+  v_had   bigint[];
   v_have  bigint;
-  v_had_log   bigint;
-  v_had_chunk bigint;
   v_skip  integer := 0;
   v_count integer;
   v_last  bigint;
   v_first bigint;
-  v_log_bytes   bigint;
-  v_chunk_bytes bigint;
-  v_problem     text[];
+  v_bytes bigint;
+  v_log_bytes   bigint := coalesce(octet_length(array_to_string(p_logs, '')), 0);
+  v_chunk_bytes bigint := coalesce(octet_length(array_to_string(p_chunks, '')), 0);
 BEGIN
-  IF NOT p_checked THEN
-    v_problem := awp._progress_problem(p_worker_id, p_dispatch_id, p_lease_token, p_progress, p_logs, p_chunks,
-                                       p_offset);
-    IF v_problem[1] = 'AWREQ' THEN
-      PERFORM awp._raise_invalid_request(v_problem[2], v_problem[3]);
-    ELSIF v_problem[1] = 'AWBIG' THEN
-      PERFORM awp._raise_too_large(v_problem[2], v_problem[3]);
-    ELSIF v_problem[1] = 'AWLST' THEN
-      PERFORM awp._raise_lease_lost(v_problem[3]);
+  IF p_progress IS NULL AND p_logs IS NULL AND p_chunks IS NULL THEN
+    RETURN awp._progress_refusal('AWREQ', 'nothing to report', 'give progress, logs or chunks');
+  ELSIF array_position(p_logs, NULL) IS NOT NULL OR array_position(p_chunks, NULL) IS NOT NULL THEN
+    RETURN awp._progress_refusal('AWREQ', 'invalid logs or chunks', 'logs and chunks must be arrays of strings');
+  ELSIF p_offset < 0 THEN
+    RETURN awp._progress_refusal('AWREQ', 'invalid offset', 'offset must be 0 or more');
+  END IF;
+  v_bytes := octet_length(p_progress::text);
+  IF v_bytes > awp._limit_progress_bytes() THEN
+    RETURN awp._progress_refusal('AWBIG', 'progress too large',
+      format('progress is %s bytes, over the %s-byte limit', v_bytes, awp._limit_progress_bytes()));
+  ELSIF v_sent > awp._limit_progress_entries() THEN
+    RETURN awp._progress_refusal('AWBIG', 'too many entries',
+      format('%s log lines and chunks in one write, over the limit of %s', v_sent, awp._limit_progress_entries()));
+  ELSIF v_log_bytes + v_chunk_bytes > awp._limit_progress_entry_bytes() THEN   -- else no entry can be over it
+    SELECT max(octet_length(x)) INTO v_bytes FROM (SELECT unnest(p_logs) UNION ALL SELECT unnest(p_chunks)) e(x);
+    IF v_bytes > awp._limit_progress_entry_bytes() THEN
+      RETURN awp._progress_refusal('AWBIG', 'log line or chunk too large',
+        format('a log line or chunk is %s bytes, over the %s-byte limit', v_bytes, awp._limit_progress_entry_bytes()));
     END IF;
   END IF;
   SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
-  -- The run's counter row first: the writers of one run (and the repeats of one write) queue here. Locked without
-  -- a new row version when it exists (the common case), created by the run's first write.
-  PERFORM FROM awp.run_outputs o WHERE o.run_id = d.run_id FOR UPDATE;
-  IF NOT FOUND THEN
-    INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (d.run_id, 0)
-    ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq;
+  IF NOT FOUND OR NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN
+    RETURN awp._progress_refusal('AWLST', 'lease lost', 'the dispatch is not leased to this worker with this lease token');
   END IF;
-  SELECT * INTO p FROM awp.task_progress x WHERE x.dispatch_id = d.dispatch_id;
-  v_row := FOUND;
-  IF v_row THEN
-    v_have := p.entries;
-    v_had_log := p.log_bytes;
-    v_had_chunk := p.chunk_bytes;
-  ELSE   -- nothing dropped, no gap: what the attempt has is in its rows (none, for its first write)
-    SELECT coalesce(sum(cardinality(o.entries)), 0), coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'log'), 0),
-           coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'chunk'), 0)
-      INTO v_have, v_had_log, v_had_chunk
-      FROM awp.task_output o WHERE o.run_id = d.run_id AND o.task_key = d.task_key AND o.attempt = d.attempt;
+  SELECT x.status, x.cancel_requested_at INTO v_status, v_cancel FROM awp.runs x WHERE x.run_id = d.run_id;
+  v_now := awp._now();
+  IF d.status <> 'leased' THEN
+    RETURN awp._progress_refusal('AWLST', 'lease lost', format('the dispatch is %s', d.status));
+  ELSIF v_now >= d.attempt_deadline THEN
+    RETURN awp._progress_refusal('AWLST', 'lease lost', 'the attempt deadline has passed');
+  ELSIF v_now >= d.lease_expires_at THEN
+    RETURN awp._progress_refusal('AWLST', 'lease lost', 'the lease has expired');
+  ELSIF v_cancel IS NOT NULL OR v_status <> 'running' THEN
+    RETURN awp._progress_refusal('AWLST', 'lease lost', format('the run is %s%s', v_status,
+                                 CASE WHEN v_cancel IS NOT NULL THEN ' (cancel requested)' ELSE '' END));
   END IF;
+
+  -- The run's counter row first: the writers of one run (and the repeats of one write) queue here. The numbers
+  -- for everything sent are taken at once (one statement locks and counts); a repeat gives back what it skips.
+  v_count := v_sent + CASE WHEN p_progress IS NULL THEN 0 ELSE 1 END;
+  UPDATE awp.run_outputs o SET last_seq = o.last_seq + v_count WHERE o.run_id = d.run_id RETURNING o.last_seq INTO v_last;
+  IF NOT FOUND THEN   -- the run's first write
+    INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (d.run_id, v_count)
+    ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq + excluded.last_seq
+    RETURNING o.last_seq INTO v_last;
+  END IF;
+  -- What the attempt has: its counters row, else (nothing dropped, no gap) its rows (none, for its first write).
+  SELECT t.dispatch_id IS NOT NULL,
+         CASE WHEN t.dispatch_id IS NOT NULL THEN ARRAY[t.entries, t.log_bytes, t.chunk_bytes]
+              ELSE (SELECT ARRAY[coalesce(sum(cardinality(o.entries)), 0),
+                                 coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'log'), 0),
+                                 coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'chunk'), 0)]
+                      FROM awp.task_output o
+                     WHERE o.run_id = d.run_id AND o.task_key = d.task_key AND o.attempt = d.attempt) END
+    INTO v_row, v_had
+    FROM (SELECT) one LEFT JOIN awp.task_progress t ON t.dispatch_id = d.dispatch_id;
+  v_have := v_had[1];
   IF p_offset IS NOT NULL THEN
     v_skip := greatest(0, least(v_sent, v_have - p_offset))::integer;   -- the ones this attempt already has
     IF v_skip > 0 THEN
       p_chunks := p_chunks[greatest(1, v_skip - v_logs + 1):];
       p_logs := p_logs[v_skip + 1:];
       v_logs := coalesce(cardinality(p_logs), 0);
+      v_log_bytes := coalesce(octet_length(array_to_string(p_logs, '')), 0);
+      v_chunk_bytes := coalesce(octet_length(array_to_string(p_chunks, '')), 0);
+      v_count := v_count - v_skip;
+      UPDATE awp.run_outputs o SET last_seq = o.last_seq - v_skip WHERE o.run_id = d.run_id
+      RETURNING o.last_seq INTO v_last;
     END IF;
   END IF;
-  v_count := v_sent - v_skip + CASE WHEN p_progress IS NULL THEN 0 ELSE 1 END;
   IF v_count = 0 THEN
     RETURN jsonb_build_object('seq', NULL, 'truncated', false, 'run_id', d.run_id);
   END IF;
-  v_now := awp._now();
-  UPDATE awp.run_outputs o SET last_seq = o.last_seq + v_count WHERE o.run_id = d.run_id
-  RETURNING o.last_seq INTO v_last;
 
   -- One row for the write's lines, one for its chunks: entries numbered from the first new sequence number.
-  v_log_bytes := coalesce(octet_length(array_to_string(p_logs, '')), 0);
-  v_chunk_bytes := coalesce(octet_length(array_to_string(p_chunks, '')), 0);
   v_first := v_last - v_count + 1;
   IF v_logs > 0 THEN
     INSERT INTO awp.task_output (run_id, seq, first_seq, task_key, attempt, kind, entries, bytes, created_at)
@@ -216,14 +200,14 @@ BEGIN
   -- settings allow (the lo of awp._setting_ranges(), db/tests/46_live_output.sql checks it), so no bound is read or
   -- passed.
   IF NOT v_row AND p_progress IS NULL AND coalesce(p_offset, 0) <= v_have
-     AND v_had_log + v_log_bytes <= 1024 AND v_had_chunk + v_chunk_bytes <= 1024 THEN
+     AND v_had[2] + v_log_bytes <= 1024 AND v_had[3] + v_chunk_bytes <= 1024 THEN
     RETURN jsonb_build_object('seq', v_last, 'run_id', d.run_id, 'truncated', false);
   END IF;
   INSERT INTO awp.task_progress AS t (dispatch_id, run_id, task_key, attempt, progress, progress_seq, progress_at,
                                       log_bytes, chunk_bytes, entries, updated_at)
   VALUES (d.dispatch_id, d.run_id, d.task_key, d.attempt, p_progress,
           CASE WHEN p_progress IS NOT NULL THEN v_last END, CASE WHEN p_progress IS NOT NULL THEN v_now END,
-          v_had_log + v_log_bytes, v_had_chunk + v_chunk_bytes,
+          v_had[2] + v_log_bytes, v_had[3] + v_chunk_bytes,
           greatest(v_have, coalesce(p_offset, v_have)) + v_sent - v_skip, v_now)
   ON CONFLICT (dispatch_id) DO UPDATE
      SET progress = CASE WHEN excluded.progress_seq IS NULL THEN t.progress ELSE excluded.progress END,
@@ -245,7 +229,7 @@ BEGIN
   RETURN jsonb_build_object('seq', v_last, 'run_id', d.run_id, 'truncated',
     p.logs_dropped + p.chunks_dropped > 0 OR p.log_bytes > s.progress_log_bytes OR p.chunk_bytes > s.progress_chunk_bytes);
 END $$;
-COMMENT ON FUNCTION awp._write_progress(text, text, text, jsonb, text[], text[], bigint, boolean) IS 'One fenced progress write of a lease (progress, log lines, chunks), bounded per attempt, applied once with its offset.';
+COMMENT ON FUNCTION awp._write_progress(text, text, text, jsonb, text[], text[], bigint) IS 'One progress write of a lease (progress, log lines, chunks), fenced (a refusal answered as {"error"}), bounded per attempt, applied once with its offset.';
 
 -- awp.report_progress(worker_id, session_token, dispatch_id, lease_token, progress, logs, chunks, offset): a running task's
 -- latest progress value (any JSON, latest wins, at most awp._limit_progress_bytes() bytes), log lines and output
@@ -260,9 +244,18 @@ CREATE OR REPLACE FUNCTION awp.report_progress(p_worker_id text, p_session_token
                                                p_offset bigint DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_ans jsonb;
 BEGIN
   PERFORM awp._session(p_worker_id, p_session_token, false);
-  RETURN awp._write_progress(p_worker_id, p_dispatch_id, p_lease_token, p_progress, p_logs, p_chunks, p_offset);
+  v_ans := awp._write_progress(p_worker_id, p_dispatch_id, p_lease_token, p_progress, p_logs, p_chunks, p_offset);
+  CASE v_ans->'error'->>'sqlstate'
+    WHEN 'AWREQ' THEN PERFORM awp._raise_invalid_request(v_ans->'error'->>'message', v_ans->'error'->>'detail');
+    WHEN 'AWBIG' THEN PERFORM awp._raise_too_large(v_ans->'error'->>'message', v_ans->'error'->>'detail');
+    WHEN 'AWLST' THEN PERFORM awp._raise_lease_lost(v_ans->'error'->>'detail');
+    ELSE NULL;
+  END CASE;
+  RETURN v_ans;
 END $$;
 COMMENT ON FUNCTION awp.report_progress(text, text, text, text, jsonb, text[], text[], bigint) IS 'A lease''s progress value, log lines and output chunks (fenced like complete; bounded per attempt); AWSES/AWREQ/AWBIG/AWLST.';
 
@@ -272,7 +265,7 @@ COMMENT ON FUNCTION awp.report_progress(text, text, text, text, jsonb, text[], t
 -- "offset"?: integer}.
 -- One row per item, in order: dispatch_id, and either seq, truncated and run_id (as awp.report_progress) or error
 -- {sqlstate, message, detail} (AWLST, AWBIG, AWREQ). AWSES first; AWREQ for a malformed list.
--- Each item is checked first (awp._progress_problem), so no item needs a subtransaction.
+-- A refused item is answered by awp._write_progress without raising, so no item needs a subtransaction.
 -- Locks: per item, as awp._write_progress, the items taken in run_id order (the runs' awp.run_outputs rows in that
 -- order: no lock cycle between two batches).
 CREATE OR REPLACE FUNCTION awp.report_progress_many(p_worker_id text, p_session_token text, p_items jsonb)
@@ -285,7 +278,6 @@ DECLARE
   v_answers jsonb := '[]';
   v_logs    text[];
   v_chunks  text[];
-  v_problem text[];
 BEGIN
   PERFORM awp._session(p_worker_id, p_session_token, false);
   IF jsonb_typeof(p_items) IS DISTINCT FROM 'array' OR jsonb_array_length(p_items) > awp._limit_batch_results()
@@ -309,15 +301,8 @@ BEGIN
   LOOP
     v_logs := (SELECT array_agg(l ORDER BY n) FROM jsonb_array_elements_text(e->'logs') WITH ORDINALITY a(l, n));
     v_chunks := (SELECT array_agg(c ORDER BY n) FROM jsonb_array_elements_text(e->'chunks') WITH ORDINALITY a(c, n));
-    v_problem := awp._progress_problem(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress', v_logs,
-                                       v_chunks, (e->>'offset')::bigint);
-    IF v_problem IS NULL THEN
-      v_ans := awp._write_progress(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress', v_logs,
-                                   v_chunks, (e->>'offset')::bigint, true);
-    ELSE
-      v_ans := jsonb_build_object('error', jsonb_build_object('sqlstate', v_problem[1], 'message', v_problem[2],
-                                                              'detail', v_problem[3]));
-    END IF;
+    v_ans := awp._write_progress(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress', v_logs, v_chunks,
+                                 (e->>'offset')::bigint);   -- its answer or its refusal
     v_answers := v_answers || jsonb_build_array(jsonb_build_object('o', v_ord, 'dispatch_id', e->>'dispatch_id') || v_ans);
   END LOOP;
   RETURN QUERY
@@ -326,82 +311,83 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp.report_progress_many(text, text, jsonb) IS 'Several leases'' progress writes in one call, each fenced on its own; per item its seq or its error; AWSES/AWREQ.';
 
--- awp._live_item(worker_id, session_token, dispatch_id, lease_token, live_output): one completion's item for
--- awp._write_live_output (awp.complete_task, awp.complete_and_claim). Locks: none.
-CREATE OR REPLACE FUNCTION awp._live_item(p_worker_id text, p_session_token text, p_dispatch_id text,
-                                          p_lease_token text, p_live_output jsonb) RETURNS jsonb
-LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-  SELECT jsonb_build_array(jsonb_build_object('worker_id', p_worker_id, 'session_token', p_session_token,
-                                              'dispatch_id', p_dispatch_id, 'lease_token', p_lease_token,
-                                              'live_output', p_live_output))
-$$;
-COMMENT ON FUNCTION awp._live_item(text, text, text, text, jsonb) IS 'One completion as an item of awp._write_live_output.';
-
--- awp._write_live_output(items, what): the last progress writes that ride on completions (a result's
--- "live_output", docs/progress.md), for awp.complete_task, awp.complete_and_claim and awp.complete_and_claim_many
--- (the batch route writes its leases' output by awp.report_progress_many instead), written in the
--- completion's own transaction before anything of it takes a run's lock: a task's output is stored before its
--- result, without a round trip and a commit of its own. items: the completion items (objects with "worker_id",
--- "session_token", "dispatch_id", "lease_token" and optionally "live_output": an array of at most
--- awp._limit_batch_results() writes {"progress"?, "logs"?: [string], "chunks"?: [string], "offset"?: integer}).
--- A malformed live_output raises AWREQ with the message `what` (the caller's, for its whole call: its statement
--- fails, so nothing of it stays). Each write is fenced as awp.report_progress_many fences it (the session, unless
--- the caller checked it already: p_session_checked, then awp._progress_problem); a refused write is dropped (the
--- item's result then answers for the lease).
--- Locks: as awp._write_progress per write (the runs' awp.run_outputs rows, then the attempts' awp.task_progress
--- rows), the items taken in run_id order, as awp.report_progress_many; never a run, dispatch, task or worker row,
--- and no advisory lock: the callers take those after.
-CREATE OR REPLACE FUNCTION awp._write_live_output(p_items jsonb, p_what text, p_session_checked boolean DEFAULT false)
+-- awp._write_lease_output(worker_id, session_token, dispatch_id, lease_token, live_output, what, session_checked):
+-- the last progress writes that ride on one lease's completion (its result's "live_output", docs/progress.md), for
+-- awp.complete_task and awp.complete_and_claim, and per item for awp._write_live_output (awp.complete_and_claim_many;
+-- the batch route writes its leases' output by awp.report_progress_many instead): written in the completion's own
+-- transaction before anything of it takes a run's lock, so a task's output is stored before its result, without a
+-- round trip and a commit of its own. live_output: NULL (nothing), or an array of at most
+-- awp._limit_batch_results() writes {"progress"?, "logs"?: [string], "chunks"?: [string], "offset"?: integer}.
+-- A malformed one raises AWREQ with the message `what` (the caller's, for its whole call: its statement fails, so
+-- nothing of it stays). Each write is fenced as awp.report_progress fences it (the session, unless the caller checked
+-- it already: session_checked, then awp._write_progress); a refused write is dropped (the completion's result then
+-- answers for the lease).
+-- Locks: as awp._write_progress per write (the run's awp.run_outputs row, then the attempt's awp.task_progress row);
+-- never a run, dispatch, task or worker row, and no advisory lock: the callers take those after.
+CREATE OR REPLACE FUNCTION awp._write_lease_output(p_worker_id text, p_session_token text, p_dispatch_id text,
+                                                   p_lease_token text, p_live_output jsonb, p_what text,
+                                                   p_session_checked boolean)
 RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  e        jsonb;
   w        jsonb;
   v_logs   text[];
   v_chunks text[];
   v_live   boolean;
 BEGIN
-  FOR e IN SELECT p_items->0 WHERE jsonb_array_length(p_items) = 1   -- one item (awp.complete_task, ...): no join
-           UNION ALL
-           (SELECT x.e FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
-              LEFT JOIN awp.dispatches d ON d.dispatch_id = x.e->>'dispatch_id'
-             WHERE jsonb_array_length(p_items) > 1 AND x.e ? 'live_output'
-             ORDER BY d.run_id NULLS FIRST, x.o)
-  LOOP
-    CONTINUE WHEN NOT e ? 'live_output';
-    IF jsonb_typeof(e->'live_output') IS DISTINCT FROM 'array'
-       OR jsonb_array_length(e->'live_output') > awp._limit_batch_results() THEN
-      PERFORM awp._raise_invalid_request(p_what, format('live_output must be an array of at most %s progress writes '
-                                                        '{"progress"?, "logs"?, "chunks"?, "offset"?}',
-                                                        awp._limit_batch_results()));
+  IF p_live_output IS NULL THEN
+    RETURN;
+  ELSIF jsonb_typeof(p_live_output) <> 'array' OR jsonb_array_length(p_live_output) > awp._limit_batch_results() THEN
+    PERFORM awp._raise_invalid_request(p_what, format('live_output must be an array of at most %s progress writes '
+                                                      '{"progress"?, "logs"?, "chunks"?, "offset"?}',
+                                                      awp._limit_batch_results()));
+  END IF;
+  v_live := p_session_checked
+            OR EXISTS (SELECT 1 FROM awp.workers k   -- the session, as awp._session checks it
+                        WHERE k.worker_id = p_worker_id AND k.status IN ('active', 'draining')
+                          AND k.session_token_hash = awp._hash(p_session_token));
+  FOR i IN 0 .. jsonb_array_length(p_live_output) - 1 LOOP   -- in order, without a query
+    w := p_live_output->i;
+    IF jsonb_typeof(w) <> 'object' OR w - '{progress,logs,chunks,offset}'::text[] <> '{}'::jsonb
+       OR jsonb_typeof(coalesce(w->'logs', '[]')) <> 'array' OR jsonb_typeof(coalesce(w->'chunks', '[]')) <> 'array'
+       OR (w ? 'logs' AND jsonb_path_exists(w, 'strict $.logs[*] ? (@.type() != "string")'))
+       OR (w ? 'chunks' AND jsonb_path_exists(w, 'strict $.chunks[*] ? (@.type() != "string")'))
+       OR coalesce(w->>'offset', '0') !~ '^[0-9]{1,18}$' THEN
+      PERFORM awp._raise_invalid_request(p_what, 'a live_output write is {"progress"?, "logs"?: [string], '
+                                                 '"chunks"?: [string], "offset"?: integer >= 0}');
     END IF;
-    v_live := p_session_checked
-              OR EXISTS (SELECT 1 FROM awp.workers k   -- the session, as awp._session checks it
-                          WHERE k.worker_id = e->>'worker_id' AND k.status IN ('active', 'draining')
-                            AND k.session_token_hash = awp._hash(e->>'session_token'));
-    FOR w IN SELECT x.w FROM jsonb_array_elements(e->'live_output') WITH ORDINALITY AS x(w, o) ORDER BY x.o LOOP
-      IF jsonb_typeof(w) <> 'object' OR w - '{progress,logs,chunks,offset}'::text[] <> '{}'::jsonb
-         OR jsonb_typeof(coalesce(w->'logs', '[]')) <> 'array' OR jsonb_typeof(coalesce(w->'chunks', '[]')) <> 'array'
-         OR (w ? 'logs' AND jsonb_path_exists(w, 'strict $.logs[*] ? (@.type() != "string")'))
-         OR (w ? 'chunks' AND jsonb_path_exists(w, 'strict $.chunks[*] ? (@.type() != "string")'))
-         OR coalesce(w->>'offset', '0') !~ '^[0-9]{1,18}$' THEN
-        PERFORM awp._raise_invalid_request(p_what, 'a live_output write is {"progress"?, "logs"?: [string], '
-                                                   '"chunks"?: [string], "offset"?: integer >= 0}');
-      END IF;
-      CONTINUE WHEN NOT v_live;
-      v_logs := ARRAY(SELECT jsonb_array_elements_text(w->'logs'));
-      v_chunks := ARRAY(SELECT jsonb_array_elements_text(w->'chunks'));
-      IF cardinality(v_logs) = 0 THEN v_logs := NULL; END IF;
-      IF cardinality(v_chunks) = 0 THEN v_chunks := NULL; END IF;
-      IF awp._progress_problem(e->>'worker_id', e->>'dispatch_id', e->>'lease_token', w->'progress', v_logs,
-                               v_chunks, (w->>'offset')::bigint) IS NULL THEN
-        PERFORM awp._write_progress(e->>'worker_id', e->>'dispatch_id', e->>'lease_token', w->'progress', v_logs,
-                                    v_chunks, (w->>'offset')::bigint, true);
-      END IF;
-    END LOOP;
+    CONTINUE WHEN NOT v_live;
+    v_logs := CASE WHEN jsonb_array_length(coalesce(w->'logs', '[]')) > 0
+                   THEN ARRAY(SELECT jsonb_array_elements_text(w->'logs')) END;
+    v_chunks := CASE WHEN jsonb_array_length(coalesce(w->'chunks', '[]')) > 0
+                     THEN ARRAY(SELECT jsonb_array_elements_text(w->'chunks')) END;
+    PERFORM awp._write_progress(p_worker_id, p_dispatch_id, p_lease_token, w->'progress', v_logs, v_chunks,
+                                (w->>'offset')::bigint);   -- a refused write answers its refusal: dropped
   END LOOP;
 END $$;
-COMMENT ON FUNCTION awp._write_live_output(jsonb, text, boolean) IS 'The progress writes riding on completions (live_output), fenced per write, written before the completions take any run lock; AWREQ (with the caller''s message) when malformed.';
+COMMENT ON FUNCTION awp._write_lease_output(text, text, text, text, jsonb, text, boolean) IS 'The progress writes riding on one lease''s completion (live_output), fenced per write, written before the completion takes any run lock; AWREQ (with the caller''s message) when malformed.';
+
+-- awp._write_live_output(items, what): the live output of the completion items of awp.complete_and_claim_many
+-- (objects with "worker_id", "session_token", "dispatch_id", "lease_token" and optionally "live_output"), each item's by
+-- awp._write_lease_output (its session checked there), the items taken in run_id order, as
+-- awp.report_progress_many takes them (the runs' awp.run_outputs rows in that order: no lock cycle between two
+-- calls). Locks: as awp._write_lease_output per item.
+CREATE OR REPLACE FUNCTION awp._write_live_output(p_items jsonb, p_what text)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  e jsonb;
+BEGIN
+  FOR e IN SELECT x.e FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
+             LEFT JOIN awp.dispatches d ON d.dispatch_id = x.e->>'dispatch_id'
+            WHERE x.e ? 'live_output'
+            ORDER BY d.run_id NULLS FIRST, x.o
+  LOOP
+    PERFORM awp._write_lease_output(e->>'worker_id', e->>'session_token', e->>'dispatch_id', e->>'lease_token',
+                                    e->'live_output', p_what, false);
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION awp._write_live_output(jsonb, text) IS 'The live output of several completions (complete_and_claim_many), each fenced per write, in run_id order; AWREQ (with the caller''s message) when malformed.';
 
 -- awp.task_logs(run_id, task_key, attempt, after_seq, limit): the log lines and output chunks one attempt kept (the
 -- task's latest attempt when attempt is NULL), after the run sequence number after_seq, oldest first, at most limit
