@@ -8,7 +8,9 @@ where CPU time drifts by 20% from minute to minute and by up to 4 x between phas
 
 A variant is a checkout (a directory holding ``db/``; ``.`` is the working tree) or a git revision (its ``db/``
 exported with ``git archive``), optionally followed by ``:AB_LOGS=N``: each completion then carries N log lines (its
-``live_output``, as a worker sends a task's last lines; docs/progress.md). Each gets a database of its own in one throwaway cluster, migrated from its SQL,
+``live_output``, as a worker sends a task's last lines; docs/progress.md).
+
+Each gets a database of its own in one throwaway cluster, migrated from its SQL,
 with one run of ``--tasks`` tasks (run concurrency = ``--group``) and ``--group`` workers of one slot holding a lease
 each (``--pre N``: N tasks completed first, so that the tables are not small). Then the cluster stops, and each
 database is opened by a single-user backend (``postgres --single``) under callgrind that runs ``ab_step()`` again
@@ -55,7 +57,7 @@ BEGIN
   SELECT jsonb_agg(jsonb_build_object('worker_id', l.worker_id, 'session_token', l.session_token,
                                       'dispatch_id', l.dispatch_id, 'lease_token', l.lease_token,
                                       'result', '{"kind": "success"}'::jsonb, 'slots', 1, 'claim_seq', NULL)
-                   || CASE WHEN public.ab_live() IS NULL THEN '{}' ELSE jsonb_build_object('live_output', public.ab_live()) END
+                   || jsonb_strip_nulls(jsonb_build_object('live_output', public.ab_live()))
                    ORDER BY l.pos), count(*)
     INTO v_items, v_n FROM public.ab_leases l;
   IF v_n = 1 THEN
@@ -92,9 +94,9 @@ def prepare(dsn: str, tasks: int, group: int, pre: int, logs: int = 0) -> None:
         conn.execute(STEP_SQL)
         live = sql.Literal(json.dumps(live_output(logs))) if logs else sql.SQL("NULL")
         conn.execute(
-            sql.SQL("CREATE FUNCTION public.ab_live() RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT {}::jsonb $$").format(
-                live
-            )
+            sql.SQL(
+                "CREATE FUNCTION public.ab_live() RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$ SELECT {}::jsonb $$"
+            ).format(live)
         )
         register = "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', 1)"
         workers = [one(conn, register) for _ in range(group)]

@@ -64,7 +64,7 @@ def _split_utf8(text: str, limit: int) -> list[str]:
 class LeaseOutput:
     """One lease's reports not sent yet. ``progress``/``log``/``emit`` may be called from any thread."""
 
-    def __init__(self, dispatch_id: str, lease_token: str, wake: Callable[[], None]) -> None:
+    def __init__(self, dispatch_id: str, lease_token: str, wake: Callable[[LeaseOutput], None]) -> None:
         self.dispatch_id = dispatch_id
         self.lease_token = lease_token
         self._wake = wake
@@ -83,6 +83,7 @@ class LeaseOutput:
         self.idle = asyncio.Event()  # set while nothing is pending or in flight
         self.idle.set()
         self.in_flight = False
+        self.timer: asyncio.TimerHandle | None = None  # the sender's wake-up for this lease's next due write
 
     # -- the handler's side (any thread) --------------------------------------------------------------------
 
@@ -96,8 +97,8 @@ class LeaseOutput:
                 return
             first = self._progress is _UNSET and not self._entries
             self._progress = json.loads(text)
-        if first:  # the sender is woken once per batch: it then waits for this lease's interval itself
-            self._wake()
+        if first:  # the sender is woken once per batch, when this lease's next write is due
+            self._wake(self)
 
     def log(self, line: Any) -> None:
         text = line if isinstance(line, str) else str(line)
@@ -123,7 +124,7 @@ class LeaseOutput:
                 self._bytes -= size
                 self.dropped += 1
         if first:
-            self._wake()
+            self._wake(self)
 
     # -- the sender's side (the event loop) ----------------------------------------------------------------
 
@@ -239,7 +240,9 @@ class ProgressSender:
         self._leases[dispatch_id] = out
         return out
 
-    def _wake_threadsafe(self) -> None:
+    def _wake_threadsafe(self, out: LeaseOutput) -> None:
+        """A lease has something new after nothing pending (from any thread): wake the sender when its next write
+        is due (a timer: a task that ends before that sends it with its result, and the sender never runs)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -248,10 +251,23 @@ class ProgressSender:
         except RuntimeError:
             running = None
         if running is loop:
-            self._wakeup.set()
+            self._wake_when_due(out)
         else:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(self._wakeup.set)
+                loop.call_soon_threadsafe(self._wake_when_due, out)
+
+    def _wake_when_due(self, out: LeaseOutput) -> None:
+        if out.timer is not None or self._leases.get(out.dispatch_id) is not out or self._loop is None:
+            return  # already timed, or finished meanwhile
+        delay = out.last_sent + self.interval_s - time.monotonic()
+        if delay <= 0:
+            self._wakeup.set()
+        else:
+            out.timer = self._loop.call_later(delay, self._due, out)
+
+    def _due(self, out: LeaseOutput) -> None:
+        out.timer = None
+        self._wakeup.set()
 
     async def finish(self, out: LeaseOutput) -> list[OutputWrite]:
         """A lease's last writes, for its completion request to carry (``live_output``: no round trip of their own),
@@ -264,8 +280,9 @@ class ProgressSender:
                 self._wakeup.set()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(out.idle.wait(), FINISH_TIMEOUT_S)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(out.settled.wait(), FINISH_TIMEOUT_S)
+            if out.in_flight:  # its write's answer first (without one in flight, no task and no turn of the loop)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(out.settled.wait(), FINISH_TIMEOUT_S)
             if out.in_flight:
                 return []
             return [_without_lease(w) for w in out.take(FINAL_BYTES)]
@@ -276,6 +293,9 @@ class ProgressSender:
         """Forget a lease's output unsent (its execution was aborted)."""
         if self._leases.get(out.dispatch_id) is out:
             del self._leases[out.dispatch_id]
+        if out.timer is not None:
+            out.timer.cancel()
+            out.timer = None
         if out.dropped:
             log.warning(
                 "lease %s: %d log lines or chunks dropped by the worker (too many unsent)", out.dispatch_id, out.dropped
