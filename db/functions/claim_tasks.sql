@@ -197,12 +197,16 @@ BEGIN
 
   v_now := awp._now();   -- after a possible wait for a busy run's lock
   FOREACH v_id IN ARRAY v_ids LOOP
+    -- Three key probes (LATERAL ... LIMIT 1): as a join, a generic plan over the partitioned tables merged the
+    -- dispatch with every run and every task of its run (2.4 ms per lease at 1,000 runs; docs/performance.md).
     SELECT d.dispatch_id, d.run_id, d.task_key, d.executor_kind, t.action, t.input, t.attempts,
            t.timeout_ms, t.depends_on, r.workflow_id, r.workflow_version, r.input AS run_input, t.item, t.item_index
       INTO c
       FROM awp.dispatches d
-      JOIN awp.tasks t ON t.run_id = d.run_id AND t.task_key = d.task_key
-      JOIN awp.runs r ON r.run_id = d.run_id
+      CROSS JOIN LATERAL (SELECT y.action, y.input, y.attempts, y.timeout_ms, y.depends_on, y.item, y.item_index
+                            FROM awp.tasks y WHERE y.run_id = d.run_id AND y.task_key = d.task_key LIMIT 1) t
+      CROSS JOIN LATERAL (SELECT y.workflow_id, y.workflow_version, y.input
+                            FROM awp.runs y WHERE y.run_id = d.run_id LIMIT 1) r
      WHERE d.dispatch_id = v_id;
     v_token := awp._token();
     v_att := c.attempts + 1;

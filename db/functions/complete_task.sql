@@ -40,9 +40,10 @@ BEGIN
     PERFORM awp._raise_result_conflict('this lease was already completed with a different result');
   END IF;
   PERFORM awp._check_lease_live(r, d, v_now);
-  IF NOT EXISTS (SELECT 1 FROM awp.attempts a JOIN awp.tasks t USING (run_id, task_key)
-                     WHERE a.dispatch_id = d.dispatch_id AND a.status = 'running'
-                       AND a.attempt = d.attempt AND t.attempts = d.attempt AND t.status = 'running') THEN
+  IF NOT EXISTS (SELECT 1 FROM awp.attempts a   -- by key, each (a join read every task of a run: see awp._claim)
+                  CROSS JOIN LATERAL (SELECT 1 FROM awp.tasks t WHERE t.run_id = a.run_id AND t.task_key = a.task_key
+                                         AND t.attempts = d.attempt AND t.status = 'running' LIMIT 1) t
+                     WHERE a.dispatch_id = d.dispatch_id AND a.status = 'running' AND a.attempt = d.attempt) THEN
     PERFORM awp._raise_lease_lost('the attempt is no longer current');
   END IF;
 
@@ -1175,7 +1176,8 @@ BEGIN
   FOR v_item IN
     SELECT e->>'dispatch_id' AS dispatch_id, e->>'lease_token' AS lease_token, e->'result' AS result
       FROM jsonb_array_elements(p_results) e
-      LEFT JOIN awp.dispatches d ON d.dispatch_id = e->>'dispatch_id'
+      LEFT JOIN LATERAL (SELECT y.run_id FROM awp.dispatches y WHERE y.dispatch_id = e->>'dispatch_id' LIMIT 1) d
+        ON true   -- by key (a join could read every dispatch)
      ORDER BY d.run_id NULLS LAST, e->>'dispatch_id'
   LOOP
     BEGIN

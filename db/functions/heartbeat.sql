@@ -99,45 +99,50 @@ BEGIN
   END IF;
   UPDATE awp.workers x SET last_heartbeat_at = v_now WHERE x.worker_id = p_worker_id;
 
+  -- Each listed lease found by key (LATERAL ... LIMIT 1, in dispatch_id order): as a join, a generic plan over the
+  -- partitioned tables read every leased dispatch and every run (1,140 buffers per heartbeat of 16 leases at 1,000
+  -- runs; docs/performance.md).
   WITH req AS (
     SELECT DISTINCT e->>'dispatch_id' AS id, awp._hash(e->>'lease_token') AS h
       FROM jsonb_array_elements(p_leases) e
+     ORDER BY 1
   ), renewable AS (
     SELECT d.dispatch_id
-      FROM awp.dispatches d
-      JOIN req ON req.id = d.dispatch_id AND req.h = d.lease_token_hash
-      JOIN awp.runs r ON r.run_id = d.run_id
-     WHERE d.worker_id = p_worker_id AND d.status = 'leased'
-       AND (v_now < d.lease_expires_at
-            OR (v_outage AND d.lease_expires_at > v_t0 AND d.uncounted IS DISTINCT FROM 'not_received'))
-       AND v_now < d.attempt_deadline
-       AND r.cancel_requested_at IS NULL AND r.status = 'running'
-     ORDER BY d.dispatch_id
-     FOR UPDATE OF d SKIP LOCKED
+      FROM req
+     CROSS JOIN LATERAL (SELECT y.dispatch_id, y.run_id FROM awp.dispatches y
+                          WHERE y.dispatch_id = req.id AND y.lease_token_hash = req.h
+                            AND y.worker_id = p_worker_id AND y.status = 'leased'
+                            AND (v_now < y.lease_expires_at
+                                 OR (v_outage AND y.lease_expires_at > v_t0 AND y.uncounted IS DISTINCT FROM 'not_received'))
+                            AND v_now < y.attempt_deadline
+                          LIMIT 1 FOR UPDATE SKIP LOCKED) d
+     CROSS JOIN LATERAL (SELECT 1 FROM awp.runs r WHERE r.run_id = d.run_id
+                            AND r.cancel_requested_at IS NULL AND r.status = 'running' LIMIT 1) r
   )
   UPDATE awp.dispatches d
      SET lease_expires_at = greatest(d.lease_expires_at,
                                      least(v_now + make_interval(secs => s.lease_duration_ms / 1000.0),
                                            d.attempt_deadline))
-    FROM renewable WHERE d.dispatch_id = renewable.dispatch_id;
+   WHERE d.dispatch_id = ANY (ARRAY(SELECT renewable.dispatch_id FROM renewable));
 
   IF jsonb_array_length(p_dropped) > 0 THEN
-    WITH req AS (
+    WITH req AS (   -- found by key, as the renewals above
       SELECT DISTINCT e->>'dispatch_id' AS id, awp._hash(e->>'lease_token') AS h
         FROM jsonb_array_elements(p_dropped) e
+       ORDER BY 1
     ), gone AS (
       SELECT d.dispatch_id
-        FROM awp.dispatches d
-        JOIN req ON req.id = d.dispatch_id AND req.h = d.lease_token_hash
-       WHERE d.worker_id = p_worker_id AND d.status = 'leased' AND d.dropped_at IS NULL
-       ORDER BY d.dispatch_id
-       FOR UPDATE OF d SKIP LOCKED
+        FROM req
+       CROSS JOIN LATERAL (SELECT y.dispatch_id FROM awp.dispatches y
+                            WHERE y.dispatch_id = req.id AND y.lease_token_hash = req.h
+                              AND y.worker_id = p_worker_id AND y.status = 'leased' AND y.dropped_at IS NULL
+                            LIMIT 1 FOR UPDATE SKIP LOCKED) d
     ), u AS (
       UPDATE awp.dispatches d
          SET dropped_at = v_now,
              lease_expires_at = CASE WHEN d.uncounted = 'outage' THEN least(d.lease_expires_at, v_now)
                                      ELSE d.lease_expires_at END
-        FROM gone WHERE d.dispatch_id = gone.dispatch_id
+       WHERE d.dispatch_id = ANY (ARRAY(SELECT gone.dispatch_id FROM gone))
       RETURNING d.uncounted
     )
     SELECT count(*) FILTER (WHERE u.uncounted = 'outage') INTO v_n FROM u;
@@ -152,20 +157,20 @@ BEGIN
     ), lost AS (
       SELECT d.dispatch_id
         FROM awp.dispatches d
-        JOIN awp.runs r ON r.run_id = d.run_id
        WHERE d.worker_id = p_worker_id AND d.status = 'leased'
          AND d.claim_seq <= p_claimed_through AND d.claim_seq <> ALL (coalesce(p_claims_pending, '{}'))
          AND d.dropped_at IS NULL AND d.uncounted IS DISTINCT FROM 'not_received'
          AND d.dispatch_id NOT IN (SELECT listed.id FROM listed)
          AND (v_now < d.lease_expires_at OR (v_outage AND d.lease_expires_at > v_t0))
          AND v_now < d.attempt_deadline
-         AND r.cancel_requested_at IS NULL AND r.status = 'running'
+         AND (SELECT r.cancel_requested_at IS NULL AND r.status = 'running'   -- by key (a join read every run)
+                FROM awp.runs r WHERE r.run_id = d.run_id LIMIT 1)
        ORDER BY d.dispatch_id
        FOR UPDATE OF d SKIP LOCKED
     )
     UPDATE awp.dispatches d
        SET uncounted = 'not_received', lease_expires_at = least(d.lease_expires_at, v_now)
-      FROM lost WHERE d.dispatch_id = lost.dispatch_id;
+     WHERE d.dispatch_id = ANY (ARRAY(SELECT lost.dispatch_id FROM lost));
     GET DIAGNOSTICS v_n = ROW_COUNT;
     v_ended := v_ended + v_n;
   END IF;
@@ -192,8 +197,8 @@ BEGIN
          END
     FROM (SELECT x->>'dispatch_id' AS id, awp._hash(x->>'lease_token') AS h, o
             FROM jsonb_array_elements(p_leases) WITH ORDINALITY AS a(x, o)) e
-    LEFT JOIN awp.dispatches d ON d.dispatch_id = e.id
-    LEFT JOIN awp.runs r ON r.run_id = d.run_id
+    LEFT JOIN LATERAL (SELECT y.* FROM awp.dispatches y WHERE y.dispatch_id = e.id LIMIT 1) d ON true   -- by key
+    LEFT JOIN LATERAL (SELECT y.status, y.cancel_requested_at FROM awp.runs y WHERE y.run_id = d.run_id LIMIT 1) r ON true
    ORDER BY e.o;
 END $$;
 COMMENT ON FUNCTION awp.heartbeat(text, text, jsonb, bigint, bigint[], jsonb) IS 'Records liveness and renews, revokes or disowns each listed lease (renewed/revoked/unknown); with claimed_through also releases the leases the worker never received and renews those suspended by an outage; AWSES/AWREQ.';

@@ -296,7 +296,8 @@ BEGIN
   -- In the order of their runs (then as given): the runs' counter rows are locked in run_id order, so two
   -- batches over the same runs never wait for each other in a cycle. Answered in the order given.
   FOR e, v_ord IN SELECT x.e, x.o FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
-                    LEFT JOIN awp.dispatches d ON d.dispatch_id = x.e->>'dispatch_id'
+                    LEFT JOIN LATERAL (SELECT y.run_id FROM awp.dispatches y WHERE y.dispatch_id = x.e->>'dispatch_id'
+                                        LIMIT 1) d ON true   -- by key (a join could read every dispatch)
                    ORDER BY d.run_id NULLS FIRST, x.o
   LOOP
     v_logs := (SELECT array_agg(l ORDER BY n) FROM jsonb_array_elements_text(e->'logs') WITH ORDINALITY a(l, n));
@@ -379,7 +380,8 @@ DECLARE
   e jsonb;
 BEGIN
   FOR e IN SELECT x.e FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
-             LEFT JOIN awp.dispatches d ON d.dispatch_id = x.e->>'dispatch_id'
+             LEFT JOIN LATERAL (SELECT y.run_id FROM awp.dispatches y WHERE y.dispatch_id = x.e->>'dispatch_id'
+                                 LIMIT 1) d ON true   -- by key (a join could read every dispatch)
             WHERE x.e ? 'live_output'
             ORDER BY d.run_id NULLS FIRST, x.o
   LOOP
