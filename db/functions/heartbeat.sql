@@ -101,7 +101,9 @@ BEGIN
 
   -- Each listed lease found by key (LATERAL ... LIMIT 1, in dispatch_id order): as a join, a generic plan over the
   -- partitioned tables read every leased dispatch and every run (1,140 buffers per heartbeat of 16 leases at 1,000
-  -- runs; docs/performance.md).
+  -- runs; docs/performance.md). Its lease conditions are not part of the probe (status = 'leased' would let a plan
+  -- made while a partition held no lease read the partial index of leases, dead entries and all): the row is found
+  -- and locked by its id and token, the rest is checked on it.
   WITH req AS (
     SELECT DISTINCT e->>'dispatch_id' AS id, awp._hash(e->>'lease_token') AS h
       FROM jsonb_array_elements(p_leases) e
@@ -109,15 +111,14 @@ BEGIN
   ), renewable AS (
     SELECT d.dispatch_id
       FROM req
-     CROSS JOIN LATERAL (SELECT y.dispatch_id, y.run_id FROM awp.dispatches y
-                          WHERE y.dispatch_id = req.id AND y.lease_token_hash = req.h
-                            AND y.worker_id = p_worker_id AND y.status = 'leased'
-                            AND (v_now < y.lease_expires_at
-                                 OR (v_outage AND y.lease_expires_at > v_t0 AND y.uncounted IS DISTINCT FROM 'not_received'))
-                            AND v_now < y.attempt_deadline
+     CROSS JOIN LATERAL (SELECT y.* FROM awp.dispatches y WHERE y.dispatch_id = req.id AND y.lease_token_hash = req.h
                           LIMIT 1 FOR UPDATE SKIP LOCKED) d
-     CROSS JOIN LATERAL (SELECT 1 FROM awp.runs r WHERE r.run_id = d.run_id
-                            AND r.cancel_requested_at IS NULL AND r.status = 'running' LIMIT 1) r
+     WHERE d.worker_id = p_worker_id AND d.status = 'leased'
+       AND (v_now < d.lease_expires_at
+            OR (v_outage AND d.lease_expires_at > v_t0 AND d.uncounted IS DISTINCT FROM 'not_received'))
+       AND v_now < d.attempt_deadline
+       AND (SELECT r.cancel_requested_at IS NULL AND r.status = 'running'   -- its run, by key
+              FROM awp.runs r WHERE r.run_id = d.run_id LIMIT 1)
   )
   UPDATE awp.dispatches d
      SET lease_expires_at = greatest(d.lease_expires_at,
@@ -133,10 +134,9 @@ BEGIN
     ), gone AS (
       SELECT d.dispatch_id
         FROM req
-       CROSS JOIN LATERAL (SELECT y.dispatch_id FROM awp.dispatches y
-                            WHERE y.dispatch_id = req.id AND y.lease_token_hash = req.h
-                              AND y.worker_id = p_worker_id AND y.status = 'leased' AND y.dropped_at IS NULL
+       CROSS JOIN LATERAL (SELECT y.* FROM awp.dispatches y WHERE y.dispatch_id = req.id AND y.lease_token_hash = req.h
                             LIMIT 1 FOR UPDATE SKIP LOCKED) d
+       WHERE d.worker_id = p_worker_id AND d.status = 'leased' AND d.dropped_at IS NULL
     ), u AS (
       UPDATE awp.dispatches d
          SET dropped_at = v_now,
