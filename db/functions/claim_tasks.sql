@@ -144,6 +144,7 @@ DECLARE
   v_lock_timeout text;
   v_id    text;
   v_up    jsonb;
+  v_seqscan text := current_setting('enable_seqscan');   -- restored after the read of each lease (below)
 BEGIN
   PERFORM awp._claim_is_alive(w, s, v_now);
 
@@ -199,6 +200,9 @@ BEGIN
   FOREACH v_id IN ARRAY v_ids LOOP
     -- Three key probes (LATERAL ... LIMIT 1): as a join, a generic plan over the partitioned tables merged the
     -- dispatch with every run and every task of its run (2.4 ms per lease at 1,000 runs; docs/performance.md).
+    -- Planned with enable_seqscan off (set around it), so a plan made while the tables were small probes too
+    -- (python/tests/sql/test_completion_plans.py).
+    PERFORM set_config('enable_seqscan', 'off', true);
     SELECT d.dispatch_id, d.run_id, d.task_key, d.executor_kind, t.action, t.input, t.attempts,
            t.timeout_ms, t.depends_on, r.workflow_id, r.workflow_version, r.input AS run_input, t.item, t.item_index
       INTO c
@@ -208,6 +212,7 @@ BEGIN
       CROSS JOIN LATERAL (SELECT y.workflow_id, y.workflow_version, y.input
                             FROM awp.runs y WHERE y.run_id = d.run_id LIMIT 1) r
      WHERE d.dispatch_id = v_id;
+    PERFORM set_config('enable_seqscan', v_seqscan, true);
     v_token := awp._token();
     v_att := c.attempts + 1;
     SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, c.timeout_ms);

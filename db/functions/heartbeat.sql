@@ -77,6 +77,7 @@ DECLARE
   w      awp.workers;
   s      awp.settings := awp._settings();
   v_now  timestamptz := awp._now();
+  v_seqscan text := current_setting('enable_seqscan');   -- restored after the key probes below
   -- An outage (for a worker that takes part in lease recovery): no coordinator pass for longer than a heartbeat
   -- interval. Leases that expired after the last pass are then suspended, not over.
   v_outage boolean := p_claimed_through IS NOT NULL AND s.last_tick_at IS NOT NULL
@@ -103,7 +104,9 @@ BEGIN
   -- partitioned tables read every leased dispatch and every run (1,140 buffers per heartbeat of 16 leases at 1,000
   -- runs; docs/performance.md). Its lease conditions are not part of the probe (status = 'leased' would let a plan
   -- made while a partition held no lease read the partial index of leases, dead entries and all): the row is found
-  -- and locked by its id and token, the rest is checked on it.
+  -- and locked by its id and token, the rest is checked on it. Planned with enable_seqscan off (set around it, as the
+  -- answers below), so a plan made while the tables were small probes too (python/tests/sql/test_completion_plans.py).
+  PERFORM set_config('enable_seqscan', 'off', true);
   WITH req AS (
     SELECT DISTINCT e->>'dispatch_id' AS id, awp._hash(e->>'lease_token') AS h
       FROM jsonb_array_elements(p_leases) e
@@ -125,6 +128,7 @@ BEGIN
                                      least(v_now + make_interval(secs => s.lease_duration_ms / 1000.0),
                                            d.attempt_deadline))
    WHERE d.dispatch_id = ANY (ARRAY(SELECT renewable.dispatch_id FROM renewable));
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
 
   IF jsonb_array_length(p_dropped) > 0 THEN
     WITH req AS (   -- found by key, as the renewals above
@@ -178,6 +182,7 @@ BEGIN
     PERFORM awp._wake('awp_coordinator', 'leases_released');   -- the reaper settles them at once
   END IF;
 
+  PERFORM set_config('enable_seqscan', 'off', true);
   RETURN QUERY
   SELECT e.id,
          CASE
@@ -200,5 +205,6 @@ BEGIN
     LEFT JOIN LATERAL (SELECT y.* FROM awp.dispatches y WHERE y.dispatch_id = e.id LIMIT 1) d ON true   -- by key
     LEFT JOIN LATERAL (SELECT y.status, y.cancel_requested_at FROM awp.runs y WHERE y.run_id = d.run_id LIMIT 1) r ON true
    ORDER BY e.o;
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
 END $$;
 COMMENT ON FUNCTION awp.heartbeat(text, text, jsonb, bigint, bigint[], jsonb) IS 'Records liveness and renews, revokes or disowns each listed lease (renewed/revoked/unknown); with claimed_through also releases the leases the worker never received and renews those suspended by an outage; AWSES/AWREQ.';
