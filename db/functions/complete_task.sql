@@ -25,6 +25,8 @@ DECLARE
   r        awp.runs;
   d        awp.dispatches;
   v_now    timestamptz;
+  v_current boolean;
+  v_seqscan text := current_setting('enable_seqscan');
 BEGIN
   PERFORM awp._check_result(p_result);
   v_kind := p_result->>'kind';
@@ -40,10 +42,15 @@ BEGIN
     PERFORM awp._raise_result_conflict('this lease was already completed with a different result');
   END IF;
   PERFORM awp._check_lease_live(r, d, v_now);
-  IF NOT EXISTS (SELECT 1 FROM awp.attempts a   -- by key, each (a join read every task of a run: see awp._claim)
-                  CROSS JOIN LATERAL (SELECT 1 FROM awp.tasks t WHERE t.run_id = a.run_id AND t.task_key = a.task_key
-                                         AND t.attempts = d.attempt AND t.status = 'running' LIMIT 1) t
-                     WHERE a.dispatch_id = d.dispatch_id AND a.status = 'running' AND a.attempt = d.attempt) THEN
+  -- The attempt and its task by key, each (as a join, every running task was read: see awp._claim), planned with
+  -- enable_seqscan off (set around it) so a plan made while the tables were small probes too.
+  PERFORM set_config('enable_seqscan', 'off', true);
+  v_current := EXISTS (SELECT 1 FROM awp.attempts a
+                        CROSS JOIN LATERAL (SELECT 1 FROM awp.tasks t WHERE t.run_id = a.run_id AND t.task_key = a.task_key
+                                               AND t.attempts = d.attempt AND t.status = 'running' LIMIT 1) t
+                        WHERE a.dispatch_id = d.dispatch_id AND a.status = 'running' AND a.attempt = d.attempt);
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
+  IF NOT v_current THEN
     PERFORM awp._raise_lease_lost('the attempt is no longer current');
   END IF;
 
