@@ -106,12 +106,12 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
      AND t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped')
   UNION ALL
   SELECT 'unfinished_count', r.run_id, NULL,
-         format('runs.unfinished_tasks = %s, tasks not terminal = %s', r.unfinished_tasks,
-                (SELECT count(*) FROM tasks t WHERE t.run_id = r.run_id
-                    AND t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped')))
+         format('runs.unfinished_tasks = %s, tasks not terminal = %s', r.unfinished_tasks, coalesce(u.n, 0))
     FROM runs r
-   WHERE r.unfinished_tasks <> (SELECT count(*) FROM tasks t WHERE t.run_id = r.run_id
-                                   AND t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped'))
+    LEFT JOIN (SELECT t.run_id, count(*) AS n FROM tasks t   -- counted once for all runs (per run, a scan of the
+                WHERE t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped')   -- tasks CTE each: 8.9 s at 10,000)
+                GROUP BY t.run_id) u ON u.run_id = r.run_id
+   WHERE r.unfinished_tasks <> coalesce(u.n, 0)
   UNION ALL
   SELECT 'final_task_counts', r.run_id, NULL,
          format('run is %s, runs.final_task_counts = %s, tasks counted = %s', r.status,
