@@ -108,8 +108,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   SELECT 'unfinished_count', r.run_id, NULL,
          format('runs.unfinished_tasks = %s, tasks not terminal = %s', r.unfinished_tasks, coalesce(u.n, 0))
     FROM runs r
-    LEFT JOIN (SELECT t.run_id, count(*) AS n FROM tasks t   -- counted once for all runs (per run, a scan of the
-                WHERE t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped')   -- tasks CTE each: 8.9 s at 10,000)
+    -- counted once for all runs (a count per run scanned the whole tasks CTE each time: 8.9 s at 10,000 runs)
+    LEFT JOIN (SELECT t.run_id, count(*) AS n FROM tasks t
+                WHERE t.status NOT IN ('succeeded', 'failed', 'canceled', 'skipped')
                 GROUP BY t.run_id) u ON u.run_id = r.run_id
    WHERE r.unfinished_tasks <> coalesce(u.n, 0)
   UNION ALL
