@@ -231,6 +231,165 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION awp._write_progress(text, text, text, jsonb, text[], text[], bigint) IS 'One progress write of a lease (progress, log lines, chunks), fenced (a refusal answered as {"error"}), bounded per attempt, applied once with its offset.';
 
+-- awp._write_progress_batch(items): several progress writes in one call (awp.report_progress_many), each answered
+-- as awp._write_progress would answer it alone (a refusal as {"error"}, nothing of it written), the answers a JSON
+-- array in the order given. items: an array of {"worker_id", "dispatch_id", "lease_token", "progress"?, "logs"?: [...],
+-- "chunks"?: [...], "offset"?} (their shape checked by the caller; an element of logs or chunks is taken as its text).
+-- One statement checks them all and reads their leases and runs by key. A write is plain when it carries lines or
+-- chunks only, is its lease's only write in the call and passes every check of awp._write_progress. Per run, in
+-- run_id order: the run's awp.run_outputs row is locked and the numbers of its plain writes taken in one statement;
+-- one statement reads what their attempts have, and one stores those that need no awp.task_progress row (the
+-- condition of awp._write_progress: none yet, no gap or repeat, within 1 KiB per kind), numbered in the order given;
+-- the numbers of the others are given back. Those others, and every write that is not plain, then go through
+-- awp._write_progress one by one, in the order given (so within a run a plain write may be numbered before a write
+-- given earlier; a lease's own writes keep their order). A call carrying many short tasks' last lines (the batch
+-- route, POST .../progress with many leases) costs a few statements instead of several per write (docs/progress.md,
+-- Cost on the hot path). Locks: as awp._write_progress, the runs' awp.run_outputs rows in run_id order.
+CREATE OR REPLACE FUNCTION awp._write_progress_batch(p_items jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_now    timestamptz := awp._now();
+  v_ans    jsonb[] := array_fill(NULL::jsonb, ARRAY[coalesce(jsonb_array_length(p_items), 0)]);
+  b_o      integer[];   -- the items, in (run_id NULLS FIRST, position) order
+  b_run    text[];
+  b_plain  boolean[];
+  b_n      integer[];
+  b_did    text[];
+  b_key    text[];
+  b_att    integer[];
+  v_ids    text[] := ARRAY(SELECT x->>'dispatch_id' FROM jsonb_array_elements(p_items) x);
+  v_distinct integer := (SELECT count(DISTINCT u) FROM unnest(v_ids) u);
+  v_run    text;
+  v_n      bigint;
+  v_last   bigint;
+  v_seq    bigint;
+  v_done   integer[];
+  v_seqscan text := current_setting('enable_seqscan');   -- restored after the read of the attempts
+  a_o      integer[];   -- a run's plain writes (in the order given) and what their attempts have
+  a_key    text[];
+  a_att    integer[];
+  a_ok     boolean[];
+  a_nl     integer[];
+  a_nc     integer[];
+  a_lb     bigint[];
+  a_cb     bigint[];
+  e        jsonb;
+  i        integer;
+  j        integer;
+BEGIN
+  -- Each write checked and its lease and run read by key, in one statement; the items in (run_id, position) order
+  -- (the ordered subquery feeds the aggregates in that order). A probe names the call's keys too ("= ANY (v_ids)"),
+  -- so the plan prunes the partitions as it starts instead of setting them all up for each probe.
+  SELECT array_agg(c.o), array_agg(c.run_id), array_agg(c.plain), array_agg(c.n), array_agg(c.dispatch_id),
+         array_agg(c.task_key), array_agg(c.attempt)
+    INTO b_o, b_run, b_plain, b_n, b_did, b_key, b_att
+    FROM (SELECT x.o::integer AS o, d.run_id, d.dispatch_id, d.task_key, d.attempt, x.n,
+                 -- every check of awp._write_progress passed (a copy that may only be stricter: anything else goes
+                 -- there, which answers it): lines or chunks only, none null, not too many, none too large (an item
+                 -- whose JSON text is within the limit has no entry over it), the lease held and live, its run
+                 -- running, and the lease's only write in this call
+                 coalesce(x.e->'progress' IS NULL AND x.n BETWEEN 1 AND awp._limit_progress_entries()
+                          AND NOT (x.logs @> '[null]' OR x.chunks @> '[null]')
+                          AND octet_length(x.e::text) <= awp._limit_progress_entry_bytes()
+                          AND d.holds AND d.status = 'leased' AND v_now < d.attempt_deadline
+                          AND v_now < d.lease_expires_at AND r.status = 'running' AND r.cancel_requested_at IS NULL
+                          AND (cardinality(v_ids) = v_distinct
+                               OR (SELECT count(*) FROM unnest(v_ids) u WHERE u = x.e->>'dispatch_id') = 1), false) AS plain
+            FROM (SELECT x.e, x.o, w.logs, w.chunks, jsonb_array_length(w.logs) + jsonb_array_length(w.chunks) AS n
+                    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
+                   CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(x.e->'logs') = 'array' THEN x.e->'logs' ELSE '[]' END,
+                                              CASE WHEN jsonb_typeof(x.e->'chunks') = 'array' THEN x.e->'chunks' ELSE '[]' END)
+                                      AS w(logs, chunks)) x
+            LEFT JOIN LATERAL (SELECT y.run_id, y.dispatch_id, y.task_key, y.attempt, y.status, y.attempt_deadline,
+                                      y.lease_expires_at, awp._holds_lease(y, x.e->>'worker_id', x.e->>'lease_token') AS holds
+                                 FROM awp.dispatches y
+                                WHERE y.dispatch_id = x.e->>'dispatch_id' AND y.dispatch_id = ANY (v_ids) LIMIT 1) d ON true
+            LEFT JOIN LATERAL (SELECT z.status, z.cancel_requested_at FROM awp.runs z WHERE z.run_id = d.run_id
+                                LIMIT 1) r ON true   -- by key (a join could read every dispatch and run)
+           ORDER BY d.run_id NULLS FIRST, x.o) c;
+  i := 1;
+  WHILE i <= cardinality(b_o) LOOP
+    v_run := b_run[i];
+    j := i;   -- the run's items are b_o[i .. j]
+    WHILE j < cardinality(b_o) AND b_run[j + 1] IS NOT DISTINCT FROM v_run LOOP
+      j := j + 1;
+    END LOOP;
+    v_done := '{}';
+    v_n := (SELECT sum(b_n[g]) FROM generate_series(i, j) g WHERE b_plain[g]);
+    IF v_n > 0 THEN
+      -- The run's counter row first (as awp._write_progress): the numbers of all its plain writes at once.
+      UPDATE awp.run_outputs o SET last_seq = o.last_seq + v_n WHERE o.run_id = v_run RETURNING o.last_seq INTO v_last;
+      IF NOT FOUND THEN
+        INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (v_run, v_n)
+        ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq + excluded.last_seq
+        RETURNING o.last_seq INTO v_last;
+      END IF;
+      -- What their attempts have, read under that lock (by key: planned with enable_seqscan off, set around it, so a
+      -- plan made while the tables were small probes too), and which of the writes need no counters row.
+      PERFORM set_config('enable_seqscan', 'off', true);
+      SELECT array_agg(b.o), array_agg(b.task_key), array_agg(b.attempt), array_agg(h.ok), array_agg(l.n), array_agg(c.n),
+             array_agg(l.bytes), array_agg(c.bytes)
+        INTO a_o, a_key, a_att, a_ok, a_nl, a_nc, a_lb, a_cb
+        FROM (SELECT * FROM unnest(b_o[i:j], b_plain[i:j], b_did[i:j], b_key[i:j], b_att[i:j])
+                              AS b(o, plain, dispatch_id, task_key, attempt)
+               WHERE b.plain ORDER BY b.o) b
+        CROSS JOIN LATERAL (SELECT count(*)::integer AS n, coalesce(sum(octet_length(t)), 0) AS bytes
+                              FROM jsonb_array_elements_text(CASE WHEN jsonb_typeof(p_items->(b.o - 1)->'logs') = 'array'
+                                                                  THEN p_items->(b.o - 1)->'logs' ELSE '[]' END) t) l
+        CROSS JOIN LATERAL (SELECT count(*)::integer AS n, coalesce(sum(octet_length(t)), 0) AS bytes
+                              FROM jsonb_array_elements_text(CASE WHEN jsonb_typeof(p_items->(b.o - 1)->'chunks') = 'array'
+                                                                  THEN p_items->(b.o - 1)->'chunks' ELSE '[]' END) t) c
+        CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM awp.task_progress p
+                                                WHERE p.dispatch_id = b.dispatch_id AND p.dispatch_id = ANY (v_ids))
+                                   AND coalesce((p_items->(b.o - 1)->>'offset')::bigint, t.have) = t.have
+                                   AND t.log_bytes + l.bytes <= 1024 AND t.chunk_bytes + c.bytes <= 1024 AS ok
+                              FROM (SELECT coalesce(sum(cardinality(o.entries)), 0) AS have,
+                                           coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'log'), 0) AS log_bytes,
+                                           coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'chunk'), 0) AS chunk_bytes
+                                      FROM awp.task_output o
+                                     WHERE o.run_id = v_run AND o.task_key = b.task_key AND o.attempt = b.attempt) t) h;
+      PERFORM set_config('enable_seqscan', v_seqscan, true);
+      -- Those writes take the numbers after v_last - v_n in the order given: each its lines, then its chunks (one
+      -- awp.task_output row each); the answers say each write's last number.
+      v_seq := v_last - v_n;
+      FOR k IN 1 .. coalesce(cardinality(a_o), 0) LOOP
+        CONTINUE WHEN NOT a_ok[k];
+        v_seq := v_seq + a_nl[k] + a_nc[k];
+        v_ans[a_o[k]] := jsonb_build_object('seq', v_seq, 'run_id', v_run, 'truncated', false);
+        v_done := v_done || a_o[k];
+      END LOOP;
+      INSERT INTO awp.task_output (run_id, seq, first_seq, task_key, attempt, kind, entries, bytes, created_at)
+      SELECT v_run, r.seq, r.seq - r.n + 1, w.task_key, w.attempt, r.kind,
+             ARRAY(SELECT jsonb_array_elements_text(p_items->(w.o - 1)->r.field)), r.bytes, v_now
+        FROM (SELECT a.*, v_last - v_n + sum(a.nl + a.nc) OVER (ORDER BY a.o) AS last
+                FROM unnest(a_o, a_key, a_att, a_ok, a_nl, a_nc, a_lb, a_cb)
+                       AS a(o, task_key, attempt, ok, nl, nc, lb, cb)
+               WHERE a.ok) w
+       CROSS JOIN LATERAL (VALUES ('logs', 'log', w.last - w.nc, w.nl, w.lb),
+                                  ('chunks', 'chunk', w.last, w.nc, w.cb)) AS r(field, kind, seq, n, bytes)
+       WHERE r.n > 0;
+      IF v_seq < v_last THEN   -- the numbers of the writes left to awp._write_progress, given back under the lock
+        UPDATE awp.run_outputs o SET last_seq = o.last_seq - (v_last - v_seq) WHERE o.run_id = v_run;
+      END IF;
+    END IF;
+    FOR k IN i .. j LOOP   -- the rest, in the order given
+      CONTINUE WHEN b_o[k] = ANY (v_done);
+      e := p_items->(b_o[k] - 1);
+      v_ans[b_o[k]] := awp._write_progress(
+        e->>'worker_id', e->>'dispatch_id', e->>'lease_token', e->'progress',
+        CASE WHEN jsonb_typeof(e->'logs') = 'array' AND jsonb_array_length(e->'logs') > 0
+             THEN ARRAY(SELECT jsonb_array_elements_text(e->'logs')) END,
+        CASE WHEN jsonb_typeof(e->'chunks') = 'array' AND jsonb_array_length(e->'chunks') > 0
+             THEN ARRAY(SELECT jsonb_array_elements_text(e->'chunks')) END,
+        (e->>'offset')::bigint);
+    END LOOP;
+    i := j + 1;
+  END LOOP;
+  RETURN to_jsonb(v_ans);
+END $$;
+COMMENT ON FUNCTION awp._write_progress_batch(jsonb) IS 'Several progress writes in one call, each answered as awp._write_progress would answer it (in the order given); the plain ones stored a run at a time.';
+
 -- awp.report_progress(worker_id, session_token, dispatch_id, lease_token, progress, logs, chunks, offset): a running task's
 -- latest progress value (any JSON, latest wins, at most awp._limit_progress_bytes() bytes), log lines and output
 -- chunks (appended in order), any of the three (docs/progress.md). Fenced like awp.complete_task: AWSES (checked
@@ -265,19 +424,14 @@ COMMENT ON FUNCTION awp.report_progress(text, text, text, text, jsonb, text[], t
 -- "offset"?: integer}.
 -- One row per item, in order: dispatch_id, and either seq, truncated and run_id (as awp.report_progress) or error
 -- {sqlstate, message, detail} (AWLST, AWBIG, AWREQ). AWSES first; AWREQ for a malformed list.
--- A refused item is answered by awp._write_progress without raising, so no item needs a subtransaction.
--- Locks: per item, as awp._write_progress, the items taken in run_id order (the runs' awp.run_outputs rows in that
--- order: no lock cycle between two batches).
+-- The items are written by awp._write_progress_batch, which answers a refused item without raising (no item needs
+-- a subtransaction). Locks: as awp._write_progress_batch (the runs' awp.run_outputs rows in run_id order: no lock
+-- cycle between two batches).
 CREATE OR REPLACE FUNCTION awp.report_progress_many(p_worker_id text, p_session_token text, p_items jsonb)
 RETURNS TABLE (dispatch_id text, seq bigint, truncated boolean, run_id text, error jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-  e         jsonb;
-  v_ord     bigint;
-  v_ans     jsonb;
-  v_answers jsonb := '[]';
-  v_logs    text[];
-  v_chunks  text[];
+  v_answers jsonb;
 BEGIN
   PERFORM awp._session(p_worker_id, p_session_token, false);
   IF jsonb_typeof(p_items) IS DISTINCT FROM 'array' OR jsonb_array_length(p_items) > awp._limit_batch_results()
@@ -293,22 +447,13 @@ BEGIN
       format('items must be an array of at most %s {"dispatch_id", "lease_token", "progress"?, "logs"?, "chunks"?, "offset"?} objects',
              awp._limit_batch_results()));
   END IF;
-  -- In the order of their runs (then as given): the runs' counter rows are locked in run_id order, so two
-  -- batches over the same runs never wait for each other in a cycle. Answered in the order given.
-  FOR e, v_ord IN SELECT x.e, x.o FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
-                    LEFT JOIN LATERAL (SELECT y.run_id FROM awp.dispatches y WHERE y.dispatch_id = x.e->>'dispatch_id'
-                                        LIMIT 1) d ON true   -- by key (a join could read every dispatch)
-                   ORDER BY d.run_id NULLS FIRST, x.o
-  LOOP
-    v_logs := (SELECT array_agg(l ORDER BY n) FROM jsonb_array_elements_text(e->'logs') WITH ORDINALITY a(l, n));
-    v_chunks := (SELECT array_agg(c ORDER BY n) FROM jsonb_array_elements_text(e->'chunks') WITH ORDINALITY a(c, n));
-    v_ans := awp._write_progress(p_worker_id, e->>'dispatch_id', e->>'lease_token', e->'progress', v_logs, v_chunks,
-                                 (e->>'offset')::bigint);   -- its answer or its refusal
-    v_answers := v_answers || jsonb_build_array(jsonb_build_object('o', v_ord, 'dispatch_id', e->>'dispatch_id') || v_ans);
-  END LOOP;
+  v_answers := awp._write_progress_batch(coalesce(
+    (SELECT jsonb_agg(x.e || jsonb_build_object('worker_id', p_worker_id) ORDER BY x.o)
+       FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)), '[]'));
   RETURN QUERY
-  SELECT a->>'dispatch_id', (a->>'seq')::bigint, (a->>'truncated')::boolean, a->>'run_id', a->'error'
-    FROM jsonb_array_elements(v_answers) a ORDER BY (a->>'o')::bigint;
+  SELECT p_items->(a.o::integer - 1)->>'dispatch_id', (a.a->>'seq')::bigint, (a.a->>'truncated')::boolean,
+         a.a->>'run_id', a.a->'error'
+    FROM jsonb_array_elements(v_answers) WITH ORDINALITY AS a(a, o) ORDER BY a.o;
 END $$;
 COMMENT ON FUNCTION awp.report_progress_many(text, text, jsonb) IS 'Several leases'' progress writes in one call, each fenced on its own; per item its seq or its error; AWSES/AWREQ.';
 
