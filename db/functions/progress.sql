@@ -96,6 +96,8 @@ DECLARE
   v_now   timestamptz;
   v_logs  integer := coalesce(cardinality(p_logs), 0);
   v_sent  integer := coalesce(cardinality(p_logs), 0) + coalesce(cardinality(p_chunks), 0);
+  v_lease   record;
+  v_seqscan text := current_setting('enable_seqscan');   -- restored after the reads of the run and the attempt
   v_status  text;
   v_cancel  timestamptz;
   v_row   boolean;
@@ -130,11 +132,16 @@ BEGIN
         format('a log line or chunk is %s bytes, over the %s-byte limit', v_bytes, awp._limit_progress_entry_bytes()));
     END IF;
   END IF;
-  SELECT * INTO d FROM awp.dispatches x WHERE x.dispatch_id = p_dispatch_id;
-  IF NOT FOUND OR NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN
+  SELECT x AS d, r.status, r.cancel_requested_at INTO v_lease   -- the lease and its run, by key
+    FROM awp.dispatches x
+    LEFT JOIN LATERAL (SELECT z.status, z.cancel_requested_at FROM awp.runs z WHERE z.run_id = x.run_id LIMIT 1) r ON true
+   WHERE x.dispatch_id = p_dispatch_id;
+  d := v_lease.d;
+  v_status := v_lease.status;
+  v_cancel := v_lease.cancel_requested_at;
+  IF NOT FOUND OR NOT awp._holds_lease(d, p_worker_id, p_lease_token) THEN   -- (FOUND: of the SELECT)
     RETURN awp._progress_refusal('AWLST', 'lease lost', 'the dispatch is not leased to this worker with this lease token');
   END IF;
-  SELECT x.status, x.cancel_requested_at INTO v_status, v_cancel FROM awp.runs x WHERE x.run_id = d.run_id;
   v_now := awp._now();
   IF d.status <> 'leased' THEN
     RETURN awp._progress_refusal('AWLST', 'lease lost', format('the dispatch is %s', d.status));
@@ -149,12 +156,39 @@ BEGIN
 
   -- The run's counter row first: the writers of one run (and the repeats of one write) queue here. The numbers
   -- for everything sent are taken at once (one statement locks and counts); a repeat gives back what it skips.
+  -- The counter and the attempt's rows are read by key, planned with enable_seqscan off (set around these
+  -- statements, as the claim's reads are): a plan made while the tables were small (a new database, or a partition
+  -- analyzed while empty) would otherwise read the whole partition of the run's lines for every write.
+  PERFORM set_config('enable_seqscan', 'off', true);
   v_count := v_sent + CASE WHEN p_progress IS NULL THEN 0 ELSE 1 END;
   UPDATE awp.run_outputs o SET last_seq = o.last_seq + v_count WHERE o.run_id = d.run_id RETURNING o.last_seq INTO v_last;
   IF NOT FOUND THEN   -- the run's first write
     INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (d.run_id, v_count)
     ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq + excluded.last_seq
     RETURNING o.last_seq INTO v_last;
+  END IF;
+  -- The common write in one statement (a short task's only write, riding on its completion): lines and chunks
+  -- whose attempt has no counters row, sent at the offset the attempt has (or without one), within 1 KiB per kind:
+  -- its rows stored, the attempt's checked in the same statement (after the lock above, so a concurrent write of the
+  -- same attempt is seen). Otherwise nothing is inserted and the general path below reads and decides.
+  IF p_progress IS NULL THEN
+    INSERT INTO awp.task_output (run_id, seq, first_seq, task_key, attempt, kind, entries, bytes, created_at)
+    SELECT d.run_id, r.seq, r.first_seq, d.task_key, d.attempt, r.kind, r.entries, r.bytes, v_now
+      FROM (SELECT coalesce(sum(cardinality(o.entries)), 0) AS have,
+                   coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'log'), 0) AS log_bytes,
+                   coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'chunk'), 0) AS chunk_bytes
+              FROM awp.task_output o
+             WHERE o.run_id = d.run_id AND o.task_key = d.task_key AND o.attempt = d.attempt) h
+     CROSS JOIN (VALUES (v_last - v_count + v_logs, v_last - v_count + 1, 'log', p_logs, v_log_bytes),
+                        (v_last, v_last - v_count + v_logs + 1, 'chunk', p_chunks, v_chunk_bytes))
+                   AS r(seq, first_seq, kind, entries, bytes)
+     WHERE cardinality(r.entries) > 0 AND coalesce(p_offset, h.have) = h.have
+       AND h.log_bytes + v_log_bytes <= 1024 AND h.chunk_bytes + v_chunk_bytes <= 1024
+       AND NOT EXISTS (SELECT 1 FROM awp.task_progress t WHERE t.dispatch_id = d.dispatch_id);
+    IF FOUND THEN
+      PERFORM set_config('enable_seqscan', v_seqscan, true);
+      RETURN jsonb_build_object('seq', v_last, 'run_id', d.run_id, 'truncated', false);
+    END IF;
   END IF;
   -- What the attempt has: its counters row, else (nothing dropped, no gap) its rows (none, for its first write).
   SELECT t.dispatch_id IS NOT NULL,
@@ -166,6 +200,7 @@ BEGIN
                      WHERE o.run_id = d.run_id AND o.task_key = d.task_key AND o.attempt = d.attempt) END
     INTO v_row, v_had
     FROM (SELECT) one LEFT JOIN awp.task_progress t ON t.dispatch_id = d.dispatch_id;
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
   v_have := v_had[1];
   IF p_offset IS NOT NULL THEN
     v_skip := greatest(0, least(v_sent, v_have - p_offset))::integer;   -- the ones this attempt already has
@@ -265,7 +300,7 @@ DECLARE
   v_last   bigint;
   v_seq    bigint;
   v_done   integer[];
-  v_seqscan text := current_setting('enable_seqscan');   -- restored after the read of the attempts
+  v_seqscan text := current_setting('enable_seqscan');   -- restored after the reads of a run's counter and attempts
   a_o      integer[];   -- a run's plain writes (in the order given) and what their attempts have
   a_key    text[];
   a_att    integer[];
@@ -318,16 +353,17 @@ BEGIN
     v_done := '{}';
     v_n := (SELECT sum(b_n[g]) FROM generate_series(i, j) g WHERE b_plain[g]);
     IF v_n > 0 THEN
-      -- The run's counter row first (as awp._write_progress): the numbers of all its plain writes at once.
+      -- The run's counter row first (as awp._write_progress): the numbers of all its plain writes at once. It and
+      -- the attempts are read by key, planned with enable_seqscan off (set around these statements, as in
+      -- awp._write_progress).
+      PERFORM set_config('enable_seqscan', 'off', true);
       UPDATE awp.run_outputs o SET last_seq = o.last_seq + v_n WHERE o.run_id = v_run RETURNING o.last_seq INTO v_last;
       IF NOT FOUND THEN
         INSERT INTO awp.run_outputs AS o (run_id, last_seq) VALUES (v_run, v_n)
         ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq + excluded.last_seq
         RETURNING o.last_seq INTO v_last;
       END IF;
-      -- What their attempts have, read under that lock (by key: planned with enable_seqscan off, set around it, so a
-      -- plan made while the tables were small probes too), and which of the writes need no counters row.
-      PERFORM set_config('enable_seqscan', 'off', true);
+      -- What their attempts have, read under that lock, and which of the writes need no counters row.
       SELECT array_agg(b.o), array_agg(b.task_key), array_agg(b.attempt), array_agg(h.ok), array_agg(l.n), array_agg(c.n),
              array_agg(l.bytes), array_agg(c.bytes)
         INTO a_o, a_key, a_att, a_ok, a_nl, a_nc, a_lb, a_cb

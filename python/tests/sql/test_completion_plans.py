@@ -229,3 +229,44 @@ def test_a_completion_checks_its_attempt_by_key(tiny: Setup) -> None:
     assert one(call, "SELECT status FROM awp.dispatches WHERE dispatch_id = %s", [lease["dispatch_id"]]) == (
         "completed",
     )
+
+
+def test_a_progress_write_reads_its_run_counter_and_its_attempt_by_key(tiny: Setup) -> None:
+    """A progress write locks its run's counter and reads what its attempt already has (its lines, its counters row)
+    by key, in both forms: one write (awp._write_progress: the common write in one statement, and the general read)
+    and a batch (awp._write_progress_batch). Planned while those tables were empty, the generic plans scanned the
+    whole partition of the run's lines for every write (docs/progress.md, Cost on the hot path)."""
+    call, notices, leases = tiny
+    for table in ("task_output", "task_progress", "run_outputs"):
+        call.execute(f"ANALYZE awp.{table}")  # empty: the statistics that made the scans look cheapest
+    a, b = leases
+    batch = json.dumps([{"dispatch_id": a["dispatch_id"], "lease_token": a["lease_token"], "logs": ["x"], "offset": 0}])
+    plans = analyzed_plans(
+        call, notices, "SELECT * FROM awp.report_progress_many(%s, %s, %s)", [a["worker_id"], a["session_token"], batch]
+    )
+    reads = [n for n in plans if "FROM awp.task_output o" in n]
+    counters = [n for n in plans if "UPDATE awp.run_outputs o SET last_seq = o.last_seq + v_n" in n]
+    assert len(reads) == 1 and len(counters) == 1, "expected the batch's read of its attempts and its counter"
+    assert_executed_probes(reads[0], "task_output", ("run_id", "task_key", "attempt"))
+    assert_executed_probes(reads[0], "task_progress", ("dispatch_id",))
+    assert_executed_probes(counters[0], "run_outputs", ("run_id",))
+
+    one_write = [b["worker_id"], b["session_token"], b["dispatch_id"], b["lease_token"]]
+    plans = analyzed_plans(
+        call, notices, "SELECT awp.report_progress(%s, %s, %s, %s, p_logs => '{y}', p_offset => 0)", one_write
+    )
+    common = [n for n in plans if "INSERT INTO awp.task_output" in n and "FROM awp.task_output o" in n]
+    counters = [n for n in plans if "UPDATE awp.run_outputs o SET last_seq = o.last_seq + v_count" in n]
+    assert len(common) == 1 and len(counters) == 1, "expected the write's counter and its write in one statement"
+    assert_executed_probes(common[0], "task_output", ("run_id", "task_key", "attempt"))
+    assert_executed_probes(common[0], "task_progress", ("dispatch_id",))
+    assert_executed_probes(counters[0], "run_outputs", ("run_id",))
+
+    plans = analyzed_plans(call, notices, "SELECT awp.report_progress(%s, %s, %s, %s, '{\"pct\": 50}')", one_write)
+    general = [n for n in plans if "LEFT JOIN awp.task_progress t" in n]
+    assert len(general) == 1, "expected the general read of what the attempt has"
+    assert_executed_probes(general[0], "task_progress", ("dispatch_id",))
+    assert_executed_probes(general[0], "task_output", ("run_id", "task_key", "attempt"))
+    logs = one(call, "SELECT awp.task_logs(r.run_id, t.task_key) FROM awp.dispatches t JOIN awp.runs r USING (run_id)"
+               " WHERE t.dispatch_id = %s", [b["dispatch_id"]])[0]
+    assert (logs["logs"], logs["progress"]) == (["y"], {"pct": 50})
