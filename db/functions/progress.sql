@@ -293,8 +293,8 @@ DECLARE
   b_did    text[];
   b_key    text[];
   b_att    integer[];
-  v_ids    text[] := ARRAY(SELECT x->>'dispatch_id' FROM jsonb_array_elements(p_items) x);
-  v_distinct integer := (SELECT count(DISTINCT u) FROM unnest(v_ids) u);
+  v_ids    text[];
+  v_distinct integer;
   v_run    text;
   v_n      bigint;
   v_last   bigint;
@@ -313,36 +313,45 @@ DECLARE
   i        integer;
   j        integer;
 BEGIN
-  -- Each write checked and its lease and run read by key, in one statement; the items in (run_id, position) order
-  -- (the ordered subquery feeds the aggregates in that order). A probe names the call's keys too ("= ANY (v_ids)"),
-  -- so the plan prunes the partitions as it starts instead of setting them all up for each probe.
-  SELECT array_agg(c.o), array_agg(c.run_id), array_agg(c.plain), array_agg(c.n), array_agg(c.dispatch_id),
-         array_agg(c.task_key), array_agg(c.attempt)
-    INTO b_o, b_run, b_plain, b_n, b_did, b_key, b_att
-    FROM (SELECT x.o::integer AS o, d.run_id, d.dispatch_id, d.task_key, d.attempt, x.n,
-                 -- every check of awp._write_progress passed (a copy that may only be stricter: anything else goes
-                 -- there, which answers it): lines or chunks only, none null, not too many, none too large (an item
-                 -- whose JSON text is within the limit has no entry over it), the lease held and live, its run
-                 -- running, and the lease's only write in this call
-                 coalesce(x.e->'progress' IS NULL AND x.n BETWEEN 1 AND awp._limit_progress_entries()
-                          AND NOT (x.logs @> '[null]' OR x.chunks @> '[null]')
-                          AND octet_length(x.e::text) <= awp._limit_progress_entry_bytes()
-                          AND d.holds AND d.status = 'leased' AND v_now < d.attempt_deadline
-                          AND v_now < d.lease_expires_at AND r.status = 'running' AND r.cancel_requested_at IS NULL
-                          AND (cardinality(v_ids) = v_distinct
-                               OR (SELECT count(*) FROM unnest(v_ids) u WHERE u = x.e->>'dispatch_id') = 1), false) AS plain
-            FROM (SELECT x.e, x.o, w.logs, w.chunks, jsonb_array_length(w.logs) + jsonb_array_length(w.chunks) AS n
-                    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
-                   CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(x.e->'logs') = 'array' THEN x.e->'logs' ELSE '[]' END,
-                                              CASE WHEN jsonb_typeof(x.e->'chunks') = 'array' THEN x.e->'chunks' ELSE '[]' END)
-                                      AS w(logs, chunks)) x
-            LEFT JOIN LATERAL (SELECT y.run_id, y.dispatch_id, y.task_key, y.attempt, y.status, y.attempt_deadline,
-                                      y.lease_expires_at, awp._holds_lease(y, x.e->>'worker_id', x.e->>'lease_token') AS holds
-                                 FROM awp.dispatches y
-                                WHERE y.dispatch_id = x.e->>'dispatch_id' AND y.dispatch_id = ANY (v_ids) LIMIT 1) d ON true
-            LEFT JOIN LATERAL (SELECT z.status, z.cancel_requested_at FROM awp.runs z WHERE z.run_id = d.run_id
-                                LIMIT 1) r ON true   -- by key (a join could read every dispatch and run)
-           ORDER BY d.run_id NULLS FIRST, x.o) c;
+  IF jsonb_array_length(p_items) = 1 THEN   -- one write goes through awp._write_progress (cheaper for one)
+    b_o := '{1}';
+    b_run := '{NULL}';
+    b_plain := '{false}';
+    b_n := '{0}';
+  ELSE
+    v_ids := ARRAY(SELECT x->>'dispatch_id' FROM jsonb_array_elements(p_items) x);
+    v_distinct := (SELECT count(DISTINCT u) FROM unnest(v_ids) u);
+    -- Each write checked and its lease and run read by key, in one statement; the items in (run_id, position) order
+    -- (the ordered subquery feeds the aggregates in that order). A probe names the call's keys too ("= ANY (v_ids)"),
+    -- so the plan prunes the partitions as it starts instead of setting them all up for each probe.
+    SELECT array_agg(c.o), array_agg(c.run_id), array_agg(c.plain), array_agg(c.n), array_agg(c.dispatch_id),
+           array_agg(c.task_key), array_agg(c.attempt)
+      INTO b_o, b_run, b_plain, b_n, b_did, b_key, b_att
+      FROM (SELECT x.o::integer AS o, d.run_id, d.dispatch_id, d.task_key, d.attempt, x.n,
+                   -- every check of awp._write_progress passed (a copy that may only be stricter: anything else goes
+                   -- there, which answers it): lines or chunks only, none null, not too many, none too large (an item
+                   -- whose JSON text is within the limit has no entry over it), the lease held and live, its run
+                   -- running, and the lease's only write in this call
+                   coalesce(x.e->'progress' IS NULL AND x.n BETWEEN 1 AND awp._limit_progress_entries()
+                            AND NOT (x.logs @> '[null]' OR x.chunks @> '[null]')
+                            AND octet_length(x.e::text) <= awp._limit_progress_entry_bytes()
+                            AND d.holds AND d.status = 'leased' AND v_now < d.attempt_deadline
+                            AND v_now < d.lease_expires_at AND r.status = 'running' AND r.cancel_requested_at IS NULL
+                            AND (cardinality(v_ids) = v_distinct
+                                 OR (SELECT count(*) FROM unnest(v_ids) u WHERE u = x.e->>'dispatch_id') = 1), false) AS plain
+              FROM (SELECT x.e, x.o, w.logs, w.chunks, jsonb_array_length(w.logs) + jsonb_array_length(w.chunks) AS n
+                      FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, o)
+                     CROSS JOIN LATERAL (SELECT CASE WHEN jsonb_typeof(x.e->'logs') = 'array' THEN x.e->'logs' ELSE '[]' END,
+                                                CASE WHEN jsonb_typeof(x.e->'chunks') = 'array' THEN x.e->'chunks' ELSE '[]' END)
+                                        AS w(logs, chunks)) x
+              LEFT JOIN LATERAL (SELECT y.run_id, y.dispatch_id, y.task_key, y.attempt, y.status, y.attempt_deadline,
+                                        y.lease_expires_at, awp._holds_lease(y, x.e->>'worker_id', x.e->>'lease_token') AS holds
+                                   FROM awp.dispatches y
+                                  WHERE y.dispatch_id = x.e->>'dispatch_id' AND y.dispatch_id = ANY (v_ids) LIMIT 1) d ON true
+              LEFT JOIN LATERAL (SELECT z.status, z.cancel_requested_at FROM awp.runs z WHERE z.run_id = d.run_id
+                                  LIMIT 1) r ON true   -- by key (a join could read every dispatch and run)
+             ORDER BY d.run_id NULLS FIRST, x.o) c;
+  END IF;
   i := 1;
   WHILE i <= cardinality(b_o) LOOP
     v_run := b_run[i];

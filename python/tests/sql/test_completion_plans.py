@@ -234,16 +234,19 @@ def test_a_completion_checks_its_attempt_by_key(tiny: Setup) -> None:
 def test_a_progress_write_reads_its_run_counter_and_its_attempt_by_key(tiny: Setup) -> None:
     """A progress write locks its run's counter and reads what its attempt already has (its lines, its counters row)
     by key, in both forms: one write (awp._write_progress: the common write in one statement, and the general read)
-    and a batch (awp._write_progress_batch). Planned while those tables were empty, the generic plans scanned the
+    and a batch of two (awp._write_progress_batch). Planned while those tables were empty, the generic plans scanned the
     whole partition of the run's lines for every write (docs/progress.md, Cost on the hot path)."""
     call, notices, leases = tiny
     for table in ("task_output", "task_progress", "run_outputs"):
         call.execute(f"ANALYZE awp.{table}")  # empty: the statistics that made the scans look cheapest
-    a, b = leases
-    batch = json.dumps([{"dispatch_id": a["dispatch_id"], "lease_token": a["lease_token"], "logs": ["x"], "offset": 0}])
-    plans = analyzed_plans(
-        call, notices, "SELECT * FROM awp.report_progress_many(%s, %s, %s)", [a["worker_id"], a["session_token"], batch]
-    )
+    worker_id, token = one(call, "SELECT worker_id, session_token FROM awp.register_worker('w3', '{mock}', 2)")
+    call.execute("SELECT awp.start_run('p')")
+    call.execute("SELECT awp.coordinator_tick()")
+    two = call.execute("SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, 2)", [worker_id, token]).fetchall()
+    assert len(two) == 2
+    batch = json.dumps([{"dispatch_id": d, "lease_token": t, "logs": ["x"], "offset": 0} for d, t in two])
+    statement = "SELECT * FROM awp.report_progress_many(%s, %s, %s)"
+    plans = analyzed_plans(call, notices, statement, [worker_id, token, batch])
     reads = [n for n in plans if "FROM awp.task_output o" in n]
     counters = [n for n in plans if "UPDATE awp.run_outputs o SET last_seq = o.last_seq + v_n" in n]
     assert len(reads) == 1 and len(counters) == 1, "expected the batch's read of its attempts and its counter"
@@ -251,6 +254,7 @@ def test_a_progress_write_reads_its_run_counter_and_its_attempt_by_key(tiny: Set
     assert_executed_probes(reads[0], "task_progress", ("dispatch_id",))
     assert_executed_probes(counters[0], "run_outputs", ("run_id",))
 
+    b = leases[1]
     one_write = [b["worker_id"], b["session_token"], b["dispatch_id"], b["lease_token"]]
     plans = analyzed_plans(
         call, notices, "SELECT awp.report_progress(%s, %s, %s, %s, p_logs => '{y}', p_offset => 0)", one_write
@@ -267,6 +271,10 @@ def test_a_progress_write_reads_its_run_counter_and_its_attempt_by_key(tiny: Set
     assert len(general) == 1, "expected the general read of what the attempt has"
     assert_executed_probes(general[0], "task_progress", ("dispatch_id",))
     assert_executed_probes(general[0], "task_output", ("run_id", "task_key", "attempt"))
-    logs = one(call, "SELECT awp.task_logs(r.run_id, t.task_key) FROM awp.dispatches t JOIN awp.runs r USING (run_id)"
-               " WHERE t.dispatch_id = %s", [b["dispatch_id"]])[0]
+    logs = one(
+        call,
+        "SELECT awp.task_logs(r.run_id, t.task_key) FROM awp.dispatches t JOIN awp.runs r USING (run_id)"
+        " WHERE t.dispatch_id = %s",
+        [b["dispatch_id"]],
+    )[0]
     assert (logs["logs"], logs["progress"]) == (["y"], {"pct": 50})
