@@ -5,6 +5,7 @@ where CPU time drifts by 20% from minute to minute and by up to 4 x between phas
     .venv/bin/python benchmarks/instructions.py HEAD .              # 2 workers' completions per call (group path)
     .venv/bin/python benchmarks/instructions.py HEAD . --group 1    # one completion per call (the single path)
     .venv/bin/python benchmarks/instructions.py . --profile out.cg  # and keep the profile (callgrind_annotate)
+    .venv/bin/python benchmarks/instructions.py HEAD:AB_LOGS=10 .:AB_LOGS=10 --batch 16   # the batch route
 
 A variant is a checkout (a directory holding ``db/``; ``.`` is the working tree) or a git revision (its ``db/``
 exported with ``git archive``), optionally followed by ``:AB_LOGS=N``: each completion then carries N log lines (its
@@ -16,7 +17,10 @@ each (``--pre N``: N tasks completed first, so that the tables are not small). T
 database is opened by a single-user backend (``postgres --single``) under callgrind that runs ``ab_step()`` again
 and again, each call its own transaction: the workers' completions sent together, one
 ``awp.complete_and_claim_many`` call (``--group 1``: ``awp.complete_and_claim``), each completed lease refilled,
-the new leases kept in a table of the database. Counted twice, with ``--steps`` and with twice as many calls: the
+the new leases kept in a table of the database. ``--batch N``: instead, one worker of N slots holding N leases sends
+what the batch route (``POST .../completions``) sends each time: its leases' last lines by one
+``awp.report_progress_many`` call (with ``AB_LOGS``), then its N results with a claim of N (``awp.complete_tasks``);
+the figures are then per task. Counted twice, with ``--steps`` and with twice as many calls: the
 difference per call leaves the backend's start-up out. User-space instructions only (the kernel's, such as the
 WAL's write and flush, are not counted); ``ab_step``'s own reads and writes of its table are counted, the same
 for every variant.
@@ -80,6 +84,61 @@ END $$;
 """
 
 
+# --batch: the batch route's two calls (the lines first, by a call of their own, then the results and the claim).
+BATCH_SQL = """
+CREATE TABLE public.ab_worker (worker_id text NOT NULL, session_token text NOT NULL, logs integer NOT NULL);
+CREATE TABLE public.ab_leases (dispatch_id text PRIMARY KEY, lease_token text NOT NULL);
+CREATE FUNCTION public.ab_step() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  w       record;
+  v_n     integer;
+  v_items jsonb;
+  v_ans   jsonb;
+BEGIN
+  SELECT * INTO w FROM public.ab_worker;
+  SELECT count(*) INTO v_n FROM public.ab_leases;
+  IF w.logs > 0 THEN
+    SELECT jsonb_agg(jsonb_build_object('dispatch_id', l.dispatch_id, 'lease_token', l.lease_token, 'offset', 0,
+                                        'logs', (SELECT jsonb_agg('log line ' || i || ' of the task')
+                                                   FROM generate_series(0, w.logs - 1) i)))
+      INTO v_items FROM public.ab_leases l;
+    PERFORM * FROM awp.report_progress_many(w.worker_id, w.session_token, v_items);
+  END IF;
+  SELECT jsonb_agg(jsonb_build_object('dispatch_id', l.dispatch_id, 'lease_token', l.lease_token,
+                                      'result', '{"kind": "success"}'::jsonb))
+    INTO v_items FROM public.ab_leases l;
+  v_ans := awp.complete_tasks(w.worker_id, w.session_token, v_items, v_n, NULL);
+  DELETE FROM public.ab_leases;
+  INSERT INTO public.ab_leases SELECT x->>'dispatch_id', x->>'lease_token' FROM jsonb_array_elements(v_ans->'leases') x;
+  IF (SELECT count(*) FROM public.ab_leases) <> v_n THEN
+    RAISE EXCEPTION 'ab_step: % leases back for % results: %', (SELECT count(*) FROM public.ab_leases), v_n, v_ans;
+  END IF;
+END $$;
+"""
+
+
+def prepare_batch(dsn: str, tasks: int, slots: int, pre: int, logs: int = 0) -> None:
+    """One run of ``tasks`` tasks and one worker of ``slots`` slots holding ``slots`` of its leases (--batch)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if pre:
+            define(conn, "ab-pre", pre)
+            complete_all(conn, "ab-pre", 1)
+        conn.execute("SELECT awp.configure(lease_duration_ms => 86400000, heartbeat_interval_ms => 3600000)")
+        define(conn, "ab", tasks, slots, timeout_ms=86400000)
+        conn.execute(BATCH_SQL)
+        register = "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', %s)"
+        worker, token = one(conn, register, [slots])
+        conn.execute("INSERT INTO public.ab_worker VALUES (%s, %s, %s)", [worker, token, logs])
+        conn.execute("SELECT awp.start_run('ab')")
+        conn.execute(
+            "INSERT INTO public.ab_leases SELECT dispatch_id, lease_token FROM awp.claim_tasks(%s, %s, %s)",
+            [worker, token, slots],
+        )
+        if one(conn, "SELECT count(*) FROM public.ab_leases")[0] != slots:
+            raise SystemExit(f"could not lease {slots} tasks at once")
+        conn.execute("VACUUM ANALYZE")
+
+
 def prepare(dsn: str, tasks: int, group: int, pre: int, logs: int = 0) -> None:
     """One run of ``tasks`` tasks and ``group`` workers of one slot, each holding one of its leases; each completion
     carries ``logs`` log lines (its ``live_output``) when not 0."""
@@ -133,7 +192,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=1000, help="tasks of the measured run [%(default)s]")
     parser.add_argument("--pre", type=int, default=1000, help="tasks completed first [%(default)s]")
     parser.add_argument("--profile", type=Path, help="keep the longer count's callgrind profile of the last variant")
+    parser.add_argument("--batch", type=int, help="the batch route: one worker of N slots (the figures per task)")
     args = parser.parse_args()
+    if args.batch:
+        args.group = args.batch
     if args.tasks < args.group * (3 * args.steps + 2):
         parser.error("--tasks too small for the steps")
     workdir = Path(tempfile.mkdtemp(prefix="awp-instr-", dir="/tmp"))
@@ -152,7 +214,8 @@ def measure(args: argparse.Namespace, variants: list[Variant], workdir: Path) ->
     try:
         for i, v in enumerate(variants):
             name = database_name(f"instr{i}")
-            prepare(
+            prepare_step = prepare_batch if args.batch else prepare
+            prepare_step(
                 fresh_database(cluster, name, sql_dir=v.sql_dir),
                 args.tasks,
                 args.group,
@@ -163,7 +226,13 @@ def measure(args: argparse.Namespace, variants: list[Variant], workdir: Path) ->
     finally:
         cluster.stop()
     base = None
-    print(f"instructions per call of {args.group} completion(s) (callgrind Ir, {args.steps} calls counted)")
+    if args.batch:
+        print(
+            f"instructions per call of the batch route with {args.batch} leases"
+            f" (callgrind Ir, {args.steps} calls counted)"
+        )
+    else:
+        print(f"instructions per call of {args.group} completion(s) (callgrind Ir, {args.steps} calls counted)")
     for v, name in zip(variants, names, strict=True):
         short = count(cluster, name, args.steps, workdir / "cg" / "short.out")
         long_out = workdir / "cg" / "long.out"
