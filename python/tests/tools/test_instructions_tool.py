@@ -40,3 +40,25 @@ def test_instructions_counts_each_variant_per_call(group: int, tmp_path: Path) -
     # the kept profile is callgrind's, of the backend that ran the steps
     head = profile.read_text(errors="replace")[:4000]
     assert "creator: callgrind" in head and "--single" in head, head
+
+
+def test_instructions_counts_the_batch_route_per_task() -> None:
+    """--batch 3: one worker of 3 slots sends its leases' lines (report_progress_many, with AB_LOGS) and then its
+    results with a claim (complete_tasks), as the batch route does; lines cost instructions (the variant with them
+    counts more per task than the one without)."""
+    sizes = ["--batch", "3", "--steps", "3", "--tasks", "40", "--pre", "0"]
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "instructions.py"), ".:AB_LOGS=0", ".:AB_LOGS=10", *sizes],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "instructions per call of the batch route with 3 leases" in out.stdout, out.stdout
+    rows = LINE.findall(out.stdout)
+    assert [r[0] for r in rows] == [".:AB_LOGS=0", ".:AB_LOGS=10"], out.stdout
+    for _, per_call, per_task, _ratio in rows:
+        assert 0.5 < float(per_call) < 100, out.stdout
+        assert abs(float(per_task) * 3 - float(per_call)) < 0.01, out.stdout
+    assert float(rows[1][3]) > 1.02, out.stdout  # 10 lines per task are not free
