@@ -5,7 +5,7 @@
 -- are given back); a batch spans runs.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(12);
+SELECT plan(13);
 
 SELECT * FROM tests.register_worker('w1', '{mock}', 40) \gset w1_
 SELECT tests.make_run('wf', (SELECT jsonb_agg(tests.task(k)) FROM unnest('{a,b,c,d,e,f,g,h,i,j,k}'::text[]) k),
@@ -90,6 +90,8 @@ SELECT is(pg_temp.entries(:'y'), pg_temp.entries(:'x'), 'the same entries per at
 SELECT is(pg_temp.entries(:'y')->'e', '[["log", "e1"], ["log", "e2"], ["log", "e3"]]'::jsonb, 'a repeat adds only what is new');
 SELECT is(pg_temp.entries(:'y')->'d', '[["log", "d1"], ["log", "d2"]]'::jsonb, 'two writes of one lease, in order');
 SELECT is(pg_temp.counters(:'y'), pg_temp.counters(:'x'), 'the same counters rows');
+SELECT is(pg_temp.counters(:'y')->'f', '["started", 2, 0, 0, 0, 1]'::jsonb,
+          'an attempt with a counters row counts the line written to it (2 bytes, 1 entry)');
 SELECT is((SELECT last_seq FROM awp.run_outputs WHERE run_id = :'y'), (SELECT last_seq FROM awp.run_outputs WHERE run_id = :'x'),
           'the run''s counter as far as one write at a time takes it');
 SELECT is((SELECT array_agg(s ORDER BY s) FROM (
