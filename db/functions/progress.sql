@@ -322,8 +322,7 @@ BEGIN
     v_ids := ARRAY(SELECT x->>'dispatch_id' FROM jsonb_array_elements(p_items) x);
     v_distinct := (SELECT count(DISTINCT u) FROM unnest(v_ids) u);
     -- Each write checked and its lease and run read by key, in one statement; the items in (run_id, position) order
-    -- (the ordered subquery feeds the aggregates in that order). A probe names the call's keys too ("= ANY (v_ids)"),
-    -- so the plan prunes the partitions as it starts instead of setting them all up for each probe.
+    -- (the ordered subquery feeds the aggregates in that order).
     SELECT array_agg(c.o), array_agg(c.run_id), array_agg(c.plain), array_agg(c.n), array_agg(c.dispatch_id),
            array_agg(c.task_key), array_agg(c.attempt)
       INTO b_o, b_run, b_plain, b_n, b_did, b_key, b_att
@@ -347,7 +346,7 @@ BEGIN
               LEFT JOIN LATERAL (SELECT y.run_id, y.dispatch_id, y.task_key, y.attempt, y.status, y.attempt_deadline,
                                         y.lease_expires_at, awp._holds_lease(y, x.e->>'worker_id', x.e->>'lease_token') AS holds
                                    FROM awp.dispatches y
-                                  WHERE y.dispatch_id = x.e->>'dispatch_id' AND y.dispatch_id = ANY (v_ids) LIMIT 1) d ON true
+                                  WHERE y.dispatch_id = x.e->>'dispatch_id' LIMIT 1) d ON true
               LEFT JOIN LATERAL (SELECT z.status, z.cancel_requested_at FROM awp.runs z WHERE z.run_id = d.run_id
                                   LIMIT 1) r ON true   -- by key (a join could read every dispatch and run)
              ORDER BY d.run_id NULLS FIRST, x.o) c;
@@ -385,8 +384,7 @@ BEGIN
         CROSS JOIN LATERAL (SELECT count(*)::integer AS n, coalesce(sum(octet_length(t)), 0) AS bytes
                               FROM jsonb_array_elements_text(CASE WHEN jsonb_typeof(p_items->(b.o - 1)->'chunks') = 'array'
                                                                   THEN p_items->(b.o - 1)->'chunks' ELSE '[]' END) t) c
-        CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM awp.task_progress p
-                                                WHERE p.dispatch_id = b.dispatch_id AND p.dispatch_id = ANY (v_ids))
+        CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM awp.task_progress p WHERE p.dispatch_id = b.dispatch_id)
                                    AND coalesce((p_items->(b.o - 1)->>'offset')::bigint, t.have) = t.have
                                    AND t.log_bytes + l.bytes <= 1024 AND t.chunk_bytes + c.bytes <= 1024 AS ok
                               FROM (SELECT coalesce(sum(cardinality(o.entries)), 0) AS have,
