@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -117,15 +118,23 @@ END $$;
 """
 
 
+def measured_run(conn: psycopg.Connection[Any], tasks: int, concurrency: int, pre: int, step_sql: str) -> None:
+    """``pre`` tasks completed first (so that the tables are not small), the measured workflow (``tasks`` tasks, run
+    concurrency ``concurrency``) and the step's functions (``step_sql``)."""
+    if pre:
+        define(conn, "ab-pre", pre)
+        complete_all(conn, "ab-pre", 1)
+    # Leases, attempts and sessions that outlive the count (under valgrind, a call takes a few hundred ms; no
+    # coordinator runs), and no sign of life written by a claim within it (awp._claim_is_alive).
+    conn.execute("SELECT awp.configure(lease_duration_ms => 86400000, heartbeat_interval_ms => 3600000)")
+    define(conn, "ab", tasks, concurrency, timeout_ms=86400000)
+    conn.execute(step_sql)
+
+
 def prepare_batch(dsn: str, tasks: int, slots: int, pre: int, logs: int = 0) -> None:
     """One run of ``tasks`` tasks and one worker of ``slots`` slots holding ``slots`` of its leases (--batch)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        if pre:
-            define(conn, "ab-pre", pre)
-            complete_all(conn, "ab-pre", 1)
-        conn.execute("SELECT awp.configure(lease_duration_ms => 86400000, heartbeat_interval_ms => 3600000)")
-        define(conn, "ab", tasks, slots, timeout_ms=86400000)
-        conn.execute(BATCH_SQL)
+        measured_run(conn, tasks, slots, pre, BATCH_SQL)
         register = "SELECT worker_id, session_token FROM awp.register_worker('ab', '{mock}', %s)"
         worker, token = one(conn, register, [slots])
         conn.execute("INSERT INTO public.ab_worker VALUES (%s, %s, %s)", [worker, token, logs])
@@ -143,14 +152,7 @@ def prepare(dsn: str, tasks: int, group: int, pre: int, logs: int = 0) -> None:
     """One run of ``tasks`` tasks and ``group`` workers of one slot, each holding one of its leases; each completion
     carries ``logs`` log lines (its ``live_output``) when not 0."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        if pre:
-            define(conn, "ab-pre", pre)
-            complete_all(conn, "ab-pre", 1)
-        # Leases, attempts and sessions that outlive the count (under valgrind, a call takes a few hundred ms; no
-        # coordinator runs), and no sign of life written by a claim within it (awp._claim_is_alive).
-        conn.execute("SELECT awp.configure(lease_duration_ms => 86400000, heartbeat_interval_ms => 3600000)")
-        define(conn, "ab", tasks, group, timeout_ms=86400000)
-        conn.execute(STEP_SQL)
+        measured_run(conn, tasks, group, pre, STEP_SQL)
         live = sql.Literal(json.dumps(live_output(logs))) if logs else sql.SQL("NULL")
         conn.execute(
             sql.SQL(

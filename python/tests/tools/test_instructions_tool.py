@@ -15,17 +15,17 @@ REPO = Path(__file__).resolve().parents[3]
 LINE = re.compile(r"^  (\S+)\s+([\d.]+) M per call\s+([\d.]+) M per completion\s+ratio ([\d.]+)$", re.M)
 
 
+def instructions(*args: str) -> subprocess.CompletedProcess[str]:
+    """benchmarks/instructions.py run with ``args``, its output captured."""
+    tool = str(REPO / "benchmarks" / "instructions.py")
+    return subprocess.run([sys.executable, tool, *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.parametrize("group", [2, 1], ids=["group-path", "single-path"])
 def test_instructions_counts_each_variant_per_call(group: int, tmp_path: Path) -> None:
     profile = tmp_path / "out.cg"
     sizes = ["--group", str(group), "--steps", "3", "--tasks", "40", "--pre", "0", "--profile", str(profile)]
-    out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "instructions.py"), ".", "HEAD", *sizes],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = instructions(".", "HEAD", *sizes)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"instructions per call of {group} completion(s)" in out.stdout, out.stdout
     rows = LINE.findall(out.stdout)
@@ -47,13 +47,7 @@ def test_instructions_counts_the_batch_route_per_task() -> None:
     results with a claim (complete_tasks), as the batch route does; lines cost instructions (the variant with them
     counts more per task than the one without)."""
     sizes = ["--batch", "3", "--steps", "3", "--tasks", "40", "--pre", "0"]
-    out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "instructions.py"), ".:AB_LOGS=0", ".:AB_LOGS=10", *sizes],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = instructions(".:AB_LOGS=0", ".:AB_LOGS=10", *sizes)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "instructions per call of the batch route with 3 leases" in out.stdout, out.stdout
     rows = LINE.findall(out.stdout)
