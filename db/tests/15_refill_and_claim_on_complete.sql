@@ -3,7 +3,7 @@
 -- same transaction (one round trip per task).
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(11);
+SELECT plan(13);
 
 SELECT tests.freeze('2026-01-01 00:00:00+00');
 SELECT tests.make_run('chain', jsonb_build_array(tests.task('a'), tests.task('b', '{a}'), tests.task('c', '{a}')), 1) AS run \gset
@@ -43,6 +43,26 @@ SELECT is((SELECT count(*) FROM awp.complete_and_claim(:'w2_worker_id', :'w2_tok
                                                         :'l2_lease_token', tests.result(), 1)),
           0::bigint, 'a draining worker completes but claims nothing');
 SELECT is(tests.task_status(:'l2_run_id', :'l2_task_key'), 'succeeded', 'its completion was applied');
+
+-- A pending dispatch of a run whose cancellation was requested waits for no claim (awp._claim_candidates), so it does
+-- not keep a completion from refilling its slot (python workers here: the mock run above left a pending dispatch).
+SELECT tests.make_run('refill-py', jsonb_build_array(tests.task('m1', '{}', '{"executor": "python"}'),
+                                                     tests.task('m2', '{}', '{"executor": "python"}')), 1) AS run4 \gset
+SELECT * FROM tests.register_worker('w3', '{python}', 1) \gset w3_
+SELECT * FROM tests.claim_one(:'w3_worker_id', :'w3_token') \gset l3_
+SELECT tests.make_run('cancel-py', jsonb_build_array(tests.task('p', '{}', '{"executor": "python"}'),
+                                                     tests.task('q', '{}', '{"executor": "python"}')), 2) AS run3 \gset
+SELECT * FROM tests.register_worker('w4', '{python}', 2) \gset w4_
+SELECT * FROM tests.claim_one(:'w4_worker_id', :'w4_token') \gset l4_
+-- Its cancellation requested and not converged yet (awp.request_cancel would withdraw q at once: the state a
+-- coordinator pass that dispatched q just before the request leaves until the next convergence).
+UPDATE awp.runs SET cancel_requested_at = awp._now() WHERE run_id = :'run3';
+SELECT is((SELECT array_agg(d.status ORDER BY d.status) FROM awp.dispatches d
+            WHERE d.run_id = :'run3' AND d.status IN ('pending', 'leased')),
+          '{leased,pending}'::text[], 'setup: one task of the canceling run leased, the other''s dispatch pending');
+SELECT is((SELECT array_agg(task_key) FROM awp.complete_and_claim(:'w3_worker_id', :'w3_token', :'l3_dispatch_id',
+                                                                   :'l3_lease_token', tests.result(), 1)),
+          '{m2}'::text[], 'the completion refills its slot and leases it, the canceling run''s pending dispatch aside');
 
 -- The invariant checker is clean after all of it, and awp.transitions() lists docs/protocol.md, State machines.
 SELECT is_empty('SELECT * FROM awp.check_invariants()', 'no invariant is violated');
