@@ -3,7 +3,7 @@
 -- reads it, so a backlog of a kind nobody serves is never walked (AWP issue 46); check_invariants checks it.
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(27);
+SELECT plan(29);
 
 -- 'kind=n@seq' per queue row of a run, by kind.
 CREATE FUNCTION pg_temp.queue(p_run_id text) RETURNS text[] LANGUAGE sql AS $$
@@ -114,6 +114,16 @@ UPDATE awp.runs SET cancel_requested_at = NULL WHERE run_id = :'r1';
 -- Rows that go: a deleted ready task, TRUNCATE.
 DELETE FROM awp.tasks WHERE run_id = :'r3' AND task_key = 'n';
 SELECT alike((pg_temp.queue(:'r3'))[1], 'mock=1@%', 'a deleted ready task is counted out');
+
+-- A run with ready tasks of two priorities has a row per priority; a task leaving ready counts down its own.
+SELECT tests.make_run('prio', jsonb_build_array(tests.task('top', '{}', '{"priority": 9}'),
+                                                tests.task('hi', '{}', '{"priority": 9}'), tests.task('lo1'),
+                                                tests.task('lo2')), 1) AS rp \gset
+SELECT is((SELECT array_agg(q.priority || '=' || q.ready_tasks ORDER BY q.priority) FROM awp.ready_queue q
+            WHERE q.run_id = :'rp'), '{5=2,9=1}'::text[], 'a row per priority of the run''s ready tasks (top dispatched at its start)');
+DELETE FROM awp.tasks WHERE run_id = :'rp' AND task_key = 'hi';
+SELECT is((SELECT array_agg(q.priority || '=' || q.ready_tasks ORDER BY q.priority) FROM awp.ready_queue q
+            WHERE q.run_id = :'rp'), '{5=2}'::text[], 'its last task of priority 9 gone, that row goes, the other stays');
 
 -- check_invariants sees a queue that disagrees with the tasks.
 UPDATE awp.ready_queue SET ready_tasks = 5 WHERE run_id = :'r3';

@@ -300,3 +300,14 @@ def test_a_completion_checks_for_waiting_dispatches_from_the_pending_ones(tiny: 
     assert_executed_probes(checks[0], "runs", ("run_id",))
     ran = [line for line in checks[0].splitlines() if " on dispatches" in line and "never executed" not in line]
     assert ran and not any("Seq Scan" in line for line in ran), checks[0]
+
+
+def test_the_ready_queue_is_counted_down_by_its_primary_key(tiny: Setup) -> None:
+    """A task leaving ready counts its run's awp.ready_queue row down (the trigger of db/functions/_ready_queue.sql)
+    by the row's primary key, run first: with equalities on all three key columns, a plan made while the queue had
+    no statistics read the kind's whole fairness order through ready_queue_order_idx (63 buffers at 1,000 runs)."""
+    notices = hot_path_call(tiny)
+    plans = [n for n in notices if "SET ready_tasks = q.ready_tasks - 1" in n]
+    assert plans, "expected the plan of the ready queue's count-down"
+    for plan in plans:
+        assert "ready_queue_pkey" in plan and "ready_queue_order_idx" not in plan, plan
