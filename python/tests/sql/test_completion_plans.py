@@ -286,7 +286,7 @@ def test_a_completion_checks_for_waiting_dispatches_from_the_pending_ones(tiny: 
     joined the pending dispatches to them (104 buffers per completion at 1,000 live runs); now the pending dispatches
     drive it (their partial index) and each probes its run by key."""
     call, notices, leases = tiny
-    worker_id, token = one(call, "SELECT worker_id, session_token FROM awp.register_worker('w3', '{mock}', 2)")
+    call.execute("SELECT awp.register_worker('w3', '{mock}', 2)")
     call.execute("SELECT awp.start_run('p')")
     call.execute("SELECT awp.coordinator_tick()")  # dispatches for w3's free slots: pending, waiting for a claim
     assert one(call, "SELECT count(*) FROM awp.dispatches WHERE status = 'pending'")[0] > 0
