@@ -293,7 +293,7 @@ def test_a_completion_checks_for_waiting_dispatches_from_the_pending_ones(tiny: 
     call.execute("ANALYZE awp.runs")  # while there are few
     lease = leases[0]
     args = [lease["worker_id"], lease["session_token"], lease["dispatch_id"], lease["lease_token"]]
-    statement = "SELECT dispatch_id FROM awp.complete_and_claim(%s, %s, %s, %s, '{\"kind\": \"success\"}', 1)"
+    statement = 'SELECT dispatch_id FROM awp.complete_and_claim(%s, %s, %s, %s, \'{"kind": "success"}\', 1)'
     plans = analyzed_plans(call, notices, statement, args)
     checks = [n for n in plans if "v_idle := w.status = 'active'" in n]
     assert len(checks) == 1, "expected the plan of the check for waiting dispatches"
