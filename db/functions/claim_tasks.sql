@@ -12,9 +12,10 @@ ALTER TYPE awp.lease OWNER TO awp_owner;
 COMMENT ON TYPE awp.lease IS 'One lease handed to a worker (claim_tasks, complete_and_claim, complete_tasks).';
 
 -- awp._claim_candidates: the pending dispatches a claim may lease: those of runs that are pending or running
--- and whose cancellation was not requested. The one definition of that rule; awp._claim adds the worker's
--- executor kinds, the claim order (oldest first: created_at, dispatch_id) and its row locks (FOR UPDATE OF
--- the view locks both of its rows). A plain view: the planner merges it into each query, so the plans are
+-- and whose cancellation was not requested. The one definition of that rule (but for awp._lease_refill's check
+-- that none waits, which writes it from the pending dispatches so that each probes its run by key); awp._claim adds
+-- the worker's executor kinds, the claim order (oldest first: created_at, dispatch_id) and its row locks (FOR UPDATE
+-- OF the view locks both of its rows). A plain view: the planner merges it into each query, so the plans are
 -- those of the query written out. Re-created on every migrate (nothing depends on it).
 -- The run comes first in FROM on purpose: FOR UPDATE OF a view locks its tables in that order, and the lock
 -- order is Run, then Dispatch. The other way round, a claim that skips a candidate because its run is busy
