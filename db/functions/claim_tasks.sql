@@ -360,9 +360,16 @@ BEGIN
       FETCH c INTO v_run;
       EXIT WHEN NOT FOUND;
       CONTINUE WHEN NOT awp._try_run(v_run);
-      SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input INTO r FROM awp.runs x
-       WHERE x.run_id = v_run AND x.status IN ('pending', 'running') AND x.cancel_requested_at IS NULL;
-      CONTINUE WHEN NOT FOUND   -- the task that succeeded in this call is not written yet: it counts out
+      -- By its key, then its state (in the WHERE, `status IN ('pending', 'running')` let a plan made while the runs
+      -- were few read every live run through runs_live_idx: 39 buffers at 3,000 live runs); enable_seqscan off
+      -- around it, as above.
+      v_seqscan := current_setting('enable_seqscan');
+      PERFORM set_config('enable_seqscan', 'off', true);
+      SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input, x.cancel_requested_at INTO r
+        FROM awp.runs x WHERE x.run_id = v_run;
+      PERFORM set_config('enable_seqscan', v_seqscan, true);
+      CONTINUE WHEN r.status IS NULL OR r.status NOT IN ('pending', 'running') OR r.cancel_requested_at IS NOT NULL
+                 -- the task that succeeded in this call is not written yet: it counts out
                  OR (SELECT count(*) FROM awp.tasks y WHERE y.run_id = v_run AND y.status IN ('queued', 'running'))
                     - CASE WHEN v_run = p_run THEN 1 ELSE 0 END >= r.concurrency;
       t := awp._first_ready(v_run, w.executor_kinds, '{}', w.actions);

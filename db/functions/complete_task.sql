@@ -393,6 +393,8 @@ DECLARE
   v_ready text[];
   v_n     integer;
   v_last  boolean;   -- the completed task is the run's last unfinished one
+  v_live  boolean;   -- its run is running, no cancellation requested, with an unfinished task
+  v_seqscan text;    -- the session's enable_seqscan, restored after the read of the run
   v_resolve boolean := false;   -- a dynamic task waits for awp._resolve_run (awp._unlock_dependants)
   v_countdown text;   -- the mapped task counted down (see below)
   e_type  text[];
@@ -417,10 +419,15 @@ BEGIN
   IF coalesce(current_setting('awp.log_state', true), '') <> '' THEN
     PERFORM awp._log_flush();   -- an earlier item of this transaction (complete_and_claim_many): its rows first
   END IF;
-  SELECT x.unfinished_tasks = 1 INTO v_last FROM awp.runs x
-   WHERE x.run_id = v_run AND x.status = 'running' AND x.cancel_requested_at IS NULL AND x.unfinished_tasks >= 1
-     FOR UPDATE;
-  IF NOT FOUND THEN
+  -- The run's row by its key, then its state: with `status = 'running'` in the WHERE, a plan made while the runs
+  -- were few read every live run through runs_live_idx (40 buffers at 3,000 live runs). Planned with enable_seqscan
+  -- off (set around it, as the reads of awp._lease_refill), so such a plan probes the key too.
+  v_seqscan := current_setting('enable_seqscan');
+  PERFORM set_config('enable_seqscan', 'off', true);
+  SELECT x.unfinished_tasks = 1, x.status = 'running' AND x.cancel_requested_at IS NULL AND x.unfinished_tasks >= 1
+    INTO v_last, v_live FROM awp.runs x WHERE x.run_id = v_run FOR UPDATE;
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
+  IF v_live IS NULL OR NOT v_live THEN   -- (NULL: no such run)
     RETURN;
   END IF;
   v_now := awp._now();

@@ -311,3 +311,19 @@ def test_the_ready_queue_is_counted_down_by_its_primary_key(tiny: Setup) -> None
     assert plans, "expected the plan of the ready queue's count-down"
     for plan in plans:
         assert "ready_queue_pkey" in plan and "ready_queue_order_idx" not in plan, plan
+
+
+def test_the_hot_path_reads_its_runs_by_key(tiny: Setup) -> None:
+    """The hot path locks the completed task's run (awp._complete_and_refill) and reads the run it refills from
+    (awp._lease_refill) by the run's key, then checks their state. With the state in the WHERE (`status =
+    'running'`), a plan made while the runs were few read every live run through runs_live_idx (about 40 buffers per
+    completion at 3,000 live runs)."""
+    call, notices, _ = tiny
+    call.execute("SELECT awp.start_run('p')")  # a second live run (the plans cover several)
+    call.execute("ANALYZE awp.runs")  # while there are few
+    notices = hot_path_call(tiny)
+    plans = [n for n in notices if "SELECT x.unfinished_tasks = 1" in n]
+    plans += [n for n in notices if "SELECT x.status, x.concurrency, x.workflow_id, x.workflow_version, x.input" in n]
+    assert len(plans) == 2, "expected the plans of the completed run's lock and of the refill's run read"
+    for plan in plans:
+        assert_probes(plan, "runs", ("run_id",))
