@@ -18,6 +18,10 @@ COMMENT ON FUNCTION awp._task_counts(text) IS 'A run''s task counts by status.';
 -- awp._settle_run(run): when no task of the run can still change, the run becomes
 -- `succeeded` (every task succeeded, and its output is set) or `failed`, its task counts stored
 -- (runs.final_task_counts). Returns the run's status.
+-- The run's row is written once, with its revision and its event's sequence (as awp._write_log does), and the event
+-- inserted directly: through awp._append_event and awp._log_flush it took two UPDATEs of the row and a read of it
+-- for the run state (AWP issue 46: a settle per one-task run). A run the call's state (awp.log_state) holds is
+-- flushed first, so its row is up to date. Locks: the run row, which the caller holds.
 CREATE OR REPLACE FUNCTION awp._settle_run(p_run_id text) RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -28,9 +32,15 @@ DECLARE
   v_output jsonb;
   v_cut    boolean;
   v_parent text;
+  v_now    timestamptz;
+  v_xid    xid8;
+  v_rev    bigint;
+  v_last   bigint;
 BEGIN
-  SELECT r.status, r.unfinished_tasks + (awp._run_state(p_run_id)).unfinished_delta, r.parent_run_id
-    INTO v_status, v_left, v_parent
+  IF strpos(coalesce(current_setting('awp.log_state', true), ''), ';' || p_run_id || ',') > 0 THEN
+    PERFORM awp._log_flush();
+  END IF;
+  SELECT r.status, r.unfinished_tasks, r.parent_run_id INTO v_status, v_left, v_parent
     FROM awp.runs r WHERE r.run_id = p_run_id;
   IF v_status NOT IN ('pending', 'running') OR v_left > 0 THEN
     RETURN v_status;
@@ -41,13 +51,19 @@ BEGIN
   IF v_final = 'succeeded' THEN
     SELECT o.output, o.truncated INTO v_output, v_cut FROM awp._run_output(p_run_id) o;
   END IF;
-  UPDATE awp.runs r SET status = v_final, finished_at = awp._now(),
-                        started_at = coalesce(r.started_at, awp._now()), final_task_counts = v_counts,
+  v_now := awp._now();
+  v_xid := pg_current_xact_id();
+  UPDATE awp.runs r SET status = v_final, finished_at = v_now, started_at = coalesce(r.started_at, v_now),
+                        final_task_counts = v_counts,
                         output = CASE WHEN v_final = 'succeeded' THEN v_output ELSE r.output END,
-                        output_truncated = CASE WHEN v_final = 'succeeded' THEN v_cut ELSE r.output_truncated END
-   WHERE r.run_id = p_run_id;
-  PERFORM awp._append_event(p_run_id, 'run', p_run_id, v_status, v_final,
-                            CASE v_final WHEN 'succeeded' THEN 'all tasks succeeded' ELSE 'a task failed' END);
+                        output_truncated = CASE WHEN v_final = 'succeeded' THEN v_cut ELSE r.output_truncated END,
+                        revision = CASE WHEN r.revision_xid = v_xid THEN r.revision ELSE r.revision + 1 END,
+                        revision_xid = v_xid, last_sequence = r.last_sequence + 1
+   WHERE r.run_id = p_run_id
+  RETURNING r.revision, r.last_sequence INTO v_rev, v_last;
+  INSERT INTO awp.events (run_id, sequence, revision, entity_type, entity_key, from_status, to_status, reason, occurred_at)
+  VALUES (p_run_id, v_last, v_rev, 'run', p_run_id, v_status, v_final,
+          CASE v_final WHEN 'succeeded' THEN 'all tasks succeeded' ELSE 'a task failed' END, v_now);
   -- No NOTIFY to the coordinator: a finished run gives a pass nothing to do (its slots were freed and refilled by
   -- the completions), and with many small runs a wake-up per finished run kept the coordinator passing back to
   -- back (AWP issue 46). A child run's end is the exception: its parent's task is settled by a pass

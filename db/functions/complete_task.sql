@@ -566,10 +566,11 @@ COMMENT ON FUNCTION awp._group_path_kinds(jsonb, boolean) IS 'The executor kinds
 --   - each item for a dispatch its worker holds with that lease token;
 --   - each worker active with a valid session and the kinds read there; each result valid (AWREQ otherwise, as
 --     its own call);
---   - each completed run running, no cancel requested, more unfinished tasks than its items (none of them is the
---     run's last);
---   - every lease current (as the hot path's dispatch UPDATE), every item gets a refill, none starts a pending run,
---     no lease over the payload limit.
+--   - each completed run running, no cancel requested (a run whose unfinished tasks are all items of the group ends
+--     with it: it is settled after the group's writes, awp._settle_run, as the item loop settles it after its last
+--     item; AWP issue 46: with many one-task runs every group was refused and paid its rollback, about 0.6 ms);
+--   - every lease current (as the hot path's dispatch UPDATE), every item gets a refill (a refill that starts a
+--     pending run writes the run's start first, as awp._lease_refill), no lease over the payload limit.
 -- Otherwise it raises (AWGRP, or the error an item's own call raises): the caller rolls the group back (a
 -- subtransaction) and settles the items one by one, which gives every item its exact answer. AWGRP never
 -- leaves the database. Returns (item position, lease) per item. The caller holds the advisory locks of the
@@ -648,6 +649,7 @@ DECLARE
   v_ready text[];
   v_resolve boolean;
   v_resolve_runs text[] := '{}';   -- runs whose dynamic tasks wait for awp._resolve_run (awp._unlock_dependants)
+  v_end_runs text[] := '{}';   -- the completed runs whose last unfinished tasks are in this group (they end with it)
   c_fan   integer[] := '{}';   -- the items whose completion made dependants ready (a fan-out)
   c_mapped text[];             -- per item: the mapped task of an instance of a for_each task (docs/dynamic.md)
   d_run   text[] := '{}';      -- the mapped tasks to count down (run, key), one entry per instance completed
@@ -714,16 +716,21 @@ BEGIN
       PERFORM awp._raise_group_not_applicable('a worker''s executor kinds changed');
     END IF;
   END LOOP;
-  -- The completed runs, in run_id order: each running and going on after this group.
+  -- The completed runs, in run_id order: each running; one whose unfinished tasks are all in this group ends with it
+  -- (settled after the group's writes, below).
   FOR x IN
     SELECT y.run_id, y.concurrency, y.workflow_id, y.workflow_version, y.input,
-           (SELECT count(*) FROM awp.tasks z WHERE z.run_id = y.run_id AND z.status IN ('queued', 'running'))::integer AS busy
+           (SELECT count(*) FROM awp.tasks z WHERE z.run_id = y.run_id AND z.status IN ('queued', 'running'))::integer AS busy,
+           y.unfinished_tasks = (SELECT count(*) FROM unnest(c_run) u WHERE u = y.run_id) AS ends
       FROM awp.runs y
      WHERE y.run_id = ANY (c_run) AND y.status = 'running' AND y.cancel_requested_at IS NULL
-       AND y.unfinished_tasks > (SELECT count(*) FROM unnest(c_run) u WHERE u = y.run_id)
+       AND y.unfinished_tasks >= (SELECT count(*) FROM unnest(c_run) u WHERE u = y.run_id)
      ORDER BY y.run_id
        FOR UPDATE OF y
   LOOP
+    IF x.ends THEN
+      v_end_runs := v_end_runs || x.run_id;
+    END IF;
     g_run := g_run || x.run_id;
     g_ok := g_ok || true;
     g_pend := g_pend || false;
@@ -734,7 +741,7 @@ BEGIN
     g_in := g_in || x.input;
   END LOOP;
   IF cardinality(g_run) <> (SELECT count(DISTINCT u) FROM unnest(c_run) u) THEN
-    PERFORM awp._raise_group_not_applicable('a run ends, or is not running');
+    PERFORM awp._raise_group_not_applicable('a run not running');
   END IF;
 
   -- The completions' tasks current: each running its dispatch's attempt (the dispatches' own checks are the MERGE's
@@ -845,8 +852,14 @@ BEGIN
     IF v_run IS NULL THEN
       PERFORM awp._raise_group_not_applicable('no refill for an item');
     END IF;
-    IF g_pend[v_g] THEN
-      PERFORM awp._raise_group_not_applicable('a refill would start a pending run');
+    IF g_pend[v_g] THEN   -- the run's first dispatch: it starts (its event first, as awp._lease_refill writes it)
+      e_run := e_run || v_run;
+      e_type := e_type || '{run}'::text[];
+      e_key := e_key || v_run;
+      e_from := e_from || '{pending}'::text[];
+      e_to := e_to || '{running}'::text[];
+      e_why := e_why || '{"first dispatch"}'::text[];
+      g_pend[v_g] := false;
     END IF;
     g_busy[v_g] := g_busy[v_g] + 1;
     v_order := array_remove(v_order, v_run) || v_run;
@@ -958,6 +971,12 @@ BEGIN
   IF cardinality(v_resolve_runs) > 0 THEN   -- after the group's own events (docs/dynamic.md)
     FOREACH v_cand IN ARRAY v_resolve_runs LOOP
       PERFORM awp._resolve_run(v_cand);
+    END LOOP;
+    PERFORM awp._log_flush();
+  END IF;
+  IF cardinality(v_end_runs) > 0 THEN   -- the runs that end with this group, after their events (awp._settle_run)
+    FOREACH v_cand IN ARRAY v_end_runs LOOP
+      PERFORM awp._settle_run(v_cand);
     END LOOP;
     PERFORM awp._log_flush();
   END IF;

@@ -8,7 +8,7 @@
 BEGIN;
 \ir _fixtures.sql.inc
 \ir _group_fixtures.sql.inc
-SELECT plan(5);
+SELECT plan(7);
 
 SELECT tests.freeze('2026-01-01 00:00:00+00');
 SELECT setseed(0.37);
@@ -25,7 +25,7 @@ CREATE FUNCTION pg_temp.outcome(p_runs text[], p_workers text[], p_leases jsonb)
     (SELECT string_agg(concat_ws(' | ', array_to_string(tests.comparable_events(r, p_workers), ','),
                                  array_to_string(tests.task_rows(r), ','),
                                  (SELECT concat_ws('/', x.status, x.unfinished_tasks, x.last_sequence, x.revision,
-                                                   x.started_at, x.finished_at)
+                                                   x.started_at, x.finished_at, x.final_task_counts, x.output)
                                     FROM awp.runs x WHERE x.run_id = r)), E'\n' ORDER BY o)
        FROM unnest(p_runs) WITH ORDINALITY AS u(r, o)),
     'fairness ' || (SELECT string_agg(array_position(p_runs, x.run_id)::text, ','
@@ -83,7 +83,8 @@ END $$;
 
 -- held: each worker's current lease.
 CREATE TEMP TABLE held (worker_id text PRIMARY KEY, token text, dispatch_id text, lease_token text, run_id text);
-CREATE TEMP TABLE seen (scenario integer, step integer, runs integer, items integer, outcome text, same boolean);
+CREATE TEMP TABLE seen (scenario integer, step integer, runs integer, items integer, outcome text, same boolean,
+                        ended integer, started integer);   -- runs the group ended, pending runs it started
 
 -- pg_temp.scenario(n): a random state of its own, then up to 8 random groups: each compared both ways, then applied
 -- for real. At its end its runs are canceled and its workers drained, so that the next scenario starts alone.
@@ -97,6 +98,8 @@ DECLARE
   v_items jsonb;
   v_cmp   text[];
   v_nruns integer;
+  v_live  text[];
+  v_pend  text[];
   x       record;
   c       record;
 BEGIN
@@ -120,6 +123,7 @@ BEGIN
     UPDATE held SET dispatch_id = c.dispatch_id, lease_token = c.lease_token, run_id = c.run_id WHERE worker_id = x.worker_id;
   END LOOP;
   PERFORM tests.end_tx();
+  <<steps>>
   FOR step IN 1 .. 8 LOOP
     -- a random group: >= 2 of the holders, in random positions
     v_items := (SELECT jsonb_agg(jsonb_build_object('worker_id', h.worker_id, 'session_token', h.token,
@@ -144,11 +148,16 @@ BEGIN
       RAISE WARNING E'scenario % step %: group path\n%\nitem loop\n%', p_n, step, v_cmp[1], v_cmp[2];
     END IF;
     -- applied for real (whichever path complete_and_claim_many takes): the holders' next leases
+    v_live := ARRAY(SELECT r.run_id FROM awp.runs r WHERE r.run_id = ANY (v_runs) AND r.status = 'running');
+    v_pend := ARRAY(SELECT r.run_id FROM awp.runs r WHERE r.run_id = ANY (v_runs) AND r.status = 'pending');
     UPDATE held SET dispatch_id = NULL WHERE worker_id IN (SELECT e->>'worker_id' FROM jsonb_array_elements(v_items) e);
     FOR c IN SELECT (v_items->(m.item - 1)->>'worker_id') AS worker_id, (m.lease).* FROM awp.complete_and_claim_many(v_items) m
               WHERE (m.lease).dispatch_id IS NOT NULL LOOP
       UPDATE held SET dispatch_id = c.dispatch_id, lease_token = c.lease_token, run_id = c.run_id WHERE worker_id = c.worker_id;
     END LOOP;
+    UPDATE seen SET ended = (SELECT count(*) FROM awp.runs r WHERE r.run_id = ANY (v_live) AND r.finished_at IS NOT NULL),
+                    started = (SELECT count(*) FROM awp.runs r WHERE r.run_id = ANY (v_pend) AND r.status <> 'pending')
+     WHERE scenario = p_n AND seen.step = steps.step;
     PERFORM tests.end_tx();
     PERFORM tests.advance((floor(random() * 900) + 1) * interval '1 millisecond');
   END LOOP;
@@ -166,7 +175,14 @@ SELECT cmp_ok((SELECT count(*) FROM seen WHERE same AND runs >= 2), '>=', 30::bi
               'at least 30 of them touched two runs or more');
 SELECT cmp_ok((SELECT count(*) FROM seen WHERE same AND runs >= 3), '>=', 10::bigint,
               'at least 10 of them touched three runs or more');
+SELECT cmp_ok((SELECT count(*) FROM seen WHERE same AND ended > 0), '>=', 5::bigint,
+              'at least 5 of them ended a run (the run settled with the group)');
+SELECT cmp_ok((SELECT count(*) FROM seen WHERE same AND started > 0), '>=', 5::bigint,
+              'at least 5 of them started a pending run');
 SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold after every group applied');
+SELECT diag(format('compared %s, ended a run %s, started a run %s, refused %s',
+                   count(*) FILTER (WHERE same), count(*) FILTER (WHERE same AND ended > 0),
+                   count(*) FILTER (WHERE same AND started > 0), count(*) FILTER (WHERE outcome IS NOT NULL))) FROM seen;
 SELECT outcome, count(*) FROM seen WHERE outcome IS NOT NULL GROUP BY 1 ORDER BY 2 DESC;
 SELECT count(*) FILTER (WHERE same) AS compared, count(*) FILTER (WHERE same AND runs >= 2) AS multi_run,
        count(*) FILTER (WHERE outcome IS NOT NULL) AS refused FROM seen;
