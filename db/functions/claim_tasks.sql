@@ -12,7 +12,7 @@ ALTER TYPE awp.lease OWNER TO awp_owner;
 COMMENT ON TYPE awp.lease IS 'One lease handed to a worker (claim_tasks, complete_and_claim, complete_tasks).';
 
 -- awp._claim_candidates: the pending dispatches a claim may lease: those of runs that are pending or running
--- and whose cancellation was not requested. The one definition of that rule (but for awp._lease_refill's check
+-- and whose cancellation was not requested. The one definition of that rule (but for awp._pending_waits, the check
 -- that none waits, which writes it from the pending dispatches so that each probes its run by key); awp._claim adds
 -- the worker's executor kinds, the claim order (oldest first: created_at, dispatch_id) and its row locks (FOR UPDATE
 -- OF the view locks both of its rows). A plain view: the planner merges it into each query, so the plans are
@@ -34,6 +34,23 @@ CREATE VIEW awp._claim_candidates AS
      AND r.finished_at IS NULL AND r.cancel_requested_at IS NULL;
 ALTER VIEW awp._claim_candidates OWNER TO awp_owner;
 COMMENT ON VIEW awp._claim_candidates IS 'The pending dispatches a claim may lease (runs live, no cancel requested).';
+
+-- awp._pending_waits(kinds): whether a pending dispatch of one of these executor kinds waits for a claim (a row of
+-- awp._claim_candidates): the test of a refill (awp._lease_refill) and of the group path (awp._group_path_kinds),
+-- which lease straight back only when no claim waits. Written from the pending dispatches (their partial index), each
+-- probing its run by key, and planned with enable_seqscan off: as an EXISTS over the view, the generic plan made
+-- while the runs were few read every run and joined the pending dispatches to them (104 buffers per completion at
+-- 1,000 live runs, AWP issue 46). Locks: none.
+CREATE OR REPLACE FUNCTION awp._pending_waits(p_kinds text[]) RETURNS boolean
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
+BEGIN
+  RETURN EXISTS (SELECT 1 FROM awp.dispatches k
+                  CROSS JOIN LATERAL (SELECT 1 FROM awp.runs u
+                                       WHERE u.run_id = k.run_id AND u.finished_at IS NULL
+                                         AND u.cancel_requested_at IS NULL LIMIT 1) u
+                  WHERE k.status = 'pending' AND k.executor_kind = ANY (p_kinds));
+END $$;
+COMMENT ON FUNCTION awp._pending_waits(text[]) IS 'Whether a pending dispatch of one of these executor kinds waits for a claim.';
 
 -- awp.claim_tasks(worker_id, session_token, slots, claim_seq): hands up to `slots` pending dispatches to a
 -- worker, oldest first, as rows of awp.lease. claim_seq (optional): the worker's number of this claim request, stored on each
@@ -329,19 +346,8 @@ BEGIN
   IF coalesce(current_setting('awp.log_state', true), '') <> '' THEN
     PERFORM awp._log_flush();   -- awp._write_log below writes the run rows directly
   END IF;
-  -- Refill only when no pending dispatch of the worker's kinds waits for a claim: awp._claim_candidates' rule,
-  -- written from the dispatches (the pending ones, through their partial index, each probing its run by key) and
-  -- planned with enable_seqscan off (set around it). As an EXISTS over the view, the generic plan made while the
-  -- runs were few read every run at each completion (104 buffers per completion at 1,000 live runs).
-  v_seqscan := current_setting('enable_seqscan');
-  PERFORM set_config('enable_seqscan', 'off', true);
-  v_idle := w.status = 'active'
-            AND NOT EXISTS (SELECT 1 FROM awp.dispatches k
-                             CROSS JOIN LATERAL (SELECT 1 FROM awp.runs u
-                                                  WHERE u.run_id = k.run_id AND u.finished_at IS NULL
-                                                    AND u.cancel_requested_at IS NULL LIMIT 1) u
-                             WHERE k.status = 'pending' AND k.executor_kind = ANY (w.executor_kinds));
-  PERFORM set_config('enable_seqscan', v_seqscan, true);
+  -- Refill only when no pending dispatch of the worker's kinds waits for a claim (awp._pending_waits).
+  v_idle := w.status = 'active' AND NOT awp._pending_waits(w.executor_kinds);
   IF v_idle THEN
     -- A ready task with rate limits that have room first (as awp._refill_slot), then the fairness order.
     IF EXISTS (SELECT 1 FROM awp.tasks y WHERE y.status = 'ready' AND y.limit_buckets IS NOT NULL) THEN

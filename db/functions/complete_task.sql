@@ -532,7 +532,7 @@ BEGIN
                                           LIMIT 1) y
                      CROSS JOIN LATERAL unnest(y.executor_kinds) AS k(kind)
                     ORDER BY 1);
-  IF cardinality(v_kinds) = 0 OR EXISTS (SELECT 1 FROM awp._claim_candidates k WHERE k.executor_kind = ANY (v_kinds)) THEN
+  IF cardinality(v_kinds) = 0 OR awp._pending_waits(v_kinds) THEN
     RETURN NULL;
   END IF;
   RETURN v_kinds;

@@ -282,9 +282,9 @@ def test_a_progress_write_reads_its_run_counter_and_its_attempt_by_key(tiny: Set
 
 def test_a_completion_checks_for_waiting_dispatches_from_the_pending_ones(tiny: Setup) -> None:
     """Before it leases its own refill, a completion checks that no pending dispatch of the worker's kinds waits for
-    a claim (awp._lease_refill). Written as an EXISTS over awp._claim_candidates, the generic plan read every run and
-    joined the pending dispatches to them (104 buffers per completion at 1,000 live runs); now the pending dispatches
-    drive it (their partial index) and each probes its run by key."""
+    a claim (awp._lease_refill, through awp._pending_waits). Written as an EXISTS over awp._claim_candidates, the
+    generic plan read every run and joined the pending dispatches to them (104 buffers per completion at 1,000 live
+    runs); now the pending dispatches drive it (their partial index) and each probes its run by key."""
     call, notices, leases = tiny
     call.execute("SELECT awp.register_worker('w3', '{mock}', 2)")
     call.execute("SELECT awp.start_run('p')")
@@ -295,7 +295,7 @@ def test_a_completion_checks_for_waiting_dispatches_from_the_pending_ones(tiny: 
     args = [lease["worker_id"], lease["session_token"], lease["dispatch_id"], lease["lease_token"]]
     statement = 'SELECT dispatch_id FROM awp.complete_and_claim(%s, %s, %s, %s, \'{"kind": "success"}\', 1)'
     plans = analyzed_plans(call, notices, statement, args)
-    checks = [n for n in plans if "v_idle := w.status = 'active'" in n]
+    checks = [n for n in plans if "k.executor_kind = ANY (p_kinds)" in n]
     assert len(checks) == 1, "expected the plan of the check for waiting dispatches"
     assert_executed_probes(checks[0], "runs", ("run_id",))
     ran = [line for line in checks[0].splitlines() if " on dispatches" in line and "never executed" not in line]
