@@ -4,7 +4,7 @@
 -- retention and the soak: python/tests/integration/test_partitions.py, make soak.)
 BEGIN;
 \ir _fixtures.sql.inc
-SELECT plan(51);
+SELECT plan(53);
 SELECT tests.no_history_ranges();   -- only the ranges this file makes
 
 SELECT tests.freeze('2030-01-01 00:00:00+00') AS t0 \gset
@@ -121,11 +121,16 @@ SAVEPOINT broken;
 SELECT tests.make_run('wf') AS r_e \gset
 DELETE FROM awp.runs WHERE run_id = :'r_e';
 SELECT ARRAY(SELECT DISTINCT invariant || ' ' || detail FROM awp.check_invariants() ORDER BY 1)::text AS orphans \gset
+SELECT ARRAY(SELECT DISTINCT invariant || ' ' || detail FROM awp.check_invariants(ARRAY['run_x', :'r_e']) ORDER BY 1)::text
+       AS orphans_of \gset
+SELECT count(*) AS orphans_elsewhere FROM awp.check_invariants(ARRAY['run_x']) WHERE invariant = 'orphan_row' \gset
 DROP TABLE awp.signals_p20300101_070000000;
 SELECT ARRAY(SELECT entity_key || ': ' || detail FROM awp.check_invariants() WHERE invariant = 'history_partitions')::text AS missing \gset
 ROLLBACK TO SAVEPOINT broken;
 SELECT is(:'orphans'::text, '{"orphan_row a task of no run","orphan_row events of no run"}',
           'orphan_row: the tasks and events of a run that is gone');
+SELECT is(:'orphans_of'::text, :'orphans'::text, 'orphan_row: the same when the gone run is in the list of runs checked');
+SELECT is(:'orphans_elsewhere'::integer, 0, 'orphan_row: none when it is not');
 SELECT is(:'missing'::text, '{"20300101_070000000: range 20300101_070000000 has no partition of awp.signals"}',
           'history_partitions: a range without one of its partitions');
 
