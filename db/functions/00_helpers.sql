@@ -194,18 +194,23 @@ COMMENT ON FUNCTION awp._unfinished_add(text, integer) IS 'Changes a run''s unfi
 -- unfinished tasks; one UPDATE per run) and clears the state. Cheap when nothing was logged.
 -- One UPDATE by primary key per entry, not one UPDATE joined with the entries: the planner hashed the join
 -- against a sequential scan of every run (its statistics taken while runs was small), 0.45 ms per call with
--- 2,000 runs instead of 0.02 (AWP issue 46).
+-- 2,000 runs instead of 0.02 (AWP issue 46). Planned with enable_seqscan off (set around the loop): with runs
+-- ANALYZEd while nearly empty, the plan scanned every run for each one, and a transaction that started 10,000 runs
+-- (each start writes its row here) read all it had started for each (python/tests/sql/test_start_plans.py).
 -- Locks: the run rows, which every caller of _append_events and _unfinished_add already holds.
 CREATE OR REPLACE FUNCTION awp._log_flush() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   v_state text := current_setting('awp.log_state', true);
   v_entry text;
+  v_seqscan text;
 BEGIN
   IF v_state IS NULL OR v_state = '' THEN
     RETURN;
   END IF;
   PERFORM set_config('awp.log_state', '', true);
+  v_seqscan := current_setting('enable_seqscan');
+  PERFORM set_config('enable_seqscan', 'off', true);
   FOREACH v_entry IN ARRAY string_to_array(substr(v_state, 2), ';') LOOP
     UPDATE awp.runs r
        SET revision = split_part(v_entry, ',', 2)::bigint, revision_xid = pg_current_xact_id(),
@@ -213,6 +218,7 @@ BEGIN
            unfinished_tasks = r.unfinished_tasks + split_part(v_entry, ',', 4)::integer
      WHERE r.run_id = split_part(v_entry, ',', 1);
   END LOOP;
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
 END $$;
 COMMENT ON FUNCTION awp._log_flush() IS 'Writes the per-call run state (revision, last sequence, unfinished tasks) to the run rows.';
 
