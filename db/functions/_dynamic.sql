@@ -151,8 +151,11 @@ BEGIN
       IF t.item_count IS NOT NULL THEN   -- its instances all succeeded
         SELECT jsonb_agg(coalesce(a.output, 'null'::jsonb) ORDER BY i.item_index) INTO v_out
           FROM awp.tasks i
-          LEFT JOIN awp.attempts a ON a.run_id = p_run_id AND a.task_key = i.task_key AND a.attempt = i.attempts
-                                  AND a.status = 'succeeded'
+          -- each instance's succeeded attempt by key, as awp._run_output reads a run's leaves (a join compared each
+          -- instance with every attempt of the run: 0.7 s for 5,000 instances)
+          LEFT JOIN LATERAL (SELECT d.output FROM awp.dispatches d
+                              WHERE d.run_id = p_run_id AND d.task_key = i.task_key AND d.attempt = i.attempts
+                                AND d.attempt_status = 'succeeded' LIMIT 1) a ON true
          WHERE i.run_id = p_run_id AND i.mapped_task = t.task_key;
         IF octet_length(v_out::text) > awp._limit_lease_payload_bytes() THEN
           v_again := awp._settle_without_attempt(p_run_id, t.task_key, 'failed', v_now, NULL, 'for_each_output_too_large',
