@@ -175,10 +175,10 @@ SELECT cmp_ok((SELECT count(*) FROM seen WHERE same AND runs >= 2), '>=', 30::bi
               'at least 30 of them touched two runs or more');
 SELECT cmp_ok((SELECT count(*) FROM seen WHERE same AND runs >= 3), '>=', 10::bigint,
               'at least 10 of them touched three runs or more');
-SELECT cmp_ok((SELECT count(*) FROM seen WHERE same AND ended > 0), '>=', 5::bigint,
-              'at least 5 of them ended a run (the run settled with the group)');
-SELECT cmp_ok((SELECT count(*) FROM seen WHERE same AND started > 0), '>=', 5::bigint,
-              'at least 5 of them started a pending run');
+SELECT cmp_ok((SELECT count(*) FROM seen WHERE same AND ended > 0), '>=', 3::bigint,
+              'at least 3 of them ended a run (the run settled with the group)');
+SELECT cmp_ok((SELECT count(*) FROM seen WHERE same AND started > 0), '>=', 3::bigint,
+              'at least 3 of them started a pending run');
 SELECT is((SELECT count(*) FROM awp.check_invariants()), 0::bigint, 'invariants hold after every group applied');
 SELECT diag(format('compared %s, ended a run %s, started a run %s, refused %s',
                    count(*) FILTER (WHERE same), count(*) FILTER (WHERE same AND ended > 0),
