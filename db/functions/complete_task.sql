@@ -721,10 +721,10 @@ BEGIN
   FOR x IN
     SELECT y.run_id, y.concurrency, y.workflow_id, y.workflow_version, y.input,
            (SELECT count(*) FROM awp.tasks z WHERE z.run_id = y.run_id AND z.status IN ('queued', 'running'))::integer AS busy,
-           y.unfinished_tasks = (SELECT count(*) FROM unnest(c_run) u WHERE u = y.run_id) AS ends
+           y.unfinished_tasks = k.n AS ends
       FROM awp.runs y
-     WHERE y.run_id = ANY (c_run) AND y.status = 'running' AND y.cancel_requested_at IS NULL
-       AND y.unfinished_tasks >= (SELECT count(*) FROM unnest(c_run) u WHERE u = y.run_id)
+     CROSS JOIN LATERAL (SELECT count(*) AS n FROM unnest(c_run) u WHERE u = y.run_id) k   -- its items in the group
+     WHERE y.run_id = ANY (c_run) AND y.status = 'running' AND y.cancel_requested_at IS NULL AND y.unfinished_tasks >= k.n
      ORDER BY y.run_id
        FOR UPDATE OF y
   LOOP
