@@ -478,16 +478,18 @@ COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint, timestamptz, text, te
 CREATE OR REPLACE FUNCTION awp._upstream(p_run_id text, p_depends_on text[]) RETURNS jsonb
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$   -- PL/pgSQL: its plan is cached
 BEGIN
-  -- One primary-key probe per dependency (LIMIT 1 keeps it a probe): a join here may be planned as a scan of
-  -- the whole run when the statistics expect small runs (see awp._task_waits).
+  -- One primary-key probe per dependency, and one per its attempt (LIMIT 1 keeps each a probe): a join here may be
+  -- planned as a scan of the whole run when the statistics expect small runs (see awp._task_waits); joined to the
+  -- attempts, the plan read every attempt of the run for each lease (as awp._run_output did, AWP issue 46).
   -- A task settled without an attempt has its output on its row (a mapped task's array, docs/dynamic.md); a task
   -- skipped by its condition has none (null).
   RETURN (SELECT coalesce(jsonb_object_agg(u.task_key, coalesce(a.output, t.output)), '{}'::jsonb)
             FROM unnest(p_depends_on) AS u(task_key)
             CROSS JOIN LATERAL (SELECT x.attempts, x.output FROM awp.tasks x
                                  WHERE x.run_id = p_run_id AND x.task_key = u.task_key LIMIT 1) t
-            LEFT JOIN awp.attempts a ON a.run_id = p_run_id AND a.task_key = u.task_key AND a.attempt = t.attempts
-                                    AND a.status = 'succeeded');
+            LEFT JOIN LATERAL (SELECT d.output FROM awp.dispatches d
+                                WHERE d.run_id = p_run_id AND d.task_key = u.task_key AND d.attempt = t.attempts
+                                  AND d.attempt_status = 'succeeded' LIMIT 1) a ON true);
 END $$;
 COMMENT ON FUNCTION awp._upstream(text, text[]) IS 'The outputs of a task''s direct dependencies, keyed by task key.';
 

@@ -412,3 +412,16 @@ def test_a_for_each_collects_each_instance_s_attempt_by_key(db_dsn: str) -> None
     collects = [n for n in plans if "jsonb_agg(coalesce(a.output, 'null'::jsonb) ORDER BY i.item_index)" in n]
     assert len(collects) == 1, "expected the plan of the instances' outputs collected"
     assert_executed_probes(collects[0], "dispatches", ("run_id", "task_key", "attempt"))
+
+
+def test_a_lease_s_upstream_reads_each_dependency_s_attempt_by_key(db_dsn: str) -> None:
+    """A lease carries its dependencies' outputs (awp._upstream). Joined to the attempts, with the statistics of many
+    small runs the generic plan read every attempt of the run for each lease (so a run's leases together read it
+    quadratically); each dependency's attempt is a probe of its key, as in awp._run_output."""
+    runs, _ = settle_after_small_runs(db_dsn)
+    for call, notices in explaining(db_dsn):
+        plans = analyzed_plans(call, notices, "SELECT awp._upstream(%s, '{t000,t001,t002}')", [runs["wide"]])
+        assert len(one(call, "SELECT awp._upstream(%s, '{t000,t001,t002}')", [runs["wide"]])[0]) == 3
+    reads = [n for n in plans if "jsonb_object_agg(u.task_key" in n]
+    assert len(reads) == 1, "expected the plan of the upstream's read"
+    assert_executed_probes(reads[0], "dispatches", ("run_id", "task_key", "attempt"))
