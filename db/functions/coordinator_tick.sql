@@ -187,7 +187,8 @@ COMMENT ON FUNCTION awp._reap_one(text) IS 'Settles one invalid lease (attempt i
 -- A lease its worker reported dropped ends now instead (its worker is not coming back for it); one released
 -- as not received keeps that. Returns the number of leases resumed.
 -- Locks: the dispatches, first those nobody holds (SKIP LOCKED); then each one another transaction held at that
--- moment, in dispatch_id order, waited for at most 500 ms (awp._resume_rows). That holder is, as the database
+-- moment and that is still unmarked, in dispatch_id order, waited for at most 500 ms (awp._resume_rows; one marked
+-- by an earlier outage keeps its lease as it is). That holder is, as the database
 -- comes back, most often a heartbeat renewing or dropping the lease: skipped, the lease was left unmarked, its
 -- worker's report of it as dropped then kept it to its expiry, and its attempt counted (a run with max_attempts 1
 -- failed for the outage: python/tests/faults/test_outages.py on a busy machine, 2 runs in 13;
@@ -208,11 +209,10 @@ BEGIN
            ORDER BY d.dispatch_id
              FOR UPDATE SKIP LOCKED) l;
   v_n := awp._resume_rows(v_free, p_last_pass);
-  FOR v_id IN
+  FOR v_id IN   -- the ones still unmarked (a lease resumed above is marked: this transaction sees its own writes)
     SELECT d.dispatch_id FROM awp.dispatches d
      WHERE d.status = 'leased' AND d.lease_expires_at > p_last_pass
-       AND d.uncounted IS DISTINCT FROM 'not_received'
-       AND d.dispatch_id <> ALL (v_free)
+       AND d.uncounted IS NULL
      ORDER BY d.dispatch_id
   LOOP
     BEGIN
