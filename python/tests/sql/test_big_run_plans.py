@@ -56,7 +56,8 @@ def test_upstream_probes_each_dependency(big_run: tuple[psycopg.Connection[Any],
     # about 30 buffers more a call.
     c.execute("SET plan_cache_mode = force_generic_plan")
     try:
-        touched = buffers(c, f"SELECT count(awp._upstream(%s, ARRAY['root'])) FROM generate_series(1, {calls})", [run_id])
+        lookups = f"SELECT count(awp._upstream(%s, ARRAY['root'])) FROM generate_series(1, {calls})"
+        touched = buffers(c, lookups, [run_id])
     finally:
         c.execute("RESET plan_cache_mode")
     # A probe is 3-10 buffers a call; a scan of the 2,000-task run is over 100 a call.
