@@ -320,6 +320,7 @@ RETURNS SETOF awp.lease
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET enable_sort = off AS $$   -- see awp._dispatch_one
 DECLARE
   v_now   timestamptz := coalesce(p_now, awp._now());
+  v_at    timestamptz;   -- the refill's time (see below)
   s       awp.settings;
   v_run   text;
   c       refcursor;
@@ -387,12 +388,17 @@ BEGIN
     CLOSE c;
   END IF;
   IF v_key IS NOT NULL THEN
+    -- The refill's time: the completion's for a task of the completed run (held since before v_now, so whatever
+    -- made the task ready was written before it), else the clock read now, after the task was seen ready. v_now was
+    -- read before that run was taken: a dependency that another transaction completed meanwhile finished after
+    -- v_now, and an attempt started at v_now would start before it (check_invariants: started_before_deps).
+    v_at := CASE WHEN v_run = p_run THEN v_now ELSE awp._now() END;
     s := awp._settings();
     PERFORM awp._claim_is_alive(w, s, v_now);
     v_id := awp._new_dispatch_id(v_run);
     v_token := awp._token();
     v_att := t.attempts + 1;
-    SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
+    SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_at, t.timeout_ms);
   END IF;
   -- enable_seqscan off for planning the MERGE and the tasks UPDATE below (see above), restored after them.
   v_seqscan := current_setting('enable_seqscan');
@@ -412,14 +418,14 @@ BEGIN
     WHEN NOT MATCHED AND NOT m.done AND m.id IS NOT NULL THEN
       INSERT (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id, lease_token_hash, attempt,
               fencing_token, leased_at, lease_expires_at, attempt_deadline, claim_seq, attempt_status)
-      VALUES (v_id, v_run, v_key, v_exec, v_now, 'leased', w.worker_id, awp._hash(v_token), v_att,
-              v_fence, v_now, v_exp, v_dl, p_claim_seq, 'running');   -- v_key, v_exec: t is unset without a refill
+      VALUES (v_id, v_run, v_key, v_exec, v_at, 'leased', w.worker_id, awp._hash(v_token), v_att,
+              v_fence, v_at, v_exp, v_dl, p_claim_seq, 'running');   -- v_key, v_exec: t is unset without a refill
   ELSIF v_key IS NOT NULL THEN
     INSERT INTO awp.dispatches (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id,
                                 lease_token_hash, attempt, fencing_token, leased_at, lease_expires_at,
                                 attempt_deadline, claim_seq, attempt_status)
-    VALUES (v_id, v_run, t.task_key, t.executor, v_now, 'leased', w.worker_id, awp._hash(v_token), v_att, v_fence,
-            v_now, v_exp, v_dl, p_claim_seq, 'running');
+    VALUES (v_id, v_run, t.task_key, t.executor, v_at, 'leased', w.worker_id, awp._hash(v_token), v_att, v_fence,
+            v_at, v_exp, v_dl, p_claim_seq, 'running');
   END IF;
   IF v_key IS NOT NULL THEN
     f_type := CASE WHEN r.status = 'pending' THEN '{run}'::text[] ELSE '{}' END || '{task,dispatch,dispatch,task,attempt}'::text[];
@@ -436,12 +442,12 @@ BEGIN
   -- with the table small it was a hash join over a scan of every task, whose cost grew with the table.
   IF v_key IS NOT NULL OR p_succeeded_task IS NOT NULL THEN
     UPDATE awp.tasks y
-       SET status = v.status, attempts = coalesce(v.attempts, y.attempts), updated_at = v_now, ready_at = NULL,
+       SET status = v.status, attempts = coalesce(v.attempts, y.attempts), updated_at = v.at, ready_at = NULL,
            finished_at = CASE WHEN v.status = 'succeeded' THEN v_now END, pending_deps = y.pending_deps - v.down
-      FROM (VALUES (p_run, p_succeeded_task, 'succeeded', NULL::integer, 0),
-                   (v_run, v_key, 'running', v_att, 0),
-                   (p_run, p_countdown, 'waiting_dependencies', NULL, 1))
-           AS v(run_id, task_key, status, attempts, down)
+      FROM (VALUES (p_run, p_succeeded_task, 'succeeded', NULL::integer, 0, v_now),
+                   (v_run, v_key, 'running', v_att, 0, v_at),
+                   (p_run, p_countdown, 'waiting_dependencies', NULL, 1, v_now))
+           AS v(run_id, task_key, status, attempts, down, at)
      WHERE y.run_id = v.run_id AND y.task_key = v.task_key;
   END IF;
   PERFORM set_config('enable_seqscan', v_seqscan, true);
@@ -456,7 +462,7 @@ BEGIN
       PERFORM awp._write_log(p_run, p_types, p_keys, p_from, p_to, p_reasons, -1, false, v_now);
     END IF;
     IF v_key IS NOT NULL THEN
-      PERFORM awp._write_log(v_run, f_type, f_key, f_from, f_to, f_why, 0, true, v_now);
+      PERFORM awp._write_log(v_run, f_type, f_key, f_from, f_to, f_why, 0, true, v_at);
     END IF;
   END IF;
   IF v_key IS NULL THEN
@@ -468,7 +474,7 @@ BEGIN
     RETURN;   -- the slot stays free: the caller's claim (or the woken coordinator) fills it
   END IF;
   RETURN QUERY SELECT v_id, v_token, r.workflow_id, r.workflow_version, v_run, t.task_key, t.executor, t.action,
-                      t.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_now), v_fence, r.input, v_up, t.item, t.item_index;
+                      t.input, v_att, v_dl, v_exp, awp._ms(v_exp - v_at), v_fence, r.input, v_up, t.item, t.item_index;
 END $$;
 COMMENT ON FUNCTION awp._lease_refill(awp.workers, bigint, timestamptz, text, text, text[], text[], text[], text[], text[], text, bytea, jsonb, text) IS 'Refills the slot a completion freed with a dispatch leased at once to that worker (claim on complete); the hot path''s completion writes are finished with it.';
 

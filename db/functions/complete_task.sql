@@ -625,6 +625,7 @@ DECLARE
   f_id    text[] := '{}';
   f_tok   text[] := '{}';
   f_att   integer[] := '{}';
+  f_at    timestamptz[] := '{}';   --   its time (as awp._lease_refill's: v_now in a completed run, else read then)
   f_dl    timestamptz[] := '{}';
   f_exp   timestamptz[] := '{}';
   f_fence bigint[] := '{}';
@@ -640,6 +641,7 @@ DECLARE
   g_wf    text[] := '{}';      --   its workflow, version and input (the leases' fields)
   g_ver   integer[] := '{}';
   g_in    jsonb[] := '{}';
+  g_at    timestamptz[] := '{}';   --   the time of its last refill in this group (f_at)
   v_order text[] := '{}';      -- the runs refilled in this group, the last refilled last (their new fairness places)
   v_cand  text;
   v_tail  integer;
@@ -656,6 +658,7 @@ DECLARE
   d_key   text[] := '{}';
   d_left  integer;
   v_k     integer;
+  v_at    timestamptz;
   v_dl    timestamptz;
   v_exp   timestamptz;
   v_fence bigint;
@@ -866,7 +869,12 @@ BEGIN
     IF v_k = 1 OR v_wid[v_k] <> v_wid[v_k - 1] THEN   -- once per worker (a batch's items are one worker's)
       PERFORM awp._claim_is_alive(w, s, v_now);
     END IF;
-    SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_now, t.timeout_ms);
+    -- The refill's time, as in awp._lease_refill: v_now in a run completed in this group (held since before it),
+    -- else the clock read after the task was seen ready (its dependencies may have finished after v_now).
+    v_at := CASE WHEN v_run = ANY (c_run) THEN v_now ELSE awp._now() END;
+    SELECT * INTO v_dl, v_exp, v_fence FROM awp._lease_terms(s, v_at, t.timeout_ms);
+    f_at := f_at || v_at;
+    g_at[v_g] := v_at;
     f_run := f_run || v_run;
     f_key := f_key || t.task_key;
     f_exec := f_exec || t.executor;
@@ -896,14 +904,15 @@ BEGIN
   PERFORM set_config('enable_seqscan', 'off', true);   -- for planning the MERGE (see above)
   MERGE INTO awp.dispatches d
   USING (SELECT true AS done, c.id, c.run, c.worker_id, c.tok, c.hash, c.res, c.task_key, c.att, NULL::text AS exec,
-                NULL::bigint AS fence, NULL::timestamptz AS exp, NULL::timestamptz AS dl, NULL::bigint AS cseq
+                NULL::bigint AS fence, NULL::timestamptz AS exp, NULL::timestamptz AS dl, NULL::bigint AS cseq,
+                NULL::timestamptz AS at
            FROM unnest(v_did, c_run, v_wid, v_ltok, v_hash, v_res, c_key, c_att)
                 AS c(id, run, worker_id, tok, hash, res, task_key, att)
          UNION ALL
          SELECT false, u.id, u.run, u.worker_id, u.tok, NULL, NULL, u.task_key, u.att, u.exec, u.fence, u.exp, u.dl,
-                u.cseq
-           FROM unnest(f_id, f_run, v_wid, f_tok, f_key, f_att, f_exec, f_fence, f_exp, f_dl, v_cseq)
-                AS u(id, run, worker_id, tok, task_key, att, exec, fence, exp, dl, cseq)) m
+                u.cseq, u.at
+           FROM unnest(f_id, f_run, v_wid, f_tok, f_key, f_att, f_exec, f_fence, f_exp, f_dl, v_cseq, f_at)
+                AS u(id, run, worker_id, tok, task_key, att, exec, fence, exp, dl, cseq, at)) m
      ON d.dispatch_id = m.id AND d.dispatch_id = ANY (v_did)
   WHEN MATCHED AND m.done AND d.status IS NOT DISTINCT FROM 'leased' AND awp._holds_lease(d, m.worker_id, m.tok)
        AND v_now < d.attempt_deadline AND v_now < d.lease_expires_at
@@ -915,8 +924,8 @@ BEGIN
   WHEN NOT MATCHED AND NOT m.done THEN
     INSERT (dispatch_id, run_id, task_key, executor_kind, created_at, status, worker_id, lease_token_hash, attempt,
             fencing_token, leased_at, lease_expires_at, attempt_deadline, claim_seq, attempt_status)
-    VALUES (m.id, m.run, m.task_key, m.exec, v_now, 'leased', m.worker_id, awp._hash(m.tok), m.att, m.fence,
-            v_now, m.exp, m.dl, m.cseq, 'running');
+    VALUES (m.id, m.run, m.task_key, m.exec, m.at, 'leased', m.worker_id, awp._hash(m.tok), m.att, m.fence,
+            m.at, m.exp, m.dl, m.cseq, 'running');
   GET DIAGNOSTICS v_k = ROW_COUNT;
   PERFORM set_config('enable_seqscan', v_seqscan, true);
   IF v_k <> 2 * v_n THEN
@@ -946,7 +955,9 @@ BEGIN
      SET status = CASE WHEN y.run_id || chr(31) || y.task_key = ANY (v_cpair) THEN 'succeeded' ELSE 'running' END,
          attempts = CASE WHEN y.run_id || chr(31) || y.task_key = ANY (v_cpair) THEN y.attempts
                          ELSE f_att[array_position(v_fpair, y.run_id || chr(31) || y.task_key)] END,
-         updated_at = v_now, ready_at = NULL,
+         updated_at = CASE WHEN y.run_id || chr(31) || y.task_key = ANY (v_cpair) THEN v_now
+                           ELSE f_at[array_position(v_fpair, y.run_id || chr(31) || y.task_key)] END,
+         ready_at = NULL,
          finished_at = CASE WHEN y.run_id || chr(31) || y.task_key = ANY (v_cpair) THEN v_now END
    WHERE y.ctid = ANY (v_ctid || v_ftid) AND y.run_id || chr(31) || y.task_key = ANY (v_cpair || v_fpair);
   PERFORM set_config('enable_seqscan', v_seqscan, true);
@@ -956,7 +967,9 @@ BEGIN
       INTO l_type, l_key, l_from, l_to, l_why
       FROM generate_subscripts(e_run, 1) i WHERE e_run[i] = v_cand;
     PERFORM awp._write_log(v_cand, l_type, l_key, l_from, l_to, l_why,
-                           -(SELECT count(*) FROM unnest(c_run) u WHERE u = v_cand)::integer, v_cand = ANY (v_order), v_now);
+                           -(SELECT count(*) FROM unnest(c_run) u WHERE u = v_cand)::integer, v_cand = ANY (v_order),
+                           CASE WHEN v_cand = ANY (c_run) THEN v_now   -- a run only refilled: its last refill's time
+                                ELSE g_at[array_position(g_run, v_cand)] END);
   END LOOP;
   -- The mapped tasks of the instances completed, each counted down by its instances in one UPDATE (by key); one that
   -- reaches 0 (its last instance) is resolved with the runs below.
@@ -986,10 +999,10 @@ BEGIN
   RETURN QUERY
     SELECT v_pos[u.i]::integer,
            ROW(u.id, u.tok, g_wf[array_position(g_run, u.run)], g_ver[array_position(g_run, u.run)], u.run, u.task_key,
-               u.exec, u.act, u.inp, u.att, u.dl, u.exp, awp._ms(u.exp - v_now), u.fence,
+               u.exec, u.act, u.inp, u.att, u.dl, u.exp, awp._ms(u.exp - u.at), u.fence,
                g_in[array_position(g_run, u.run)], u.up, u.item, u.idx)::awp.lease
-      FROM unnest(f_id, f_tok, f_run, f_key, f_exec, f_act, f_in, f_att, f_dl, f_exp, f_fence, f_up, f_item, f_idx)
-           WITH ORDINALITY AS u(id, tok, run, task_key, exec, act, inp, att, dl, exp, fence, up, item, idx, i);
+      FROM unnest(f_id, f_tok, f_run, f_key, f_exec, f_act, f_in, f_att, f_dl, f_exp, f_fence, f_up, f_item, f_idx, f_at)
+           WITH ORDINALITY AS u(id, tok, run, task_key, exec, act, inp, att, dl, exp, fence, up, item, idx, at, i);
 END $$;
 COMMENT ON FUNCTION awp._complete_and_refill_group(jsonb, text[]) IS 'The group path of complete_and_claim_many and complete_tasks: a group of hot-path items, of one run or several, settled set-based (raises AWGRP when it does not apply).';
 
