@@ -62,6 +62,12 @@ def lock_holder(dsn: str) -> int | None:
 
 def test_database_stop_mid_run_is_survived(cluster: Cluster, dsn: str) -> None:
     down_for = 3.0
+    # After the outage the coordinator gives the workers one offline window to heartbeat again: with 150 ms
+    # heartbeats and the default 3 of them, 450 ms, shorter than one heartbeat request may take (the worker waits
+    # at least 1 s for its answer, python/awp/worker/heartbeats.py). Once, in the faults suite under two CPU burners,
+    # a heartbeat timed out (the other worker's got a 503) and both sessions were offline before the next one.
+    # 10 of them (1.5 s) keep the relation of the defaults: a window longer than a heartbeat's timeout.
+    configure(dsn, offline_after_heartbeats=10)
     with serve(dsn, coordinator_interval_ms=100) as gw, Workers(gw) as workers:
         procs, sessions = start_registered(workers, dsn, ["s5-0", "s5-1"], concurrency=2)
         # Executions longer than a lease: they are still running when the database goes away.
