@@ -75,20 +75,18 @@ class Soak:
                 " pg_total_relation_size(%s)) / 1024)::bigint",
                 (f"awp.{table}", f"awp.{table}"),
             )[0]
-        ranges = dict(
+        # Each time range's partitions (awp.history_partitions, the eight tables of awp._history_tables()), and the
+        # _default ones (suffix NULL), in one statement; a range dropped meanwhile counts 0 (to_regclass: NULL).
+        parts = dict(
             conn.execute(
-                "SELECT substring(relname FROM '_p([0-9]{8}_[0-9]+)$') AS suffix,"
-                " (sum(pg_total_relation_size(oid)) / 1024)::bigint FROM pg_class"
-                " WHERE relnamespace = 'awp'::regnamespace AND relkind = 'r' AND relispartition"
-                " AND relname ~ '_p[0-9]{8}_[0-9]+$' GROUP BY 1"
+                "SELECT p.suffix, (coalesce(sum(pg_total_relation_size(to_regclass("
+                "format('awp.%I', t.tab || p.part)))), 0) / 1024)::bigint"
+                " FROM (SELECT suffix, '_p' || suffix AS part FROM awp.history_partitions"
+                " UNION ALL SELECT NULL, '_default') p CROSS JOIN awp._history_tables() t GROUP BY p.suffix"
             ).fetchall()
         )
-        default_kb = one(
-            conn,
-            "SELECT coalesce(sum(pg_total_relation_size(oid)) / 1024, 0)::bigint FROM pg_class"
-            " WHERE relnamespace = 'awp'::regnamespace AND relkind = 'r' AND relispartition AND relname ~ '_default$'",
-        )[0]
-        s = Sample(t, rows, kb, self.started, ranges, default_kb)
+        default_kb = parts.pop(None)
+        s = Sample(t, rows, kb, self.started, parts, default_kb)
         self.samples.append(s)
         return s
 
