@@ -11,7 +11,10 @@
 -- half the retention; docs/retention.md, Partitions); it applies to the ranges awp.maintain_partitions makes from
 -- then on.
 -- Raises AWREQ when a value is out of its range (awp._setting_ranges(), db/functions/00_limits.sql) or the
--- lease does not exceed the heartbeat interval.
+-- lease does not exceed the heartbeat interval. A call that sets heartbeat_interval_ms or offline_after_heartbeats
+-- so that a worker goes offline after less than 2 s without a heartbeat is applied with a WARNING: a worker waits
+-- up to max(1 s, 2 heartbeats) for a heartbeat's answer before it sends the next (python/awp/worker/heartbeats.py),
+-- so one slow answer can mark it offline (docs/operations.md); the test suites use such windows on purpose.
 -- Locks: the settings row.
 CREATE OR REPLACE FUNCTION awp.configure(lease_duration_ms integer DEFAULT NULL,
                                          heartbeat_interval_ms integer DEFAULT NULL,
@@ -57,6 +60,14 @@ BEGIN
     PERFORM awp._raise_invalid_request('lease must exceed heartbeat interval',
       format('lease_duration_ms (%s) must exceed heartbeat_interval_ms (%s)',
              s.lease_duration_ms, s.heartbeat_interval_ms));
+  END IF;
+  IF (configure.heartbeat_interval_ms IS NOT NULL OR configure.offline_after_heartbeats IS NOT NULL)
+     AND s.heartbeat_interval_ms::bigint * s.offline_after_heartbeats < 2000 THEN
+    RAISE WARNING 'workers go offline after % ms without a heartbeat, under 2 s',
+                  s.heartbeat_interval_ms::bigint * s.offline_after_heartbeats
+      USING DETAIL = 'a worker waits up to max(1 s, 2 heartbeats) for a heartbeat''s answer before it sends the next, '
+                     'so one slow answer can mark it offline',
+            HINT = 'raise heartbeat_interval_ms or offline_after_heartbeats (docs/operations.md)';
   END IF;
   UPDATE awp.settings x
      SET lease_duration_ms = s.lease_duration_ms, heartbeat_interval_ms = s.heartbeat_interval_ms,

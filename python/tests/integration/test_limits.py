@@ -174,6 +174,41 @@ def test_configure_accepts_each_end_of_each_range_and_refuses_one_past_it(conn: 
             assert f"from {lo} to {hi}" in message
 
 
+def test_configure_warns_of_an_offline_window_under_two_seconds(conn: psycopg.Connection) -> None:
+    """A window (heartbeat_interval_ms x offline_after_heartbeats) under 2 s is applied, with a WARNING: a worker
+    waits up to max(1 s, 2 heartbeats) for a heartbeat's answer (docs/operations.md). Only a call that sets one of
+    the two warns; the window's end (2,000 ms) does not."""
+    notices: list[str] = []  # read in the handler: a Diagnostic is empty after it returns
+
+    def handler(d: psycopg.errors.Diagnostic) -> None:
+        notices.append(f"{d.severity}: {d.message_primary} / {d.message_hint}")
+
+    conn.add_notice_handler(handler)
+
+    def warned(**settings: int) -> list[str]:
+        notices.clear()
+        with conn.transaction(force_rollback=True):
+            conn.execute("SELECT awp.configure(heartbeat_interval_ms => 150, offline_after_heartbeats => 20)")
+            named = ", ".join(f"{k} => %({k})s" for k in settings)
+            applied = scalar(conn, f"SELECT awp.configure({named})", settings)
+            for name, value in settings.items():
+                assert applied[name] == value, (name, applied)
+        return [n for n in notices if n.startswith("WARNING: ")]
+
+    try:
+        low = warned(heartbeat_interval_ms=150, offline_after_heartbeats=3)
+        assert low == [
+            "WARNING: workers go offline after 450 ms without a heartbeat, under 2 s"
+            " / raise heartbeat_interval_ms or offline_after_heartbeats (docs/operations.md)"
+        ]
+        assert len(warned(offline_after_heartbeats=13)) == 1  # 150 x 13 = 1,950 ms
+        assert warned(offline_after_heartbeats=14) == []  # 2,100 ms
+        assert warned(heartbeat_interval_ms=100) == []  # 100 x 20 = 2,000 ms: the end itself
+        assert warned(dispatch_limit=7) == []  # neither set: a window set earlier is not warned of again
+    finally:
+        conn.remove_notice_handler(handler)
+
+
 def test_the_retention_the_cli_parses_is_the_range_the_database_takes(conn: psycopg.Connection) -> None:
     _, hi, _ = setting_ranges(conn)["retention_ms"]
     assert parse_duration(f"{hi}ms").total_seconds() * 1000 == hi
