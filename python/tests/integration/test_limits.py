@@ -189,8 +189,8 @@ def test_configure_warns_of_an_offline_window_under_two_seconds(conn: psycopg.Co
         notices.clear()
         with conn.transaction(force_rollback=True):
             conn.execute("SELECT awp.configure(heartbeat_interval_ms => 150, offline_after_heartbeats => 20)")
-            named = ", ".join(f"{k} => %({k})s" for k in settings)
-            applied = scalar(conn, f"SELECT awp.configure({named})", settings)
+            named = ", ".join(f"{k} => %s" for k in settings)
+            applied = scalar(conn, f"SELECT awp.configure({named})", tuple(settings.values()))
             for name, value in settings.items():
                 assert applied[name] == value, (name, applied)
         return [n for n in notices if n.startswith("WARNING: ")]
