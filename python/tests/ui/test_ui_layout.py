@@ -51,6 +51,22 @@ ON_TOP_AND_BOX = """(el) => {
   const hit = document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2);
   return {on_top: hit === el || el.contains(hit), height: r.height, right: r.right};
 }"""
+# The open drawer's measures in one evaluation (the page reloads the panel's content when an event of its task
+# arrives, so an element a locator found may be gone a moment later): each attempt's last cell, scrolled into view,
+# and the drawer's box; whether the drawer scrolls sideways; the attempts table's right edge against the drawer's.
+DRAWER_FIT = """() => {
+  const d = document.querySelector('#task-panel');
+  const w = d && d.querySelector('.attempts-wrap');
+  if (!d || d.hidden || !w) return null;
+  const cells = [...d.querySelectorAll('.attempts tbody.attempt > tr:first-child > td:last-child')].map(c => {
+    c.scrollIntoView({block: 'nearest', inline: 'nearest'});
+    const r = c.getBoundingClientRect(), b = d.getBoundingClientRect();
+    return {left: r.left, right: r.right, box_left: b.left, box_right: b.right};
+  });
+  const b = d.getBoundingClientRect();
+  return {cells, sideways: d.scrollWidth > d.clientWidth, wrap_right: w.getBoundingClientRect().right,
+          box: {x: b.left, width: b.width, right: b.right}, text: d.querySelector('.attempts').innerText};
+}"""
 
 
 def _demo_run(db_dsn: str) -> str:
@@ -157,21 +173,16 @@ def test_an_open_drawer_shows_its_error_column_and_leaves_cancel_clickable(
         )
 
     wait_until(failed_then_retried, 20)
-    drawer = page.locator("#task-panel")
-    assert drawer.is_visible()
-    box = drawer.bounding_box()
-    table_wrap = page.locator("#task-panel .attempts-wrap")
-    for cell in page.locator("#task-panel .attempts tbody.attempt > tr:first-child > td:last-child").all():
-        cell.scroll_into_view_if_needed()
-        c = cell.bounding_box()
-        assert c and box
-        assert box["x"] <= c["x"] and c["x"] + c["width"] <= box["x"] + box["width"] + 0.5, (c, box)
+    assert page.locator("#task-panel").is_visible()
+    fit = wait_until(lambda: page.evaluate(DRAWER_FIT), 5)
+    box = fit["box"]
+    assert len(fit["cells"]) == 2, fit
+    for c in fit["cells"]:
+        assert c["box_left"] <= c["left"] and c["right"] <= c["box_right"] + 0.5, (c, box)
     # no cell runs past the table's own box (it fits or scrolls in it), and the drawer does not scroll sideways
-    assert drawer.evaluate("d => d.scrollWidth <= d.clientWidth")
-    assert table_wrap.evaluate(
-        "w => w.getBoundingClientRect().right <= w.closest('#task-panel').getBoundingClientRect().right"
-    )
-    assert "mock_flaky" in page.locator("#task-panel .attempts").inner_text()  # the Error column's code
+    assert not fit["sideways"], fit
+    assert fit["wrap_right"] <= box["right"], fit
+    assert "mock_flaky" in fit["text"]  # the Error column's code
     cancel = page.get_by_role("button", name="Cancel", exact=True)
     assert cancel.is_visible()
     cb = cancel.bounding_box()
