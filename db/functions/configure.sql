@@ -30,6 +30,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   s awp.settings;
   v record;
+  v_window bigint;   -- how long a worker may be silent before it is marked offline (ms)
 BEGIN
   SELECT * INTO s FROM awp.settings FOR UPDATE;
   s.lease_duration_ms := coalesce(configure.lease_duration_ms, s.lease_duration_ms);
@@ -61,10 +62,10 @@ BEGIN
       format('lease_duration_ms (%s) must exceed heartbeat_interval_ms (%s)',
              s.lease_duration_ms, s.heartbeat_interval_ms));
   END IF;
+  v_window := s.heartbeat_interval_ms::bigint * s.offline_after_heartbeats;
   IF (configure.heartbeat_interval_ms IS NOT NULL OR configure.offline_after_heartbeats IS NOT NULL)
-     AND s.heartbeat_interval_ms::bigint * s.offline_after_heartbeats < 2000 THEN
-    RAISE WARNING 'workers go offline after % ms without a heartbeat, under 2 s',
-                  s.heartbeat_interval_ms::bigint * s.offline_after_heartbeats
+     AND v_window < 2000 THEN
+    RAISE WARNING 'workers go offline after % ms without a heartbeat, under 2 s', v_window
       USING DETAIL = 'a worker waits up to max(1 s, 2 heartbeats) for a heartbeat''s answer before it sends the next, '
                      'so one slow answer can mark it offline',
             HINT = 'raise heartbeat_interval_ms or offline_after_heartbeats (docs/operations.md)';

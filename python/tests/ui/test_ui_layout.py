@@ -65,7 +65,7 @@ DRAWER_FIT = """() => {
   });
   const b = d.getBoundingClientRect();
   return {cells, sideways: d.scrollWidth > d.clientWidth, wrap_right: w.getBoundingClientRect().right,
-          box: {x: b.left, width: b.width, right: b.right}, text: d.querySelector('.attempts').innerText};
+          box: {x: b.left, right: b.right}, text: d.querySelector('.attempts').innerText};
 }"""
 
 
