@@ -95,7 +95,10 @@ END $$;
 COMMENT ON FUNCTION awp._wake_for_fan_out(text, text, text) IS 'Wakes the coordinator after a refilled completion that unlocked more work than one slot.';
 
 -- awp.complete_task(worker_id, session_token, dispatch_id, lease_token, result, live_output DEFAULT NULL): as
--- above; live_output, the lease's last progress writes (docs/progress.md), is written first, before any lock of the
+-- above; live_output, the lease's last progress writes (docs/progress.md), is written first, after the run's
+-- advisory lock (the lock the completion takes first anyway; every completion takes it before the run's counter row
+-- in awp.run_outputs, so no two wait for each other there: docs/architecture.md, Lock order) and before any other
+-- lock of the completion,
 -- completion, fenced per write (a refused one is dropped) by awp._write_lease_output (AWREQ when malformed).
 CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
                                              p_lease_token text, p_result jsonb, p_live_output jsonb DEFAULT NULL)
@@ -105,7 +108,8 @@ DECLARE
   w         awp.workers := awp._session(p_worker_id, p_session_token, false);   -- AWSES first
   v_applied boolean;
 BEGIN
-  IF p_live_output IS NOT NULL THEN
+  IF p_live_output IS NOT NULL THEN   -- after the run's advisory lock, as every completion writes it (see above)
+    PERFORM awp._queue_for_runs(p_worker_id, ARRAY[p_dispatch_id], ARRAY[p_lease_token]);
     PERFORM awp._write_lease_output(p_worker_id, p_session_token, p_dispatch_id, p_lease_token, p_live_output,
                                     'invalid live_output', true);
   END IF;
@@ -283,7 +287,7 @@ COMMENT ON FUNCTION awp._check_result(jsonb) IS 'Validates a result object (AWRE
 -- cannot be taken by a concurrent claim), then as complete_task, then as claim_tasks. The queuing raises nothing
 -- and waits only for the run of a dispatch leased to this worker with this lease token, so the session check
 -- under the worker row's lock still comes first among the checks (AWSES, then AWREQ, AWLST, AWCNF).
--- live_output: as in awp.complete_task, written first (before the run's advisory lock).
+-- live_output: as in awp.complete_task, written first after the run's advisory lock (before the worker row).
 CREATE OR REPLACE FUNCTION awp.complete_and_claim(p_worker_id text, p_session_token text, p_dispatch_id text,
                                                   p_lease_token text, p_result jsonb, p_slots integer,
                                                   p_claim_seq bigint DEFAULT NULL, p_live_output jsonb DEFAULT NULL)
@@ -292,12 +296,12 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   w awp.workers;
 BEGIN
-  IF p_live_output IS NOT NULL THEN
+  PERFORM awp._queue_for_runs(p_worker_id, ARRAY[p_dispatch_id], ARRAY[p_lease_token]);
+  IF p_live_output IS NOT NULL THEN   -- after the run's advisory lock (see awp.complete_task)
     PERFORM awp._session(p_worker_id, p_session_token, false);   -- AWSES first, before the output is looked at
     PERFORM awp._write_lease_output(p_worker_id, p_session_token, p_dispatch_id, p_lease_token, p_live_output,
                                     'invalid live_output', true);
   END IF;
-  PERFORM awp._queue_for_runs(p_worker_id, ARRAY[p_dispatch_id], ARRAY[p_lease_token]);
   w := awp._session(p_worker_id, p_session_token, true);   -- AWSES first
   PERFORM awp._check_claim_seq(p_claim_seq);
   RETURN QUERY SELECT * FROM awp._complete_and_claim(w, p_dispatch_id, p_lease_token, p_result, p_slots, p_claim_seq);
@@ -507,7 +511,8 @@ COMMENT ON FUNCTION awp._task_rows(text[], text[]) IS 'The row versions (ctid) o
 -- another shape neither locks nor raises. The executor kinds of the items' workers (read unlocked; the group path
 -- compares them with the locked rows) when the items are >= 2 one-slot successes of distinct workers (valid
 -- claim_seq) and every refill would be leased straight to its worker: no pending dispatch of those kinds waits to
--- be claimed (claims take the oldest first). NULL otherwise.
+-- be claimed (claims take the oldest first), and each item's live_output, if any, is one write without a progress
+-- value (the form the group path writes itself: awp._write_group_output). NULL otherwise.
 -- p_one_worker: the items are one worker's batch (awp.complete_tasks): >= 1 of them, all of that worker, which
 -- gets back as many slots as it frees (where a group's workers are distinct, each freeing its one slot).
 -- Locks: none.
@@ -521,7 +526,11 @@ BEGIN
                                       AND (coalesce(jsonb_typeof(e->'claim_seq'), 'null') = 'null'
                                            OR awp._int_ok(e->'claim_seq', 1, 9223372036854775807))
                                       AND jsonb_typeof(e->'result') = 'object'
-                                      AND e->'result'->>'kind' = 'success', false))
+                                      AND e->'result'->>'kind' = 'success'
+                                      AND coalesce(CASE WHEN jsonb_typeof(e->'live_output') = 'array'   -- its output
+                                                        THEN jsonb_array_length(e->'live_output') <= 1  -- one write
+                                                             AND NOT coalesce((e->'live_output'->0) ? 'progress', false)
+                                                   END, e->'live_output' IS NULL), false))
              OR count(DISTINCT e->>'worker_id') <> (CASE WHEN p_one_worker THEN 1 ELSE count(*) END)
         FROM jsonb_array_elements(p_items) e) THEN   -- one pass over the items
     RETURN NULL;
@@ -564,6 +573,8 @@ COMMENT ON FUNCTION awp._group_path_kinds(jsonb, boolean) IS 'The executor kinds
 --   - awp._group_path_kinds names the kinds (>= 2 one-slot successes of distinct workers, nothing pending to claim);
 --     the caller passes its answer as p_kinds (a direct call, without it, asks it here);
 --   - each item for a dispatch its worker holds with that lease token;
+--   - each item's live_output (docs/progress.md) none, or of the common form awp._write_group_output writes after
+--     the MERGE (one write of lines and chunks, the attempt without a counters row, ...);
 --   - each worker active with a valid session and the kinds read there; each result valid (AWREQ otherwise, as
 --     its own call);
 --   - each completed run running, no cancel requested (a run whose unfinished tasks are all items of the group ends
@@ -590,7 +601,8 @@ COMMENT ON FUNCTION awp._group_path_kinds(jsonb, boolean) IS 'The executor kinds
 -- Locks: the worker rows in worker_id order (awp._session), the completed runs' rows in run_id order, then per item
 -- in order the dependants made ready, the run refilled (awp._try_run: without waiting) and its task
 -- (awp._first_ready); then the dispatch rows (the MERGE: the completed ones with their attempts, and the refills'),
--- then the tasks. Every run whose rows are written is held (its advisory lock and row), so no other transaction
+-- then the items' runs' counter rows in awp.run_outputs in run_id order (their live output: awp._write_group_output;
+-- whoever else holds one, a lone progress write, waits for nothing), then the tasks. Every run whose rows are written is held (its advisory lock and row), so no other transaction
 -- that waits for a row of these can hold one we wait for (heartbeats, the only writers of a leased dispatch without
 -- its run, take that dispatch alone and skip it when it is locked).
 CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb, p_kinds text[] DEFAULT NULL)
@@ -612,6 +624,7 @@ DECLARE
   v_res   jsonb[] := '{}';
   v_cseq  bigint[] := '{}';    --   its claim_seq
   v_wrow  awp.workers[] := '{}';
+  v_live  jsonb[] := '{}';     --   its live output (docs/progress.md; NULL for none)
   v_tok   text;                -- the session token w was checked with (a batch's items are one worker's)
   c_run   text[] := '{}';      -- per item (as v_pos): the run and task completed, its attempt, its dependants
   c_key   text[] := '{}';
@@ -687,7 +700,7 @@ BEGIN
   FOR x IN
     SELECT o::integer AS o, e->>'worker_id' AS worker_id, e->>'session_token' AS session_token,
            e->>'dispatch_id' AS dispatch_id, e->>'lease_token' AS lease_token, e->'result' AS result,
-           (e->>'claim_seq')::bigint AS claim_seq
+           (e->>'claim_seq')::bigint AS claim_seq, e->'live_output' AS live
       FROM jsonb_array_elements(p_items) WITH ORDINALITY AS u(e, o)
      ORDER BY e->>'worker_id', o
   LOOP
@@ -715,6 +728,7 @@ BEGIN
     v_res := v_res || x.result;
     v_cseq := v_cseq || x.claim_seq;
     v_wrow := v_wrow || w;
+    v_live := v_live || x.live;
     IF NOT w.executor_kinds <@ v_kinds THEN   -- not the kinds read above
       PERFORM awp._raise_group_not_applicable('a worker''s executor kinds changed');
     END IF;
@@ -931,6 +945,9 @@ BEGIN
   IF v_k <> 2 * v_n THEN
     PERFORM awp._raise_group_not_applicable('a lease not current');
   END IF;
+  IF cardinality(array_remove(v_live, NULL)) > 0 THEN
+    PERFORM awp._write_group_output(c_run, c_key, c_att, v_did, v_live, v_now);   -- the items' last output
+  END IF;
   -- Each refill's upstream, now that this group's completions are written (a refilled task may depend on one).
   FOR v_k IN 1 .. v_n LOOP
     IF f_deps[v_k] = '{}' THEN
@@ -1033,14 +1050,15 @@ COMMENT ON FUNCTION awp._group_path_or_nothing(jsonb, text[]) IS 'The group path
 -- item's 1-based position, error NULL), one row (item, error {"sqlstate", "message", "detail"}) per refused
 -- item, and one row (item, NULL, NULL) for an item that was applied but got no lease. Raises AWREQ for a
 -- malformed array. One revision of each run touched (one transaction).
--- An item may carry "live_output", its lease's last progress writes (docs/progress.md): they are written first,
--- fenced per write and dropped when refused (awp._write_live_output), so its output is stored before its result.
+-- An item may carry "live_output", its lease's last progress writes (docs/progress.md), stored with its result:
+-- by the group path when it settles the group (the common form, awp._write_group_output), else before the items'
+-- results, fenced per write and dropped when refused (awp._write_live_output).
 -- A group of hot-path items is settled set-based first (awp._complete_and_refill_group, the group path: the same
 -- rows and events, one statement per table); any other group is rolled back to a subtransaction's start and its
 -- items are settled one by one.
--- Locks: the live output's (awp._write_live_output: the runs' awp.run_outputs rows in run_id order), then the
--- advisory locks of the items' runs in run_id order (as awp._queue_for_runs), then per item in
--- (worker_id, position) order its worker row and the locks of awp.complete_and_claim.
+-- Locks: the advisory locks of the items' runs in run_id order (as awp._queue_for_runs), then those of the group
+-- path; or the live output's (awp._write_live_output: the runs' awp.run_outputs rows in run_id order), then per item
+-- in (worker_id, position) order its worker row and the locks of awp.complete_and_claim.
 CREATE OR REPLACE FUNCTION awp.complete_and_claim_many(p_items jsonb)
 RETURNS TABLE (item integer, error jsonb, lease awp.lease)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1071,9 +1089,6 @@ BEGIN
       'items must be an array of 1-64 {"worker_id", "session_token", "dispatch_id", "lease_token": string, '
       '"result": object, "slots": integer, "claim_seq": integer or null, "live_output"?: array of progress writes}');
   END IF;
-  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e WHERE e ? 'live_output') THEN
-    PERFORM awp._write_live_output(p_items, 'invalid items');   -- the tasks' last output, before any run lock
-  END IF;
   FOR v_run IN   -- one primary-key probe per item (LIMIT 1 keeps it a probe, never a scan of the table)
     SELECT DISTINCT x.run_id
       FROM jsonb_array_elements(p_items) e
@@ -1097,6 +1112,9 @@ BEGIN
       PERFORM awp._notify_pending();
       RETURN;
     END IF;
+  END IF;
+  IF EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) e WHERE e ? 'live_output') THEN
+    PERFORM awp._write_live_output(p_items, 'invalid items');   -- the tasks' last output, before their results
   END IF;
   FOR v_item IN
     SELECT o::integer AS o, e->>'worker_id' AS worker_id, e->>'session_token' AS session_token,

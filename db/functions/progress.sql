@@ -504,15 +504,16 @@ COMMENT ON FUNCTION awp.report_progress_many(text, text, jsonb) IS 'Several leas
 -- the last progress writes that ride on one lease's completion (its result's "live_output", docs/progress.md), for
 -- awp.complete_task and awp.complete_and_claim, and per item for awp._write_live_output (awp.complete_and_claim_many;
 -- the batch route writes its leases' output by awp.report_progress_many instead): written in the completion's own
--- transaction before anything of it takes a run's lock, so a task's output is stored before its result, without a
--- round trip and a commit of its own. live_output: NULL (nothing), or an array of at most
+-- transaction, after the run's advisory lock and before anything else of it, so a task's output is stored before
+-- its result, without a round trip and a commit of its own. live_output: NULL (nothing), or an array of at most
 -- awp._limit_batch_results() writes {"progress"?, "logs"?: [string], "chunks"?: [string], "offset"?: integer}.
 -- A malformed one raises AWREQ with the message `what` (the caller's, for its whole call: its statement fails, so
 -- nothing of it stays). Each write is fenced as awp.report_progress fences it (the session, unless the caller checked
 -- it already: session_checked, then awp._write_progress); a refused write is dropped (the completion's result then
 -- answers for the lease).
 -- Locks: as awp._write_progress per write (the run's awp.run_outputs row, then the attempt's awp.task_progress row);
--- never a run, dispatch, task or worker row, and no advisory lock: the callers take those after.
+-- never a run, dispatch, task or worker row: the callers hold the run's advisory lock (taken before, as every
+-- completion takes it before the counter row) and take those after.
 CREATE OR REPLACE FUNCTION awp._write_lease_output(p_worker_id text, p_session_token text, p_dispatch_id text,
                                                    p_lease_token text, p_live_output jsonb, p_what text,
                                                    p_session_checked boolean)
@@ -554,7 +555,7 @@ BEGIN
                                 (w->>'offset')::bigint);   -- a refused write answers its refusal: dropped
   END LOOP;
 END $$;
-COMMENT ON FUNCTION awp._write_lease_output(text, text, text, text, jsonb, text, boolean) IS 'The progress writes riding on one lease''s completion (live_output), fenced per write, written before the completion takes any run lock; AWREQ (with the caller''s message) when malformed.';
+COMMENT ON FUNCTION awp._write_lease_output(text, text, text, text, jsonb, text, boolean) IS 'The progress writes riding on one lease''s completion (live_output), fenced per write, written after the run''s advisory lock and before the completion''s other locks; AWREQ (with the caller''s message) when malformed.';
 
 -- awp._write_live_output(items, what): the live output of the completion items of awp.complete_and_claim_many
 -- (objects with "worker_id", "session_token", "dispatch_id", "lease_token" and optionally "live_output"), each item's by
@@ -578,6 +579,135 @@ BEGIN
   END LOOP;
 END $$;
 COMMENT ON FUNCTION awp._write_live_output(jsonb, text) IS 'The live output of several completions (complete_and_claim_many), each fenced per write, in run_id order; AWREQ (with the caller''s message) when malformed.';
+
+-- awp._write_group_output(runs, keys, attempts, dispatch_ids, live_outputs, now): the live output of the items the
+-- group path settles (awp._complete_and_refill_group), written after its MERGE completed their leases, in two
+-- statements for the whole group instead of a call per write (docs/progress.md, Cost on the hot path). Per item
+-- (arrays in the group's item order; live_outputs[i] NULL or '[]' when it carries none) at most one write, of lines
+-- and chunks only ({"logs"?, "chunks"?, "offset"?}): the common form, a task's last lines riding on its completion.
+-- Its fencing is the group path's: session, lease held, leased, current (deadline, expiry, attempt) and the run
+-- running without a cancellation request, checked before and in the MERGE. Stored only when awp._write_progress
+-- would store it by its one-statement write: the attempt has no counters row (awp.task_progress), the offset is what
+-- its rows hold (or none is given), and each kind stays within 1 KiB. Anything else (another form, a repeat, a
+-- malformed write) raises AWGRP: the group is rolled back and its items go one by one, where
+-- awp._write_live_output writes (or refuses) each write exactly.
+-- Numbers: the runs' counters in run_id order in one statement (one per run, for all its items at once), given to
+-- the items in order (each item's lines, then its chunks); then the rows in one statement that reads each attempt
+-- after those locks (a concurrent write of the same attempt queued there is seen).
+-- Locks: the runs' awp.run_outputs rows in run_id order. The caller holds the runs' advisory locks (a completion
+-- takes the run's advisory lock before its run's counter row: every completion path does, so no cycle).
+CREATE OR REPLACE FUNCTION awp._write_group_output(p_runs text[], p_keys text[], p_atts integer[], p_dids text[],
+                                                   p_live jsonb[], p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  w       jsonb;
+  v_nl    integer;
+  v_nc    integer;
+  v_j     integer;
+  i_k     integer[] := '{}';   -- per write: its item, its entries
+  i_n     integer[] := '{}';
+  i_first bigint[] := '{}';
+  i_off   bigint[] := '{}';
+  i_lb    bigint[] := '{}';    --   the bytes of lines and of chunks its attempt has
+  i_cb    bigint[] := '{}';
+  r_i     integer[] := '{}';   -- per row (a write's lines, its chunks): its write, kind, last number, entries
+  r_kind  text[] := '{}';
+  r_seq   bigint[] := '{}';
+  r_j     jsonb[] := '{}';
+  v_run   text;
+  v_key   text;
+  v_att   integer;
+  v_did   text;
+  v_have  bigint;
+  v_lb    bigint;
+  v_cb    bigint;
+  v_row   boolean;
+  c_runs  text[];
+  c_next  bigint[];
+  v_seqscan text := current_setting('enable_seqscan');
+BEGIN
+  FOR v_k IN 1 .. cardinality(p_live) LOOP   -- the checks as expressions (no query per write)
+    CONTINUE WHEN p_live[v_k] IS NULL OR p_live[v_k] = '[]'::jsonb;
+    w := CASE WHEN jsonb_typeof(p_live[v_k]) = 'array' AND jsonb_array_length(p_live[v_k]) = 1 THEN p_live[v_k]->0 END;
+    IF w IS NULL OR jsonb_typeof(w) <> 'object' OR w - '{logs,chunks,offset}'::text[] <> '{}'::jsonb
+       OR jsonb_typeof(coalesce(w->'logs', '[]')) <> 'array' OR jsonb_typeof(coalesce(w->'chunks', '[]')) <> 'array'
+       OR coalesce(w->>'offset', '0') !~ '^[0-9]{1,18}$' THEN   -- (lines and chunks strings: checked as stored)
+      PERFORM awp._raise_group_not_applicable('a live_output not of the common form');
+    END IF;
+    v_nl := jsonb_array_length(coalesce(w->'logs', '[]'));
+    v_nc := jsonb_array_length(coalesce(w->'chunks', '[]'));
+    IF v_nl + v_nc NOT BETWEEN 1 AND awp._limit_progress_entries() THEN
+      PERFORM awp._raise_group_not_applicable('a live_output not of the common form');
+    END IF;
+    i_k := i_k || v_k;
+    i_n := i_n || (v_nl + v_nc);
+    i_off := i_off || (w->>'offset')::bigint;
+    IF v_nl > 0 THEN
+      r_i := r_i || cardinality(i_k);
+      r_kind := r_kind || 'log'::text;
+      r_seq := r_seq || v_nl::bigint;   -- relative to the write's first number, made absolute below
+      r_j := r_j || (w->'logs');
+    END IF;
+    IF v_nc > 0 THEN
+      r_i := r_i || cardinality(i_k);
+      r_kind := r_kind || 'chunk'::text;
+      r_seq := r_seq || (v_nl + v_nc)::bigint;
+      r_j := r_j || (w->'chunks');
+    END IF;
+  END LOOP;
+  IF cardinality(i_k) = 0 THEN
+    RETURN;
+  END IF;
+  PERFORM set_config('enable_seqscan', 'off', true);   -- the counters and the attempts' rows read by key
+  WITH c AS (
+    INSERT INTO awp.run_outputs AS o (run_id, last_seq)
+    SELECT p_runs[u.k], sum(u.n) FROM unnest(i_k, i_n) AS u(k, n) GROUP BY 1 ORDER BY 1
+    ON CONFLICT (run_id) DO UPDATE SET last_seq = o.last_seq + excluded.last_seq
+    RETURNING o.run_id, o.last_seq)
+  SELECT array_agg(c.run_id), array_agg(c.last_seq) INTO c_runs, c_next FROM c;
+  FOR v_k IN REVERSE cardinality(i_k) .. 1 LOOP   -- each run's numbers to its items in order, from its last
+    v_j := array_position(c_runs, p_runs[i_k[v_k]]);
+    i_first := (c_next[v_j] - i_n[v_k] + 1) || i_first;
+    c_next[v_j] := c_next[v_j] - i_n[v_k];
+  END LOOP;
+  FOR v_k IN 1 .. cardinality(r_i) LOOP
+    r_seq[v_k] := i_first[r_i[v_k]] + r_seq[v_k] - 1;
+  END LOOP;
+  -- What each attempt has, read after the counters' locks, by key (one pruned read per write): none of its rows or
+  -- exactly its offset's worth, no counters row, and within 1 KiB of each kind with the write.
+  FOR v_k IN 1 .. cardinality(i_k) LOOP
+    v_run := p_runs[i_k[v_k]];
+    v_key := p_keys[i_k[v_k]];
+    v_att := p_atts[i_k[v_k]];
+    v_did := p_dids[i_k[v_k]];
+    SELECT coalesce(sum(cardinality(o.entries)), 0), coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'log'), 0),
+           coalesce(sum(o.bytes) FILTER (WHERE o.kind = 'chunk'), 0),
+           EXISTS (SELECT 1 FROM awp.task_progress t WHERE t.dispatch_id = v_did)
+      INTO v_have, v_lb, v_cb, v_row
+      FROM awp.task_output o
+     WHERE o.run_id = v_run AND o.task_key = v_key AND o.attempt = v_att;
+    IF v_row OR v_have <> coalesce(i_off[v_k], v_have) THEN
+      PERFORM awp._raise_group_not_applicable('a live_output the group path does not write');
+    END IF;
+    i_lb := i_lb || v_lb;
+    i_cb := i_cb || v_cb;
+  END LOOP;
+  INSERT INTO awp.task_output (run_id, seq, first_seq, task_key, attempt, kind, entries, bytes, created_at)
+  SELECT p_runs[i_k[u.i]], u.seq, u.seq - cardinality(e.t) + 1, p_keys[i_k[u.i]], p_atts[i_k[u.i]], u.kind, e.t,
+         e.bytes, p_now
+    FROM unnest(r_i, r_kind, r_seq, r_j) AS u(i, kind, seq, j)
+   CROSS JOIN LATERAL (SELECT x.t, coalesce(octet_length(array_to_string(x.t, '')), 0) AS bytes
+                         FROM (SELECT ARRAY(SELECT jsonb_array_elements_text(u.j)) AS t) x) e
+   WHERE to_jsonb(e.t) = u.j   -- strings only
+     AND e.bytes + CASE u.kind WHEN 'log' THEN i_lb[u.i] ELSE i_cb[u.i] END <= 1024;
+  GET DIAGNOSTICS v_j = ROW_COUNT;
+  PERFORM set_config('enable_seqscan', v_seqscan, true);
+  IF v_j <> cardinality(r_i) THEN   -- a line or chunk not a string, or over 1 KiB: the items one by one
+    PERFORM awp._raise_group_not_applicable('a live_output the group path does not write');
+  END IF;
+END $$;
+COMMENT ON FUNCTION awp._write_group_output(text[], text[], integer[], text[], jsonb[], timestamptz) IS 'The common live output of the group path''s items (lines and chunks, no counters row needed), numbered and stored in two statements; AWGRP otherwise.';
 
 -- awp.task_logs(run_id, task_key, attempt, after_seq, limit): the log lines and output chunks one attempt kept (the
 -- task's latest attempt when attempt is NULL), after the run sequence number after_seq, oldest first, at most limit

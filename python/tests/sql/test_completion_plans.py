@@ -289,6 +289,35 @@ def test_a_progress_write_reads_its_run_counter_and_its_attempt_by_key(tiny: Set
     assert (logs["logs"], logs["progress"]) == (["y"], {"pct": 50})
 
 
+def test_the_group_path_writes_its_items_output_reading_each_attempt_by_key(tiny: Setup) -> None:
+    """A group of completions carrying their last lines is settled by the group path, which writes the lines itself
+    (awp._write_group_output: no call of awp._write_progress per write) and reads what each attempt already has by
+    key: its rows of awp.task_output and its counters row (docs/progress.md, Cost on the hot path)."""
+    call, notices, leases = tiny
+    for table in ("task_output", "task_progress", "run_outputs"):
+        call.execute(f"ANALYZE awp.{table}")  # empty: the statistics that made the scans look cheapest
+    items = [
+        {**lease, "result": {"kind": "success"}, "slots": 1, "claim_seq": None, "live_output": [{"logs": [f"l{n}"]}]}
+        for n, lease in enumerate(leases)
+    ]
+    plans = analyzed_plans(
+        call, notices, "SELECT g.item, g.error FROM awp.complete_and_claim_many(%s) g", [json.dumps(items)]
+    )
+    assert any("awp._write_group_output" in n for n in plans), "the group path did not write the output"
+    assert not any("last_seq = o.last_seq + v_count" in n for n in plans), "a write went through awp._write_progress"
+    reads = [n for n in plans if "FROM awp.task_output o" in n and "o.attempt = v_att" in n]
+    assert len(reads) == 2, "expected one read of each attempt"
+    for plan in reads:
+        assert_executed_probes(plan, "task_output", ("run_id", "task_key", "attempt"))
+        assert_executed_probes(plan, "task_progress", ("dispatch_id",))
+    assert_not_compiled(plans)
+    logs = call.execute(
+        "SELECT awp.task_logs(d.run_id, d.task_key)->'logs' FROM awp.dispatches d WHERE d.dispatch_id = ANY(%s)",
+        [[lease["dispatch_id"] for lease in leases]],
+    ).fetchall()
+    assert sorted(r[0] for r in logs) == [["l0"], ["l1"]]
+
+
 def test_a_completion_checks_for_waiting_dispatches_from_the_pending_ones(tiny: Setup) -> None:
     """Before it leases its own refill, a completion checks that no pending dispatch of the worker's kinds waits for
     a claim (awp._lease_refill, through awp._pending_waits). Written as an EXISTS over awp._claim_candidates, the

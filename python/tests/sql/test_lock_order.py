@@ -61,6 +61,19 @@ def test_complete_queues_on_the_run_lock_holding_its_advisory_lock_but_not_the_d
     assert db.execute("SELECT status FROM awp.runs WHERE run_id = %s", [run_id]).fetchone()["status"] == "succeeded"
 
 
+def group_item(worker: tuple[str, str], lease: dict[str, Any]) -> dict[str, Any]:
+    """An item of awp.complete_and_claim_many: a success of the worker's lease, one slot asked back."""
+    return {
+        "worker_id": worker[0],
+        "session_token": worker[1],
+        "dispatch_id": lease["dispatch_id"],
+        "lease_token": lease["lease_token"],
+        "result": {"kind": "success"},
+        "slots": 1,
+        "claim_seq": None,
+    }
+
+
 def assert_waits_on_advisory_lock(db: DictConnection, first: DictConnection, second: DictConnection, call: Any) -> None:
     """``second``'s call (running in ``call``) waits for ``first``, on an advisory lock (the budget's)."""
     assert wait_blocked(db, second.info.backend_pid, call) == [first.info.backend_pid]
@@ -126,19 +139,7 @@ def test_a_grouped_refill_skips_a_run_held_elsewhere_as_a_single_refill_does(db,
         cursor = db.execute("SELECT awp._fairness_order('{mock}') AS c").fetchone()["c"]
         order = [r["run_id"] for r in db.execute(sql.SQL("FETCH ALL FROM {}").format(sql.Identifier(cursor)))]
     first = order[0]  # where the refills would go first; held elsewhere below
-    items = [
-        {
-            "worker_id": w[0],
-            "session_token": w[1],
-            "dispatch_id": lease["dispatch_id"],
-            "lease_token": lease["lease_token"],
-            "result": {"kind": "success"},
-            "slots": 1,
-            "claim_seq": None,
-        }
-        for w, lease in held.items()
-        if lease["run_id"] != first
-    ]
+    items = [group_item(w, lease) for w, lease in held.items() if lease["run_id"] != first]
     assert len(items) >= 2
     with connect(db_dsn) as holder, connect(db_dsn) as grouper, holder.transaction():
         holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [first])
@@ -149,6 +150,56 @@ def test_a_grouped_refill_skips_a_run_held_elsewhere_as_a_single_refill_does(db,
             ).fetchall()
     assert [r["item"] for r in rows] == list(range(1, len(items) + 1)), "every item refilled"
     assert first not in {r["run_id"] for r in rows}, "no refill from the run held elsewhere"
+    assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
+
+
+@pytest.mark.parametrize("route", ["complete_task", "complete_and_claim", "group"])
+def test_a_completion_carrying_output_takes_its_run_lock_before_the_runs_counter(db, db_dsn, route):
+    """Every completion that writes the output riding on it (its ``live_output``) takes its run's advisory lock
+    before the run's counter row (awp.run_outputs), the one lock a lone progress write takes (docs/progress.md,
+    Locks): while a progress write of the run holds the counter, the completion waits for it holding the run's
+    advisory lock. One order for every completion: one that took the counter first could wait for the run's lock
+    held by another that waits for the counter."""
+    tasks = [{"key": f"t{i}", "executor": "mock"} for i in range(4)]
+    db.execute(
+        "SELECT * FROM awp.create_workflow_version(%s)", [json.dumps({"id": "out", "concurrency": 2, "tasks": tasks})]
+    )
+    run_id = one(db, "SELECT awp.start_run('out') AS id")["id"]
+    workers = [register(db, f"w{i}") for i in range(2)]
+    db.execute("SELECT awp.coordinator_tick()")
+    leases = [db.execute("SELECT * FROM awp.claim_tasks(%s, %s, 1)", list(w)).fetchone() for w in workers]
+    db.execute(  # the run's counter row exists (a write of one lease)
+        "SELECT awp.report_progress(%s, %s, %s, %s, p_logs => '{first}', p_offset => 0)",
+        [*workers[1], leases[1]["dispatch_id"], leases[1]["lease_token"]],
+    )
+    items = [
+        {**group_item(w, lease), "live_output": [{"logs": [f"last of {n}"]}]}
+        for n, (w, lease) in enumerate(zip(workers, leases, strict=True))
+    ]
+    args = [*workers[0], leases[0]["dispatch_id"], leases[0]["lease_token"], json.dumps({"kind": "success"})]
+    live = json.dumps(items[0]["live_output"])
+    calls = {
+        "complete_task": ("SELECT awp.complete_task(%s, %s, %s, %s, %s, %s) IS NOT NULL AS ok", [*args, live]),
+        "complete_and_claim": (
+            "SELECT count(*) >= 0 AS ok FROM awp.complete_and_claim(%s, %s, %s, %s, %s, 0, NULL, %s)",
+            [*args, live],
+        ),
+        "group": ("SELECT bool_and(g.error IS NULL) AS ok FROM awp.complete_and_claim_many(%s) g", [json.dumps(items)]),
+    }
+    statement, params = calls[route]
+    with connect(db_dsn) as holder, connect(db_dsn) as completer:
+        with holder.transaction():
+            holder.execute("SELECT 1 FROM awp.run_outputs WHERE run_id = %s FOR UPDATE", [run_id])
+            call = in_thread(lambda: one(completer, statement, params)["ok"])
+            pid = completer.info.backend_pid
+            assert wait_blocked(db, pid, call) == [holder.info.backend_pid], "it waits for the run's counter"
+            held = db.execute(
+                "SELECT locktype, granted FROM pg_locks WHERE pid = %s AND locktype = 'advisory'", [pid]
+            ).fetchall()
+            assert held == [{"locktype": "advisory", "granted": True}], "holding the run's advisory lock"
+        assert call.result() is True
+    got = one(db, "SELECT awp.task_logs(%s, %s)->'logs' AS logs", [run_id, leases[0]["task_key"]])["logs"]
+    assert got == ["last of 0"]
     assert db.execute("SELECT * FROM awp.check_invariants()").fetchall() == []
 
 
