@@ -98,8 +98,8 @@ COMMENT ON FUNCTION awp._wake_for_fan_out(text, text, text) IS 'Wakes the coordi
 -- above; live_output, the lease's last progress writes (docs/progress.md), is written first, after the run's
 -- advisory lock (the lock the completion takes first anyway; every completion takes it before the run's counter row
 -- in awp.run_outputs, so no two wait for each other there: docs/architecture.md, Lock order) and before any other
--- lock of the completion,
--- completion, fenced per write (a refused one is dropped) by awp._write_lease_output (AWREQ when malformed).
+-- lock of the completion, fenced per write (a refused one is dropped) by awp._write_lease_output (AWREQ when
+-- malformed).
 CREATE OR REPLACE FUNCTION awp.complete_task(p_worker_id text, p_session_token text, p_dispatch_id text,
                                              p_lease_token text, p_result jsonb, p_live_output jsonb DEFAULT NULL)
 RETURNS boolean
@@ -602,9 +602,10 @@ COMMENT ON FUNCTION awp._group_path_kinds(jsonb, boolean) IS 'The executor kinds
 -- in order the dependants made ready, the run refilled (awp._try_run: without waiting) and its task
 -- (awp._first_ready); then the dispatch rows (the MERGE: the completed ones with their attempts, and the refills'),
 -- then the items' runs' counter rows in awp.run_outputs in run_id order (their live output: awp._write_group_output;
--- whoever else holds one, a lone progress write, waits for nothing), then the tasks. Every run whose rows are written is held (its advisory lock and row), so no other transaction
--- that waits for a row of these can hold one we wait for (heartbeats, the only writers of a leased dispatch without
--- its run, take that dispatch alone and skip it when it is locked).
+-- whoever else holds one, a lone progress write, waits for nothing), then the tasks. Every run whose rows are
+-- written is held (its advisory lock and row), so no other transaction that waits for a row of these can hold one
+-- we wait for (heartbeats, the only writers of a leased dispatch without its run, take that dispatch alone and skip
+-- it when it is locked).
 CREATE OR REPLACE FUNCTION awp._complete_and_refill_group(p_items jsonb, p_kinds text[] DEFAULT NULL)
 RETURNS TABLE (item integer, lease awp.lease)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
