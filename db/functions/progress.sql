@@ -581,9 +581,9 @@ END $$;
 COMMENT ON FUNCTION awp._write_live_output(jsonb, text) IS 'The live output of several completions (complete_and_claim_many), each fenced per write, in run_id order; AWREQ (with the caller''s message) when malformed.';
 
 -- awp._write_group_output(runs, keys, attempts, dispatch_ids, live_outputs, now): the live output of the items the
--- group path settles (awp._complete_and_refill_group), written after its MERGE completed their leases, in two
--- statements for the whole group instead of a call per write (docs/progress.md, Cost on the hot path). Per item
--- (arrays in the group's item order; live_outputs[i] NULL or '[]' when it carries none) at most one write, of lines
+-- group path settles (awp._complete_and_refill_group), written after its MERGE completed their leases: two writes
+-- for the whole group and a read per item instead of a call per write (docs/progress.md, Cost on the hot path).
+-- Per item (arrays in the group's item order; live_outputs[i] NULL or '[]' when it carries none) at most one write, of lines
 -- and chunks only ({"logs"?, "chunks"?, "offset"?}): the common form, a task's last lines riding on its completion.
 -- Its fencing is the group path's: session, lease held, leased, current (deadline, expiry, attempt) and the run
 -- running without a cancellation request, checked before and in the MERGE. Stored only when awp._write_progress
@@ -592,8 +592,8 @@ COMMENT ON FUNCTION awp._write_live_output(jsonb, text) IS 'The live output of s
 -- malformed write) raises AWGRP: the group is rolled back and its items go one by one, where
 -- awp._write_live_output writes (or refuses) each write exactly.
 -- Numbers: the runs' counters in run_id order in one statement (one per run, for all its items at once), given to
--- the items in order (each item's lines, then its chunks); then the rows in one statement that reads each attempt
--- after those locks (a concurrent write of the same attempt queued there is seen).
+-- the items in order (each item's lines, then its chunks); then each attempt read by key after those locks (a
+-- concurrent write of the same attempt queued there is seen), then the rows in one statement.
 -- Locks: the runs' awp.run_outputs rows in run_id order. The caller holds the runs' advisory locks (a completion
 -- takes the run's advisory lock before its run's counter row: every completion path does, so no cycle).
 CREATE OR REPLACE FUNCTION awp._write_group_output(p_runs text[], p_keys text[], p_atts integer[], p_dids text[],
@@ -707,7 +707,7 @@ BEGIN
     PERFORM awp._raise_group_not_applicable('a live_output the group path does not write');
   END IF;
 END $$;
-COMMENT ON FUNCTION awp._write_group_output(text[], text[], integer[], text[], jsonb[], timestamptz) IS 'The common live output of the group path''s items (lines and chunks, no counters row needed), numbered and stored in two statements; AWGRP otherwise.';
+COMMENT ON FUNCTION awp._write_group_output(text[], text[], integer[], text[], jsonb[], timestamptz) IS 'The common live output of the group path''s items (lines and chunks, no counters row needed), numbered and stored by two writes for the group; AWGRP otherwise.';
 
 -- awp.task_logs(run_id, task_key, attempt, after_seq, limit): the log lines and output chunks one attempt kept (the
 -- task's latest attempt when attempt is NULL), after the run sequence number after_seq, oldest first, at most limit
