@@ -583,8 +583,9 @@ COMMENT ON FUNCTION awp._write_live_output(jsonb, text) IS 'The live output of s
 -- awp._write_group_output(runs, keys, attempts, dispatch_ids, live_outputs, now): the live output of the items the
 -- group path settles (awp._complete_and_refill_group), written after its MERGE completed their leases: two writes
 -- for the whole group and a read per item instead of a call per write (docs/progress.md, Cost on the hot path).
--- Per item (arrays in the group's item order; live_outputs[i] NULL or '[]' when it carries none) at most one write, of lines
--- and chunks only ({"logs"?, "chunks"?, "offset"?}): the common form, a task's last lines riding on its completion.
+-- Per item (arrays in the group's item order; live_outputs[i] NULL or '[]' when it carries none) at most one write,
+-- of lines and chunks only ({"logs"?, "chunks"?, "offset"?}): the common form, a task's last lines riding on its
+-- completion.
 -- Its fencing is the group path's: session, lease held, leased, current (deadline, expiry, attempt) and the run
 -- running without a cancellation request, checked before and in the MERGE. Stored only when awp._write_progress
 -- would store it by its one-statement write: the attempt has no counters row (awp.task_progress), the offset is what
