@@ -1,6 +1,6 @@
 -- The group path writes its items' last output itself (awp._write_group_output, docs/progress.md, Cost on the hot
--- path): the common form (one write of lines and chunks, the attempt without earlier rows or counters row, within
--- 1 KiB per kind) is numbered per run in the group's item order and stored with the completions; any other form
+-- path): the common form (one write of lines and chunks, the attempt without a counters row and holding exactly
+-- the write's offset's worth of rows, within 1 KiB per kind) is numbered per run in the group's item order and stored with the completions; any other form
 -- makes the group path not apply (AWGRP, rolled back), and awp.complete_and_claim_many then writes it exactly, one
 -- item at a time (awp._write_live_output). Each case is tried on the group path alone (a direct call of
 -- awp._complete_and_refill_group), then through awp.complete_and_claim_many.
