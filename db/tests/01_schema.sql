@@ -17,9 +17,9 @@ SELECT is(ARRAY(SELECT attname::text FROM pg_attribute WHERE attrelid = 'awp.att
 SELECT has_sequence('awp', 'fencing_token_seq', 'the fencing token sequence exists');
 
 -- ---------------------------------------------------------------- named checks
-SELECT ok(EXISTS (SELECT 1 FROM pg_constraint c JOIN pg_class t ON t.oid = c.conrelid
-                   WHERE t.relnamespace = 'awp'::regnamespace AND c.contype = 'c' AND c.conname = x.name
-                     AND t.relname = x.tbl),
+-- The seven tables every task writes keep their rules in one function each (migration 0025_table_rules);
+-- awp.check_rules lists them with the other tables' CHECK constraints.
+SELECT ok(EXISTS (SELECT 1 FROM awp.check_rules r WHERE r.table_name = ('awp.' || x.tbl)::regclass AND r.rule = x.name),
           format('CHECK %s exists on awp.%s', x.name, x.tbl))
   FROM (VALUES ('runs', 'run_status_is_valid'), ('runs', 'run_finished_iff_terminal'),
                ('runs', 'run_started_unless_pending'), ('runs', 'run_concurrency_in_range'),
@@ -37,10 +37,11 @@ SELECT ok(EXISTS (SELECT 1 FROM pg_constraint c JOIN pg_class t ON t.oid = c.con
        AS x(tbl, name);
 
 -- The status sets are exactly those of docs/protocol.md, State machines (a check listing an extra or missing state fails).
-SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'run_status_is_valid' AND conrelid = 'awp.runs'::regclass),
+SELECT is((SELECT definition FROM awp.check_rules WHERE rule = 'run_status_is_valid' AND table_name = 'awp.runs'::regclass),
           $$CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'canceled'::text])))$$,
           'run statuses are the documented set');
-SELECT is((SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'dispatch_status_is_valid' AND conrelid = 'awp.dispatches'::regclass),
+SELECT is((SELECT definition FROM awp.check_rules
+            WHERE rule = 'dispatch_status_is_valid' AND table_name = 'awp.dispatches'::regclass),
           $$CHECK ((status = ANY (ARRAY['pending'::text, 'leased'::text, 'completed'::text, 'expired'::text, 'canceled'::text])))$$,
           'dispatch statuses are the documented set');
 
@@ -93,37 +94,51 @@ SELECT throws_ok($$UPDATE awp.dispatches SET attempt = 1, attempt_status = 'canc
                  '23505', NULL, 'a second attempt with the same number is rejected');
 SELECT throws_ok($$UPDATE awp.dispatches SET attempt_status = 'canceled', attempt_finished_at = now()
                     WHERE dispatch_id = (SELECT p FROM tests_ids) || 'old'$$,
-                 '23514', NULL, 'an attempt without a number (a dispatch never leased) is rejected');
+                 '23514',
+                 'new row for relation "dispatches" violates check constraint "attempt_iff_leased"', 'an attempt without a number (a dispatch never leased) is rejected');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET fencing_token = %s WHERE dispatch_id = (SELECT p FROM tests_ids) || 'old'$$, :'l_fencing_token'),
                  '23505', NULL, 'a fencing token can never be issued twice');
 
 -- Illegal shapes.
-SELECT throws_ok(format($$UPDATE awp.runs SET status = 'paused' WHERE run_id = %L$$, :'run'), '23514', NULL,
+SELECT throws_ok(format($$UPDATE awp.runs SET status = 'paused' WHERE run_id = %L$$, :'run'), '23514',
+                 'new row for relation "runs" violates check constraint "run_status_is_valid"',
                  'an unknown run status is rejected');
-SELECT throws_ok(format($$UPDATE awp.runs SET status = 'succeeded' WHERE run_id = %L$$, :'run'), '23514', NULL,
+SELECT throws_ok(format($$UPDATE awp.runs SET status = 'succeeded' WHERE run_id = %L$$, :'run'), '23514',
+                 'new row for relation "runs" violates check constraint "run_finished_iff_terminal"',
                  'a terminal run without finished_at is rejected');
 SELECT throws_ok(format($$UPDATE awp.tasks SET status = 'waiting_retry' WHERE run_id = %L AND task_key = 'c'$$, :'run'),
-                 '23514', NULL, 'waiting_retry without ready_at is rejected');
+                 '23514',
+                 'new row for relation "tasks" violates check constraint "task_waiting_retry_has_ready_at"', 'waiting_retry without ready_at is rejected');
 SELECT throws_ok(format($$UPDATE awp.tasks SET status = 'ready' WHERE run_id = %L AND task_key = 'b'$$, :'run'),
-                 '23514', NULL, 'a task with unfinished dependencies cannot be ready');
+                 '23514',
+                 'new row for relation "tasks" violates check constraint "task_ready_has_no_pending_deps"', 'a task with unfinished dependencies cannot be ready');
 SELECT throws_ok(format($$UPDATE awp.tasks SET status = 'done' WHERE run_id = %L AND task_key = 'c'$$, :'run'),
-                 '23514', NULL, 'an unknown task status is rejected');
+                 '23514',
+                 'new row for relation "tasks" violates check constraint "task_status_is_valid"', 'an unknown task status is rejected');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET status = 'pending' WHERE dispatch_id = %L$$, :'l_dispatch_id'),
-                 '23514', NULL, 'a pending dispatch cannot keep a lease');
+                 '23514',
+                 'new row for relation "dispatches" violates check constraint "dispatch_pending_has_no_lease"', 'a pending dispatch cannot keep a lease');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET lease_token_hash = NULL WHERE dispatch_id = %L$$, :'l_dispatch_id'),
-                 '23514', NULL, 'a leased dispatch must have a lease token hash');
+                 '23514',
+                 'new row for relation "dispatches" violates check constraint "dispatch_leased_has_lease"', 'a leased dispatch must have a lease token hash');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET lease_expires_at = attempt_deadline + interval '1 ms' WHERE dispatch_id = %L$$, :'l_dispatch_id'),
-                 '23514', NULL, 'a lease may not outlive the attempt deadline');
+                 '23514',
+                 'new row for relation "dispatches" violates check constraint "dispatch_lease_within_deadline"', 'a lease may not outlive the attempt deadline');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET status = 'completed', finished_at = now() WHERE dispatch_id = %L$$, :'l_dispatch_id'),
-                 '23514', NULL, 'a completed dispatch must have a result hash');
+                 '23514',
+                 'new row for relation "dispatches" violates check constraint "dispatch_completed_has_result"', 'a completed dispatch must have a result hash');
 SELECT throws_ok(format($$UPDATE awp.attempts SET status = 'succeeded' WHERE dispatch_id = %L$$, :'l_dispatch_id'),
-                 '23514', NULL, 'a settled attempt must have finished_at');
+                 '23514',
+                 'new row for relation "dispatches" violates check constraint "attempt_finished_iff_settled"', 'a settled attempt must have finished_at');
 SELECT throws_ok(format($$UPDATE awp.attempts SET status = 'lost', finished_at = now() WHERE dispatch_id = %L$$, :'l_dispatch_id'),
-                 '23514', NULL, 'an unknown attempt status is rejected');
+                 '23514',
+                 'new row for relation "dispatches" violates check constraint "attempt_status_is_valid"', 'an unknown attempt status is rejected');
 SELECT throws_ok(format($$UPDATE awp.workers SET status = 'stopped' WHERE worker_id = %L$$, :'w1_worker_id'),
-                 '23514', NULL, 'a stopped worker must have stopped_at');
+                 '23514',
+                 'new row for relation "workers" violates check constraint "worker_stopped_has_stopped_at"', 'a stopped worker must have stopped_at');
 SELECT throws_ok(format($$UPDATE awp.workers SET status = 'sleeping' WHERE worker_id = %L$$, :'w1_worker_id'),
-                 '23514', NULL, 'an unknown worker status is rejected');
+                 '23514',
+                 'new row for relation "workers" violates check constraint "worker_status_is_valid"', 'an unknown worker status is rejected');
 SELECT throws_ok($$UPDATE awp.settings SET lease_duration_ms = heartbeat_interval_ms$$, '23514', NULL,
                  'the settings row keeps the lease above the heartbeat interval');
 SELECT throws_ok($$INSERT INTO awp.settings (singleton) VALUES (false)$$, '23514', NULL,

@@ -111,7 +111,7 @@ def _drop_awp_routines(conn: psycopg.Connection) -> list[str]:
             if ref in droppable and not (is_routine and obj in droppable):
                 droppable.discard(ref)
                 changed = True
-                log.info("keeping %s: %s depends on it (change its signature by migration)", routines[ref], what)
+                log.debug("keeping %s: %s depends on it (change its signature by migration)", routines[ref], what)
     names = sorted(routines[oid] for oid in droppable)
     if names:
         conn.execute("DROP ROUTINE " + ", ".join(names))

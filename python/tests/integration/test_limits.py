@@ -1,6 +1,6 @@
 """Each limit of the SQL API is defined once (AWP issue 17): a constant ``awp._limit_*()`` in
 db/functions/00_limits.sql, or for the settings a row of ``awp._setting_ranges()``. These tests hold every other
-place to that definition: the table CHECKs that enforce a limit again (read from ``pg_constraint``), the Python
+place to that definition: the table CHECKs that enforce a limit again (read from ``awp.check_rules``), the Python
 constants that mirror one, the documentation, and the functions themselves (no literal copy of a limit is left
 in db/functions; each function accepts a value right at its limit and refuses one past it). Database only."""
 
@@ -46,7 +46,8 @@ def limits(conn: psycopg.Connection) -> dict[str, int]:
 
 
 def check_constraint(conn: psycopg.Connection, table: str, name: str) -> str:
-    sql = "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass AND conname = %s"
+    # A CHECK constraint's, or a rule of the table's rules function (migration 0025_table_rules): awp.check_rules.
+    sql = "SELECT definition FROM awp.check_rules WHERE table_name = %s::regclass AND rule = %s"
     return str(scalar(conn, sql, (table, name)))
 
 

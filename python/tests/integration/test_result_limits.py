@@ -44,11 +44,9 @@ def function_source(conn: psycopg.Connection, signature: str) -> str:
 
 
 def constraint(conn: psycopg.Connection, name: str) -> str:
-    # The attempt's columns are stored on its dispatch (db/migrations/0010_fold_attempts.sql).
-    sql = (
-        "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
-        " WHERE conname = %s AND conrelid = 'awp.dispatches'::regclass"
-    )
+    # The attempt's columns are stored on its dispatch (db/migrations/0010_fold_attempts.sql), its rules in
+    # awp._dispatches_rules (0025_table_rules), listed by awp.check_rules.
+    sql = "SELECT definition FROM awp.check_rules WHERE rule = %s AND table_name = 'awp.dispatches'::regclass"
     return str(scalar(conn, sql, (name,)))
 
 
