@@ -1,14 +1,17 @@
--- 0025_table_rules: the CHECK rules of the seven tables every task writes, each table's in one PL/pgSQL function
+-- 0025_table_rules: the CHECK rules of six tables every task writes, each table's in one PL/pgSQL function
 -- (docs/architecture.md, Table rules; docs/performance.md, The CHECK rules in one function per table).
 -- PostgreSQL keeps a CHECK constraint as node text and reads it again in every statement that writes the table (a
 -- cached plan does not keep it): the tasks' 20 constraints were 23,700 characters read per statement, 12-18% of a
--- completion's instructions. Each table now has one constraint, <table>_rules, calling awp._<table>_rules with
--- the columns its rules read; the function holds the same rules, with the same names and the same text, one
--- `WHEN NOT (<rule>) THEN '<name>'` each, in name order (the order PostgreSQL checked them in). A row that breaks
--- one gets the error it got before: SQLSTATE 23514 (check_violation), the rule's name as the constraint, the
--- message 'new row for relation "<table>" violates check constraint "<name>"' (the table, not its partition).
--- PL/pgSQL keeps the function's expressions for the session, so a statement reads one function call, and a row
--- pays one call. awp.check_rules lists every named rule of the schema, inside these functions or not.
+-- completion's instructions. runs, tasks, dispatches, task_progress, task_output and workers now have one
+-- constraint each, <table>_rules, calling awp._<table>_rules with the columns its rules read; the function holds
+-- the same rules, with the same names and the same text, one `WHEN NOT (<rule>) THEN '<name>'` each, in name order
+-- (the order PostgreSQL checked them in). A row that breaks one gets the error it got before: SQLSTATE 23514
+-- (check_violation), the rule's name as the constraint, the message 'new row for relation "<table>" violates
+-- check constraint "<name>"' (the table, not its partition). PL/pgSQL keeps the function's expressions for the
+-- session, so a statement reads one function call, and a row pays one call (with its SET search_path). awp.events
+-- keeps its two short constraints: its statements write many rows (a completion's events, one statement per run),
+-- and there the calls cost more than the reading (measured: docs/performance.md). awp.check_rules lists every
+-- named rule of the schema, inside these functions or not.
 -- Changing a rule of these tables: CREATE OR REPLACE the function in a new migration (new columns: a new function
 -- and constraint), then check the rows, as ALTER TABLE ADD CONSTRAINT did here.
 SET LOCAL ROLE awp_owner;
@@ -47,7 +50,7 @@ BEGIN
     USING ERRCODE = 'check_violation', SCHEMA = 'awp', TABLE = 'runs', CONSTRAINT = v_broken;
 END $$;
 COMMENT ON FUNCTION awp._runs_rules IS
-  'The CHECK rules of awp.runs (constraint runs_rules): true, or check_violation naming the first rule the row breaks.';
+  'The CHECK rules of awp.runs (constraint runs_rules): true, or 23514 naming the first rule broken.';
 
 ALTER TABLE awp.runs
   DROP CONSTRAINT run_concurrency_in_range,
@@ -119,7 +122,7 @@ BEGIN
     USING ERRCODE = 'check_violation', SCHEMA = 'awp', TABLE = 'tasks', CONSTRAINT = v_broken;
 END $$;
 COMMENT ON FUNCTION awp._tasks_rules IS
-  'The CHECK rules of awp.tasks (constraint tasks_rules): true, or check_violation naming the first rule the row breaks.';
+  'The CHECK rules of awp.tasks (constraint tasks_rules): true, or 23514 naming the first rule broken.';
 
 ALTER TABLE awp.tasks
   DROP CONSTRAINT task_attempts_in_range,
@@ -198,7 +201,7 @@ BEGIN
     USING ERRCODE = 'check_violation', SCHEMA = 'awp', TABLE = 'dispatches', CONSTRAINT = v_broken;
 END $$;
 COMMENT ON FUNCTION awp._dispatches_rules IS
-  'The CHECK rules of awp.dispatches (constraint dispatches_rules): true, or check_violation naming the first rule the row breaks.';
+  'The CHECK rules of awp.dispatches (constraint dispatches_rules): true, or 23514 naming the first rule broken.';
 
 ALTER TABLE awp.dispatches
   DROP CONSTRAINT attempt_columns_only_with_attempt,
@@ -225,31 +228,6 @@ ALTER TABLE awp.dispatches
     finished_at, lease_expires_at, lease_token_hash, leased_at, output, result_hash, run_id, status, uncounted,
     worker_id));
 
--- 2 rules over 2 columns.
-CREATE FUNCTION awp._events_rules(
-  entity_type text, sequence bigint
-) RETURNS boolean
-  LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  v_broken text := CASE
-    WHEN NOT (entity_type = ANY (ARRAY['run'::text, 'task'::text, 'attempt'::text, 'dispatch'::text])) THEN
-      'event_entity_type_is_valid'
-    WHEN NOT (sequence >= 1) THEN 'event_sequence_positive'
-  END;
-BEGIN
-  IF v_broken IS NULL THEN
-    RETURN true;
-  END IF;
-  RAISE EXCEPTION 'new row for relation "events" violates check constraint "%"', v_broken
-    USING ERRCODE = 'check_violation', SCHEMA = 'awp', TABLE = 'events', CONSTRAINT = v_broken;
-END $$;
-COMMENT ON FUNCTION awp._events_rules IS
-  'The CHECK rules of awp.events (constraint events_rules): true, or check_violation naming the first rule the row breaks.';
-
-ALTER TABLE awp.events
-  DROP CONSTRAINT event_entity_type_is_valid,
-  DROP CONSTRAINT event_sequence_positive,
-  ADD CONSTRAINT events_rules CHECK (awp._events_rules(entity_type, sequence));
 
 -- 3 rules over 8 columns.
 CREATE FUNCTION awp._task_progress_rules(
@@ -273,7 +251,7 @@ BEGIN
     USING ERRCODE = 'check_violation', SCHEMA = 'awp', TABLE = 'task_progress', CONSTRAINT = v_broken;
 END $$;
 COMMENT ON FUNCTION awp._task_progress_rules IS
-  'The CHECK rules of awp.task_progress (constraint task_progress_rules): true, or check_violation naming the first rule the row breaks.';
+  'The CHECK rules of awp.task_progress (constraint task_progress_rules): true, or 23514 naming the first rule broken.';
 
 ALTER TABLE awp.task_progress
   DROP CONSTRAINT task_progress_counts,
@@ -300,7 +278,7 @@ BEGIN
     USING ERRCODE = 'check_violation', SCHEMA = 'awp', TABLE = 'task_output', CONSTRAINT = v_broken;
 END $$;
 COMMENT ON FUNCTION awp._task_output_rules IS
-  'The CHECK rules of awp.task_output (constraint task_output_rules): true, or check_violation naming the first rule the row breaks.';
+  'The CHECK rules of awp.task_output (constraint task_output_rules): true, or 23514 naming the first rule broken.';
 
 ALTER TABLE awp.task_output
   DROP CONSTRAINT task_output_kind_is_valid,
@@ -335,7 +313,7 @@ BEGIN
     USING ERRCODE = 'check_violation', SCHEMA = 'awp', TABLE = 'workers', CONSTRAINT = v_broken;
 END $$;
 COMMENT ON FUNCTION awp._workers_rules IS
-  'The CHECK rules of awp.workers (constraint workers_rules): true, or check_violation naming the first rule the row breaks.';
+  'The CHECK rules of awp.workers (constraint workers_rules): true, or 23514 naming the first rule broken.';
 
 ALTER TABLE awp.workers
   DROP CONSTRAINT worker_actions_is_object,

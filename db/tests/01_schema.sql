@@ -17,7 +17,7 @@ SELECT is(ARRAY(SELECT attname::text FROM pg_attribute WHERE attrelid = 'awp.att
 SELECT has_sequence('awp', 'fencing_token_seq', 'the fencing token sequence exists');
 
 -- ---------------------------------------------------------------- named checks
--- The seven tables every task writes keep their rules in one function each (migration 0025_table_rules);
+-- Six tables every task writes keep their rules in one function each (migration 0025_table_rules);
 -- awp.check_rules lists them with the other tables' CHECK constraints.
 SELECT ok(EXISTS (SELECT 1 FROM awp.check_rules r WHERE r.table_name = ('awp.' || x.tbl)::regclass AND r.rule = x.name),
           format('CHECK %s exists on awp.%s', x.name, x.tbl))
