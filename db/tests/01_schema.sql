@@ -95,7 +95,8 @@ SELECT throws_ok($$UPDATE awp.dispatches SET attempt = 1, attempt_status = 'canc
 SELECT throws_ok($$UPDATE awp.dispatches SET attempt_status = 'canceled', attempt_finished_at = now()
                     WHERE dispatch_id = (SELECT p FROM tests_ids) || 'old'$$,
                  '23514',
-                 'new row for relation "dispatches" violates check constraint "attempt_iff_leased"', 'an attempt without a number (a dispatch never leased) is rejected');
+                 'new row for relation "dispatches" violates check constraint "attempt_iff_leased"',
+                 'an attempt without a number (a dispatch never leased) is rejected');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET fencing_token = %s WHERE dispatch_id = (SELECT p FROM tests_ids) || 'old'$$, :'l_fencing_token'),
                  '23505', NULL, 'a fencing token can never be issued twice');
 
@@ -108,37 +109,48 @@ SELECT throws_ok(format($$UPDATE awp.runs SET status = 'succeeded' WHERE run_id 
                  'a terminal run without finished_at is rejected');
 SELECT throws_ok(format($$UPDATE awp.tasks SET status = 'waiting_retry' WHERE run_id = %L AND task_key = 'c'$$, :'run'),
                  '23514',
-                 'new row for relation "tasks" violates check constraint "task_waiting_retry_has_ready_at"', 'waiting_retry without ready_at is rejected');
+                 'new row for relation "tasks" violates check constraint "task_waiting_retry_has_ready_at"',
+                 'waiting_retry without ready_at is rejected');
 SELECT throws_ok(format($$UPDATE awp.tasks SET status = 'ready' WHERE run_id = %L AND task_key = 'b'$$, :'run'),
                  '23514',
-                 'new row for relation "tasks" violates check constraint "task_ready_has_no_pending_deps"', 'a task with unfinished dependencies cannot be ready');
+                 'new row for relation "tasks" violates check constraint "task_ready_has_no_pending_deps"',
+                 'a task with unfinished dependencies cannot be ready');
 SELECT throws_ok(format($$UPDATE awp.tasks SET status = 'done' WHERE run_id = %L AND task_key = 'c'$$, :'run'),
                  '23514',
-                 'new row for relation "tasks" violates check constraint "task_status_is_valid"', 'an unknown task status is rejected');
+                 'new row for relation "tasks" violates check constraint "task_status_is_valid"',
+                 'an unknown task status is rejected');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET status = 'pending' WHERE dispatch_id = %L$$, :'l_dispatch_id'),
                  '23514',
-                 'new row for relation "dispatches" violates check constraint "dispatch_pending_has_no_lease"', 'a pending dispatch cannot keep a lease');
+                 'new row for relation "dispatches" violates check constraint "dispatch_pending_has_no_lease"',
+                 'a pending dispatch cannot keep a lease');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET lease_token_hash = NULL WHERE dispatch_id = %L$$, :'l_dispatch_id'),
                  '23514',
-                 'new row for relation "dispatches" violates check constraint "dispatch_leased_has_lease"', 'a leased dispatch must have a lease token hash');
+                 'new row for relation "dispatches" violates check constraint "dispatch_leased_has_lease"',
+                 'a leased dispatch must have a lease token hash');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET lease_expires_at = attempt_deadline + interval '1 ms' WHERE dispatch_id = %L$$, :'l_dispatch_id'),
                  '23514',
-                 'new row for relation "dispatches" violates check constraint "dispatch_lease_within_deadline"', 'a lease may not outlive the attempt deadline');
+                 'new row for relation "dispatches" violates check constraint "dispatch_lease_within_deadline"',
+                 'a lease may not outlive the attempt deadline');
 SELECT throws_ok(format($$UPDATE awp.dispatches SET status = 'completed', finished_at = now() WHERE dispatch_id = %L$$, :'l_dispatch_id'),
                  '23514',
-                 'new row for relation "dispatches" violates check constraint "dispatch_completed_has_result"', 'a completed dispatch must have a result hash');
+                 'new row for relation "dispatches" violates check constraint "dispatch_completed_has_result"',
+                 'a completed dispatch must have a result hash');
 SELECT throws_ok(format($$UPDATE awp.attempts SET status = 'succeeded' WHERE dispatch_id = %L$$, :'l_dispatch_id'),
                  '23514',
-                 'new row for relation "dispatches" violates check constraint "attempt_finished_iff_settled"', 'a settled attempt must have finished_at');
+                 'new row for relation "dispatches" violates check constraint "attempt_finished_iff_settled"',
+                 'a settled attempt must have finished_at');
 SELECT throws_ok(format($$UPDATE awp.attempts SET status = 'lost', finished_at = now() WHERE dispatch_id = %L$$, :'l_dispatch_id'),
                  '23514',
-                 'new row for relation "dispatches" violates check constraint "attempt_status_is_valid"', 'an unknown attempt status is rejected');
+                 'new row for relation "dispatches" violates check constraint "attempt_status_is_valid"',
+                 'an unknown attempt status is rejected');
 SELECT throws_ok(format($$UPDATE awp.workers SET status = 'stopped' WHERE worker_id = %L$$, :'w1_worker_id'),
                  '23514',
-                 'new row for relation "workers" violates check constraint "worker_stopped_has_stopped_at"', 'a stopped worker must have stopped_at');
+                 'new row for relation "workers" violates check constraint "worker_stopped_has_stopped_at"',
+                 'a stopped worker must have stopped_at');
 SELECT throws_ok(format($$UPDATE awp.workers SET status = 'sleeping' WHERE worker_id = %L$$, :'w1_worker_id'),
                  '23514',
-                 'new row for relation "workers" violates check constraint "worker_status_is_valid"', 'an unknown worker status is rejected');
+                 'new row for relation "workers" violates check constraint "worker_status_is_valid"',
+                 'an unknown worker status is rejected');
 SELECT throws_ok($$UPDATE awp.settings SET lease_duration_ms = heartbeat_interval_ms$$, '23514', NULL,
                  'the settings row keeps the lease above the heartbeat interval');
 SELECT throws_ok($$INSERT INTO awp.settings (singleton) VALUES (false)$$, '23514', NULL,
