@@ -59,10 +59,10 @@ SELECT is(tests.broken(format($$UPDATE awp.runs SET priority = 10 WHERE run_id =
                 'new row for relation "runs" violates check constraint "run_priority_in_range"', 'awp'],
           'a broken rule of awp.runs: 23514 naming the rule, the table and the schema');
 SELECT is(tests.broken(format($$UPDATE awp.tasks SET pending_deps = -1 WHERE run_id = %L AND task_key = 'b'$$,
-                              :'run'))::text,
+                              :'run')),
           ARRAY['23514', 'task_pending_deps_non_negative', 'tasks',
-                'new row for relation "tasks" violates check constraint "task_pending_deps_non_negative"',
-                'awp']::text, 'awp.tasks names its rule');
+                'new row for relation "tasks" violates check constraint "task_pending_deps_non_negative"', 'awp'],
+          'awp.tasks names its rule');
 SELECT is((tests.broken(format($$UPDATE awp.dispatches SET claim_seq = 0 WHERE dispatch_id = %L$$,
                                :'l_dispatch_id')))[2:3],
           ARRAY['dispatch_claim_seq_positive', 'dispatches'],
@@ -80,7 +80,7 @@ SELECT is((tests.broken(format($$UPDATE awp.workers SET max_concurrency = 0 WHER
 SELECT is((tests.broken(format($$UPDATE awp.runs SET priority = 10, concurrency = 0 WHERE run_id = %L$$,
                                :'run')))[2],
           'run_concurrency_in_range', 'of two broken rules, the first by name is reported');
--- A rule over a NULL holds (a CHECK passes on NULL): a run without an idempotency key, a worker without actions.
+-- A rule over a NULL holds (a CHECK passes on NULL): a run without an idempotency key.
 SELECT is((SELECT idempotency_key FROM awp.runs WHERE run_id = :'run'), NULL, 'setup: the run has no idempotency key');
 SELECT is(tests.broken(format($$UPDATE awp.runs SET priority = 9 WHERE run_id = %L$$, :'run')), NULL,
           'a row that keeps every rule is written (NULL keeps a rule, as in a CHECK)');

@@ -99,21 +99,26 @@ def fresh_database(server: Server | str, name: str, with_pgtap: bool = False, sq
     return dsn
 
 
+def migrate_before(dsn: str, first_left_out: str, workdir: Path) -> None:
+    """Apply this repository's migrations named before ``first_left_out`` (e.g. ``"0011"``; copied to
+    ``workdir``) to ``dsn``, and no functions: the schema an older version of AWP left."""
+    old = workdir / "db"
+    (old / "migrations").mkdir(parents=True)
+    (old / "functions").mkdir()
+    for f in sorted((default_sql_dir() / "migrations").glob("*.sql")):
+        if f.name < first_left_out:
+            shutil.copy(f, old / "migrations")
+    migrate(dsn, old)
+
+
 @contextlib.contextmanager
 def database_before(server: Server, first_left_out: str, seed: str, workdir: Path) -> Iterator[str]:
     """A new database (its DSN) as an older version of AWP left it, for tests of a migration on stored data:
-    this repository's migrations named before ``first_left_out`` (e.g. ``"0011"``; copied to ``workdir``), no
-    functions, then the statements ``seed``. Dropped on exit."""
+    ``migrate_before(first_left_out)``, then the statements ``seed``. Dropped on exit."""
     name = database_name(f"before_{first_left_out}")
     dsn = server.create_database(name)
     try:
-        old = workdir / "db"
-        (old / "migrations").mkdir(parents=True)
-        (old / "functions").mkdir()
-        for f in sorted((default_sql_dir() / "migrations").glob("*.sql")):
-            if f.name < first_left_out:
-                shutil.copy(f, old / "migrations")
-        migrate(dsn, old)
+        migrate_before(dsn, first_left_out, workdir)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(seed.encode())
         yield dsn

@@ -5,7 +5,6 @@ refused with its own name."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,8 @@ import psycopg
 import pytest
 
 from awp.dev.localdb import Server
-from awp.dev.migrate import default_sql_dir, migrate
-from awp_testing.cluster import database_before
+from awp.dev.migrate import migrate
+from awp_testing.cluster import database_before, migrate_before
 
 SEED = (Path(__file__).parent / "seed_0022.sql").read_text()
 RULE_TABLES = ("runs", "tasks", "dispatches", "task_progress", "task_output", "workers")
@@ -26,13 +25,7 @@ COUNTED = ("runs", "tasks", "dispatches", "events", "workers")
 def db_at_0024(pg_cluster: Server, tmp_path: Path) -> Iterator[str]:
     """A database migrated to 0024 (no functions), holding the rows of seed_0022.sql."""
     with database_before(pg_cluster, "0023", SEED, tmp_path / "at_0022") as dsn:
-        upto = tmp_path / "at_0024" / "db"
-        (upto / "migrations").mkdir(parents=True)
-        (upto / "functions").mkdir()
-        for f in sorted((default_sql_dir() / "migrations").glob("*.sql")):
-            if f.name < "0025":
-                shutil.copy(f, upto / "migrations")
-        migrate(dsn, upto)
+        migrate_before(dsn, "0025", tmp_path / "at_0024")
         yield dsn
 
 
